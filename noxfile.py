@@ -1,0 +1,89 @@
+"""Nox sessions, generated from images/targets.toml. Logic lives in the `qualify` package."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).parent))
+from qualify import targets as _targets  # noqa: E402  (stdlib only at import)
+from qualify import toolenv as _toolenv  # noqa: E402
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+
+_TF = _targets.load()
+
+
+def _qualify(session: nox.Session, *args: str) -> None:
+    """Run `python -m qualify ARGS -- POSARGS` in the shared toolkit venv."""
+    py = _toolenv.ensure()
+    session.run(str(py), "-m", "qualify", *args, *session.posargs, external=True)
+
+
+for _name, _t in _TF.targets.items():
+
+    def _build(session: nox.Session, _n: str = _name) -> None:
+        _qualify(session, "build", _n)
+
+    def _qual(session: nox.Session, _n: str = _name) -> None:
+        _qualify(session, "qualify", _n)
+
+    def _lock(session: nox.Session, _n: str = _name) -> None:
+        _qualify(session, "lock", _n)
+
+    def _repro(session: nox.Session, _n: str = _name) -> None:
+        _qualify(session, "repro", _n)
+
+    _desc = f"{_t.description} ({_t.platform}, {_t.capability})"
+    _build.__doc__ = f"Build the {_name} image: {_desc}; options: --base pinned|hermetic --profile vllm|smoke"
+    _qual.__doc__ = f"Qualify the {_name} image and write its manifest (builds it first if missing)"
+    _lock.__doc__ = f"Regenerate the hash-locked requirements for {_name} ({_t.platform})"
+    _repro.__doc__ = f"Build {_name} twice from clean state and compare digests"
+    nox.session(name=f"build-{_name}", python=False)(_build)
+    nox.session(name=f"qualify-{_name}", python=False)(_qual)
+    nox.session(name=f"lock-{_name}", python=False)(_lock)
+    nox.session(name=f"repro-{_name}", python=False)(_repro)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite (needs a real Docker engine: scripts/setup-host.sh)."""
+    session.install("-q", "-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the package, tests and noxfile; shellcheck over the scripts."""
+    session.install("-q", "ruff==0.17.6")
+    session.run("ruff", "check", "qualify", "tests", "noxfile.py")
+    session.run("shellcheck", "start.sh", *[str(p) for p in Path("scripts").glob("*.sh")], external=True)
+
+
+@nox.session(python=False)
+def pin(session: nox.Session) -> None:
+    """Re-resolve base image tags to digests and rewrite images/targets.toml (-- TARGET...)."""
+    _qualify(session, "pin")
+
+
+@nox.session(python=False)
+def release(session: nox.Session) -> None:
+    """Sign qualified manifests and release them to a tag (-- TAG [--min-level L] [--force])."""
+    _qualify(session, "release")
+
+
+@nox.session(python=False)
+def sums(session: nox.Session) -> None:
+    """Regenerate SHA256SUMS over the release inputs."""
+    _qualify(session, "sums", "write")
+
+
+@nox.session(name="bench-inventory", python=False)
+def bench_inventory(session: nox.Session) -> None:
+    """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""
+    py = _toolenv.ensure()
+    session.run(str(py), "-m", "qualify.bench_inventory", *session.posargs, external=True)

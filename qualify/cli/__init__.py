@@ -1,0 +1,62 @@
+"""`python -m qualify <command>`: one module per command, imported only when chosen.
+
+Each command module has `configure_parser(parser)` and `execute(args) -> int`.
+Lazy imports keep the in-image probe free of host-only dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+from ..errors import QualifyError
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "targets": ("targets_cmd", "check, list or show images/targets.toml"),
+    "arch": ("arch_cmd", "CUDA architecture names and compatibility"),
+    "inspect": ("inspect_cmd", "census of compiled GPU architectures in libraries and cubins"),
+    "probe": ("probe_cmd", "run the qualification checks here (inside an image or on a host)"),
+    "build": ("build_cmd", "build a target's image"),
+    "qualify": ("qualify_cmd", "qualify a built image in a container and write its manifest"),
+    "pin": ("pin_cmd", "re-resolve base image tags to digests in targets.toml"),
+    "lock": ("lock_cmd", "regenerate a target's hash-locked requirements"),
+    "show": ("show_cmd", "print a readable summary of a manifest"),
+    "diff": ("diff_cmd", "compare two manifests"),
+    "sign": ("sign_cmd", "sign a manifest (cosign or the built-in signer)"),
+    "verify": ("verify_cmd", "verify a signed manifest against an image"),
+    "release": ("release_cmd", "sign manifests and release them to a git tag"),
+    "sums": ("sums_cmd", "write or check SHA256SUMS of the release inputs"),
+    "repro": ("repro_cmd", "build twice and compare image digests"),
+    "deploy": ("deploy_cmd", "helpers for start.sh (target for this GPU, compose file)"),
+}
+
+
+def _load(name: str):
+    module, _ = COMMANDS[name]
+    return importlib.import_module(f"{__package__}.{module}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m qualify", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        parser.parse_args(argv or ["--help"])
+        return 2
+    module = _load(argv[0])
+    cmd_parser = argparse.ArgumentParser(prog=f"python -m qualify {argv[0]}", description=COMMANDS[argv[0]][1])
+    module.configure_parser(cmd_parser)
+    args = cmd_parser.parse_args(argv[1:])
+    try:
+        return int(module.execute(args) or 0)
+    except QualifyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,80 @@
+"""One way to run external commands: argument lists, never shell strings.
+
+Echoes the quoted command, checks the program exists first, and raises
+ExternalCommandError naming the command and the tail of its output.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from .errors import ExternalCommandError
+
+
+@dataclass(frozen=True)
+class Result:
+    args: Sequence[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def quote(args: Sequence[str]) -> str:
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+def tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def which(program: str) -> Optional[str]:
+    return program if os.path.isabs(program) and os.access(program, os.X_OK) else shutil.which(program)
+
+
+def call(
+    args: Sequence[str],
+    *,
+    check: bool = True,
+    capture: bool = True,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    timeout: Optional[float] = None,
+    echo: bool = False,
+    input_text: Optional[str] = None,
+) -> Result:
+    """Run a command. stdin is closed unless `input_text` is given."""
+    args = [str(a) for a in args]
+    if which(args[0]) is None:
+        raise ExternalCommandError(
+            f"program not found: {args[0]}", hint="install it, or run scripts/setup-host.sh"
+        )
+    if echo:
+        print(f"+ {quote(args)}", file=sys.stderr, flush=True)
+    full_env = None if env is None else {**os.environ, **env}
+    try:
+        proc = subprocess.run(
+            args,
+            input=input_text,
+            stdin=None if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+            text=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ExternalCommandError(f"command timed out after {timeout} s: {quote(args)}") from exc
+    result = Result(args, proc.returncode, proc.stdout or "", proc.stderr or "")
+    if check and proc.returncode != 0:
+        raise ExternalCommandError(
+            f"command failed (exit {proc.returncode}): {quote(args)}\n"
+            + tail(result.stderr or result.stdout)
+        )
+    return result

@@ -1,0 +1,38 @@
+"""The one virtual environment every host-side nox session runs the toolkit in.
+
+Nox would make one venv per session (five build sessions, five qualify
+sessions...); sharing one, reinstalled only when pyproject.toml changes,
+keeps a no-change rebuild fast. Standard library only: it runs before the
+toolkit's dependencies exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = REPO / ".nox" / "_toolkit"
+
+
+def python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def ensure(extras: str = "") -> Path:
+    """Create or refresh the shared venv; returns its python."""
+    spec = f".[{extras}]" if extras else "."
+    stamp = VENV / ".installed"
+    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + spec.encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want and python().exists():
+        return python()
+    if not python().exists():
+        print(f"[toolkit] creating {VENV}", file=sys.stderr, flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    print(f"[toolkit] installing {spec} into {VENV}", file=sys.stderr, flush=True)
+    subprocess.run([str(python()), "-m", "pip", "install", "-q", "-e", spec], cwd=REPO, check=True)
+    stamp.write_text(want)
+    return python()
