@@ -61,3 +61,27 @@ def nvcc() -> Path:
 def require(condition: bool, why: str) -> None:
     """For tests: skip locally, fail in CI, when a dependency is missing."""
     _require(condition, why)
+
+
+TEST_PYTHON_IMAGE = "qualify-test/debian-python:bookworm"
+
+
+@pytest.fixture(scope="session")
+def debian_python_image(docker_engine) -> str:
+    """A small local image (Debian bookworm + python3) for tests that need a
+    container but not CUDA. Made with debootstrap, since nothing can be pulled."""
+    from qualify.rootfs import debian_rootfs
+
+    have = subprocess.run([docker_engine, "image", "inspect", TEST_PYTHON_IMAGE], capture_output=True)
+    if have.returncode != 0:
+        tar = debian_rootfs("amd64", "bookworm", "http://deb.debian.org/debian", ["python3-minimal", "ca-certificates"])
+        subprocess.run([docker_engine, "import", str(tar), TEST_PYTHON_IMAGE], check=True, capture_output=True)
+    return TEST_PYTHON_IMAGE
+
+
+@pytest.fixture(scope="session")
+def loopback_registry(docker_engine):
+    """Our registry on 127.0.0.1 (a real one: Debian's docker-registry)."""
+    from qualify.registry import Registry
+
+    return Registry.from_env().ensure()
