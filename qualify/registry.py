@@ -49,7 +49,7 @@ class Registry:
     address: str = DEFAULT_ADDRESS
 
     @classmethod
-    def from_env(cls) -> "Registry":
+    def from_env(cls) -> Registry:
         return cls(os.environ.get("QUALIFY_REGISTRY", DEFAULT_ADDRESS))
 
     @property
@@ -63,7 +63,7 @@ class Registry:
         except (urllib.error.URLError, OSError):
             return False
 
-    def ensure(self, state_dir: Path = STATE_DIR, wait_s: float = 20.0) -> "Registry":
+    def ensure(self, state_dir: Path = STATE_DIR, wait_s: float = 20.0) -> Registry:
         """Start our registry if nothing answers at the address yet."""
         if self.answers():
             return self

@@ -1,0 +1,39 @@
+"""`python -m qualify build TARGET [--base pinned|hermetic] [--profile vllm|smoke] [--engine docker|podman]`."""
+
+from __future__ import annotations
+
+import sys
+
+from .. import build, targets
+
+
+def add_image_options(parser) -> None:
+    """Options shared by build, qualify and repro (the same image is meant)."""
+    parser.add_argument("target", help="a target of images/targets.toml, e.g. sm120")
+    parser.add_argument("--base", choices=targets.BASE_KINDS, default="pinned",
+                        help="pinned: the nvidia/cuda digest from targets.toml; hermetic: built here from Debian + CUDA wheels")
+    parser.add_argument("--profile", choices=targets.PROFILES, default="vllm")
+    parser.add_argument("--engine", choices=("docker", "podman"), default="docker")
+    parser.add_argument("--file", default=None, help="targets file (default images/targets.toml)")
+
+
+def configure_parser(parser) -> None:
+    add_image_options(parser)
+    parser.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    parser.add_argument("--no-qualify", action="store_true", help="do not qualify the image after the build")
+    parser.add_argument("--dry-run", action="store_true", help="print the build arguments and labels only")
+
+
+def execute(args) -> int:
+    tf = targets.load(args.file)
+    opts = build.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine,
+                              no_cache=args.no_cache, dry_run=args.dry_run)
+    record = build.build(tf, opts)
+    if record is None:
+        return 0
+    print(record.image_reference)
+    if args.no_qualify:
+        return 0
+    from .. import qualification
+
+    return qualification.run_after_build(tf, record, engine_name=args.engine, file=sys.stdout)

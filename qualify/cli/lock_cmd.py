@@ -1,0 +1,31 @@
+"""`python -m qualify lock TARGET [--base pinned|hermetic] [--profile P]`: regenerate locks."""
+
+from __future__ import annotations
+
+from .. import locks, targets
+
+
+def configure_parser(parser) -> None:
+    parser.add_argument("target")
+    parser.add_argument("--base", choices=targets.BASE_KINDS + ("all",), default="all",
+                        help="whose Python to lock for (default: both)")
+    parser.add_argument("--profile", choices=targets.PROFILES + ("all",), default="all")
+    parser.add_argument("--file", default=None, help="targets file (default images/targets.toml)")
+
+
+def execute(args) -> int:
+    tf = targets.load(args.file)
+    t = tf.get(args.target)
+    kinds = targets.BASE_KINDS if args.base == "all" else (args.base,)
+    profiles = targets.PROFILES if args.profile == "all" else (args.profile,)
+    pythons = sorted({t.python_for(k, tf.hermetic) for k in kinds})
+    for profile in profiles:
+        for python in pythons:
+            out = t.lock_path(profile, python)
+            changes = locks.compile_lock(profile, t.platform, python, out, f"nox -s lock-{t.name}")
+            locks.print_changes(out, changes)
+    hermetic = locks.hermetic_lock_path(t.platform)
+    if "hermetic" in kinds:
+        changes = locks.compile_lock("hermetic-cuda", t.platform, tf.hermetic.python, hermetic, f"nox -s lock-{t.name}")
+        locks.print_changes(hermetic, changes)
+    return 0

@@ -1,0 +1,99 @@
+"""`python -m qualify sign MANIFEST | generate-key`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from .. import cmd, cosign_keys, signer
+from ..errors import ConfigError, ExternalCommandError, VerificationError
+from ..fsutil import write_atomic
+
+GENERATE = "generate-key"
+
+
+def configure_parser(parser) -> None:
+    parser.add_argument("manifest", metavar=f"MANIFEST|{GENERATE}",
+                        help=f"the manifest to sign, or `{GENERATE}` to make a cosign-compatible key pair")
+    parser.add_argument("--key", type=Path, default=Path("cosign.key"),
+                        help="cosign private key file (default: cosign.key); password from COSIGN_PASSWORD "
+                        "or the terminal")
+    parser.add_argument("--keyless", action="store_true",
+                        help="sign with a Fulcio certificate instead of a key (needs cosign and network)")
+    parser.add_argument("--identity-token", type=Path, metavar="FILE",
+                        help="file holding the OIDC token for --keyless (default: SIGSTORE_ID_TOKEN); "
+                        "never the token itself")
+    parser.add_argument("--signer", choices=signer.SIGNERS, default="auto",
+                        help="auto: cosign when installed, else the built-in signer")
+    parser.add_argument("--signature", type=Path, help="signature output (default: MANIFEST.sig)")
+    parser.add_argument("--bundle", type=Path, help="Sigstore bundle output (default: MANIFEST.sigstore.json)")
+    parser.add_argument("--output-key-prefix", default="cosign",
+                        help=f"{GENERATE}: write PREFIX.key and PREFIX.pub (default: cosign)")
+    parser.add_argument("--force", action="store_true", help=f"{GENERATE}: overwrite existing key files")
+
+
+def _warn_if_tracked(path: Path) -> None:
+    """A private key inside a work tree that git does not ignore is one `git add .` from leaking."""
+    where = str(path.resolve().parent)
+    try:
+        inside = cmd.call(["git", "rev-parse", "--is-inside-work-tree"], cwd=where, check=False).returncode == 0
+        ignored = inside and cmd.call(["git", "check-ignore", "-q", str(path.resolve())], cwd=where,
+                                      check=False).returncode == 0
+    except ExternalCommandError:  # no git: nothing to warn about
+        return
+    if inside and not ignored:
+        print(f"warning: {path} is inside a git work tree and not ignored; add it to .gitignore "
+              "or keep it outside the repository", file=sys.stderr)
+
+
+def generate_key(args) -> int:
+    key_file, pub_file = Path(f"{args.output_key_prefix}.key"), Path(f"{args.output_key_prefix}.pub")
+    existing = [str(p) for p in (key_file, pub_file) if p.exists()]
+    if existing and not args.force:
+        raise ConfigError(f"{', '.join(existing)} already exist(s)", hint="pass --force to replace the key pair")
+    pair = cosign_keys.generate_key_pair(signer.read_password(confirm=True))
+    write_atomic(key_file, pair.private_pem, mode=0o600)
+    write_atomic(pub_file, pair.public_pem)
+    fingerprint = cosign_keys.fingerprint(cosign_keys.load_public_key(pair.public_pem))
+    print(f"Private key written to {key_file} (keep it secret)")
+    print(f"Public key written to {pub_file} ({fingerprint})")
+    _warn_if_tracked(key_file)
+    return 0
+
+
+def _signer_for(args):
+    if args.keyless:
+        signer.choose_backend(args.signer, keyless=True)
+        if args.identity_token is not None and not args.identity_token.is_file():
+            raise ConfigError(f"--identity-token {args.identity_token}: no such file",
+                              hint="pass the token in a file or in SIGSTORE_ID_TOKEN, never on the command line")
+        if args.identity_token is None and "SIGSTORE_ID_TOKEN" not in os.environ:
+            print("note: no SIGSTORE_ID_TOKEN or --identity-token; cosign will look for an ambient identity",
+                  file=sys.stderr)
+        from ..cosign import CosignKeylessSigner
+
+        return CosignKeylessSigner(args.identity_token), None
+    return signer.key_signer(args.signer, args.key)
+
+
+def execute(args) -> int:
+    if args.manifest == GENERATE:
+        return generate_key(args)
+    blob = Path(args.manifest)
+    if not blob.is_file():
+        raise ConfigError(f"{blob}: no such manifest")
+    sign, public_key = _signer_for(args)
+    sig_out = args.signature or signer.signature_path(blob)
+    bundle_out = args.bundle or signer.bundle_path(blob)
+    done = sign.sign_file(blob, sig_out, bundle_out)
+    if public_key is not None:
+        sig = signer.decode_signature(done.signature.read_bytes())
+        if not signer.verify_bytes(public_key, blob.read_bytes(), sig):
+            raise VerificationError(f"{done.signer} made a signature that does not verify with {args.key}")
+        print(f"Signed {blob} with {done.signer} (key {cosign_keys.fingerprint(public_key)})")
+    else:
+        print(f"Signed {blob} with {done.signer}")
+    print(f"  signature: {done.signature}")
+    print(f"  bundle:    {done.bundle}")
+    return 0

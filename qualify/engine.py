@@ -1,0 +1,352 @@
+"""One class drives docker or podman (python-on-whales underneath).
+
+Abilities are detected, not assumed (DESIGN.md, build environment facts):
+- `buildx`: docker with the buildx plugin; `SOURCE_DATE_EPOCH`,
+  `rewrite-timestamp` and provenance are available.
+- `buildkit`: a docker client that still carries BuildKit itself (20.10, as
+  Debian ships it) with `DOCKER_BUILDKIT=1`: `--platform` works, timestamps
+  are not rewritten.
+- `classic`: the legacy builder; no `--platform`, does not reproduce.
+- `podman`: buildah underneath; `--timestamp` makes builds reproducible.
+
+python-on-whales' `legacy_build` cannot pass `--platform`, `--timestamp` or
+`--iidfile`, and expects the classic builder's output, so the build command
+line is assembled here from the client's own command prefix and streamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from python_on_whales import DockerClient
+from python_on_whales.exceptions import DockerException, NoSuchImage
+
+from .errors import BaseImageError, BuildError, EngineError
+from .imageref import ImageRef
+
+ENGINES = ("docker", "podman")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    context: Path
+    dockerfile: Path
+    tags: Sequence[str]
+    platform: str
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    target: Optional[str] = None
+    no_cache: bool = False
+    source_date_epoch: Optional[str] = None
+    insecure_registry: bool = True  # our registry is plain HTTP on loopback
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    architecture: str
+    labels: Dict[str, str]
+    repo_digests: List[str]
+    size: int
+
+
+def _client_binary(name: str) -> str:
+    if name == "docker":
+        # Debian's client matches Debian's engine and carries BuildKit itself;
+        # a newer client without buildx cannot use BuildKit at all.
+        if os.path.exists("/usr/bin/docker"):
+            return "/usr/bin/docker"
+        found = shutil.which("docker")
+    else:
+        found = shutil.which("podman")
+    if not found:
+        raise EngineError(f"{name} is not installed", hint="run scripts/setup-host.sh, or choose --engine docker|podman")
+    return found
+
+
+class Engine:
+    """A container engine: docker or podman."""
+
+    def __init__(self, name: str = "docker") -> None:
+        if name not in ENGINES:
+            raise EngineError(f"unknown engine {name!r}", hint=f"use one of {', '.join(ENGINES)}")
+        self.name = name
+        self.binary = _client_binary(name)
+        self.client = DockerClient(client_call=[self.binary], client_type="podman" if name == "podman" else "docker")
+        self._builder: Optional[str] = None
+
+    # --- abilities -------------------------------------------------------------
+
+    def check(self) -> Engine:
+        """Fail early, with what to do, when the engine does not answer."""
+        try:
+            proc = subprocess.run([self.binary, "info"], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"{self.name} info did not answer within 60 s") from None
+        if proc.returncode != 0:
+            hint = "run scripts/setup-host.sh (starts dockerd)" if self.name == "docker" else "check `podman info`"
+            raise EngineError(f"no {self.name} engine answers: {proc.stderr.strip()[-300:]}", hint=hint)
+        return self
+
+    @property
+    def builder(self) -> str:
+        if self._builder is None:
+            self._builder = self._detect_builder()
+        return self._builder
+
+    def _detect_builder(self) -> str:
+        if self.name == "podman":
+            return "podman"
+        if subprocess.run([self.binary, "buildx", "version"], capture_output=True).returncode == 0:
+            return "buildx"
+        version = subprocess.run(
+            [self.binary, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True
+        ).stdout.strip()
+        major = int(version.split(".", 1)[0]) if version[:1].isdigit() else 0
+        # Clients before 23.0 build with BuildKit themselves when DOCKER_BUILDKIT=1.
+        return "buildkit" if 0 < major < 23 else "classic"
+
+    @property
+    def reproducible(self) -> bool:
+        return self.builder in ("podman", "buildx")
+
+    def describe(self) -> str:
+        notes = {
+            "buildx": "docker buildx (BuildKit; SOURCE_DATE_EPOCH with rewrite-timestamp)",
+            "buildkit": "docker with built-in BuildKit (DOCKER_BUILDKIT=1; timestamps not rewritten)",
+            "classic": "docker classic builder (no --platform; not reproducible)",
+            "podman": "podman/buildah (--timestamp: reproducible)",
+        }
+        return f"{self.binary}: {notes[self.builder]}"
+
+    # --- build -------------------------------------------------------------------
+
+    def build_command(self, req: BuildRequest, iidfile: Path) -> tuple:
+        """(argv, extra env) for one build."""
+        env: Dict[str, str] = {}
+        if self.builder == "buildx":
+            argv = [self.binary, "buildx", "build", "--load", "--progress=plain"]
+            if req.source_date_epoch is not None:
+                env["SOURCE_DATE_EPOCH"] = req.source_date_epoch
+                argv += ["--output", "type=docker,rewrite-timestamp=true"]
+            argv += ["--provenance=false"]
+        elif self.builder == "buildkit":
+            env["DOCKER_BUILDKIT"] = "1"
+            env["BUILDKIT_PROGRESS"] = "plain"
+            argv = [self.binary, "build"]
+        elif self.builder == "classic":
+            env["DOCKER_BUILDKIT"] = "0"
+            argv = [self.binary, "build"]
+        else:
+            argv = [self.binary, "build", "--format", "docker", "--layers"]
+            if req.source_date_epoch is not None:
+                argv += ["--timestamp", req.source_date_epoch]
+            if req.insecure_registry:
+                argv += ["--tls-verify=false"]
+        if self.builder != "classic":
+            argv += ["--platform", req.platform]
+        argv += ["--file", str(req.dockerfile), "--iidfile", str(iidfile)]
+        if req.no_cache:
+            argv.append("--no-cache")
+        if req.target:
+            argv += ["--target", req.target]
+        for key, value in sorted(req.build_args.items()):
+            argv += ["--build-arg", f"{key}={value}"]
+        for key, value in sorted(req.labels.items()):
+            argv += ["--label", f"{key}={value}"]
+        for tag in req.tags:
+            argv += ["--tag", tag]
+        argv.append(str(req.context))
+        return argv, env
+
+    def build(self, req: BuildRequest, log_prefix: str = "  | ") -> str:
+        """Build and return the image id; streams progress, raises BuildError with the tail."""
+        if self.builder == "classic" and req.platform != self.native_platform():
+            raise BuildError(
+                f"the classic docker builder cannot build for {req.platform} (engine is {self.native_platform()})",
+                hint="use a BuildKit-capable client (Debian's /usr/bin/docker 20.10, or buildx) or --engine podman",
+            )
+        iidfile = req.context / ".iidfile"
+        iidfile.unlink(missing_ok=True)
+        argv, env = self.build_command(req, iidfile)
+        print(f"[build] {self.describe()}", file=sys.stderr, flush=True)
+        print("[build] + " + " ".join(argv), file=sys.stderr, flush=True)
+        recent: deque = deque(maxlen=40)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **env}, text=True, errors="replace",
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            recent.append(line.rstrip())
+            print(log_prefix + line.rstrip(), file=sys.stderr, flush=True)
+        code = proc.wait()
+        if code != 0:
+            raise BuildError(
+                f"{self.name} build failed (exit {code}); last lines:\n" + "\n".join(recent),
+                hint="the failing step is shown above; rerun with the same command to reproduce",
+            )
+        image_id = iidfile.read_text().strip()
+        iidfile.unlink(missing_ok=True)
+        return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+
+    # --- images ------------------------------------------------------------------
+
+    def native_platform(self) -> str:
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+        return f"linux/{arch}"
+
+    def inspect(self, ref: str) -> Optional[ImageInfo]:
+        try:
+            img = self.client.image.inspect(ref)
+        except (NoSuchImage, DockerException):
+            return None
+        labels = dict((img.config.labels or {}) if img.config else {})
+        return ImageInfo(
+            id=img.id,
+            architecture=img.architecture or "",
+            labels=labels,
+            repo_digests=list(img.repo_digests or []),
+            size=int(img.size or 0),
+        )
+
+    def exists(self, ref: str) -> bool:
+        return self.inspect(ref) is not None
+
+    def push(self, ref: str) -> str:
+        """Push `name:tag` and return the registry's manifest digest."""
+        if self.name == "podman":
+            with _TempFile() as digestfile:
+                self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref], timeout=1800)
+                return digestfile.read_text().strip()
+        out = self._run([self.binary, "push", ref], timeout=1800)
+        for line in out.splitlines():
+            if "digest: sha256:" in line:
+                return line.split("digest: ", 1)[1].split()[0]
+        raise EngineError(f"push of {ref} printed no digest:\n{out[-500:]}")
+
+    def pull(self, ref: str, platform: Optional[str] = None, timeout: float = 120) -> None:
+        argv = [self.binary, "pull"]
+        if platform:
+            argv += ["--platform", platform]
+        if self.name == "podman":
+            argv.append("--tls-verify=false")
+        self._run(argv + [ref], timeout=timeout)
+
+    def ensure_base(self, ref: ImageRef, platform: str) -> None:
+        """The base must be present or pullable by digest; refuse clearly otherwise."""
+        if self.exists(ref.by_digest) or self.exists(str(ref)):
+            return
+        try:
+            self.pull(ref.by_digest, platform=platform)
+        except EngineError as exc:
+            raise BaseImageError(
+                f"cannot pull the pinned base {ref.by_digest} for {platform}: {str(exc).splitlines()[-1][:300]}",
+                hint="on a host that cannot reach a public registry, build on the hermetic base: "
+                "nox -s build-<target> -- --base hermetic",
+            ) from None
+
+    def tag(self, source: str, target: str) -> None:
+        self._run([self.binary, "tag", source, target])
+
+    def remove_image(self, ref: str) -> None:
+        subprocess.run([self.binary, "image", "rm", "-f", ref], capture_output=True)
+
+    def save(self, refs: Sequence[str], path: Path) -> Path:
+        argv = [self.binary, "save", "-o", str(path)]
+        if self.name == "podman":
+            argv += ["--format", "docker-archive"]
+        self._run(argv + list(refs), timeout=1800)
+        return path
+
+    # --- containers ----------------------------------------------------------------
+
+    def run_container(
+        self,
+        image: str,
+        command: Sequence[str],
+        *,
+        mounts: Sequence[tuple] = (),
+        env: Optional[Mapping[str, str]] = None,
+        network: Optional[str] = "none",
+        platform: Optional[str] = None,
+        timeout: float = 600,
+        name: Optional[str] = None,
+        gpus: Optional[str] = None,
+    ) -> subprocess.CompletedProcess:
+        """Run a throw-away container; mounts are (host, container, 'ro'|'rw')."""
+        argv = [self.binary, "run", "--rm"]
+        if name:
+            argv += ["--name", name]
+        if network:
+            argv += ["--network", network]
+        if platform:
+            argv += ["--platform", platform]
+        if gpus:
+            argv += ["--gpus", gpus]
+        for host, inside, mode in mounts:
+            argv += ["-v", f"{host}:{inside}:{mode}"]
+        for key, value in sorted((env or {}).items()):
+            argv += ["-e", f"{key}={value}"]
+        argv += [image, *command]
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            if name:
+                subprocess.run([self.binary, "rm", "-f", name], capture_output=True)
+            raise EngineError(f"container from {image} did not finish within {timeout:.0f} s") from None
+
+    # --- helpers -----------------------------------------------------------------
+
+    def _run(self, argv: List[str], timeout: float = 300) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"timed out after {timeout:.0f} s: {' '.join(argv)}") from None
+        if proc.returncode != 0:
+            raise EngineError(f"failed (exit {proc.returncode}): {' '.join(argv)}\n{(proc.stderr or proc.stdout)[-1500:]}")
+        return proc.stdout + proc.stderr
+
+
+class _TempFile:
+    def __enter__(self) -> Path:
+        import tempfile
+
+        fd, name = tempfile.mkstemp(prefix="qualify-")
+        os.close(fd)
+        self.path = Path(name)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def timed(label: str):
+    """Context manager printing how long a step took."""
+
+    class _T:
+        def __enter__(self):
+            self.start = time.monotonic()
+            print(f"[{label}] ...", file=sys.stderr, flush=True)
+            return self
+
+        def __exit__(self, *exc):
+            if exc[0] is None:
+                print(f"[{label}] done in {time.monotonic() - self.start:.1f} s", file=sys.stderr, flush=True)
+
+    return _T()
+
+
+def image_json(engine: Engine, ref: str) -> dict:
+    """Raw inspect JSON (for labels and fields python-on-whales does not model)."""
+    out = engine._run([engine.binary, "image", "inspect", ref])
+    return json.loads(out)[0]

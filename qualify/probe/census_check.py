@@ -1,0 +1,193 @@
+"""Compiled architectures of every fatbin-carrying library in the image, judged
+for the target: importable is not runnable.
+
+Policy (the issue's words): `fail` when a library the serving path needs has
+no runnable code for the target; `warn` for cross-generation PTX JIT only
+(FlashAttention-2 on 12.1, seed 003) and for arch-specific (`a`/`f`) code
+that does not match; the torch arch list it claims is compared with the
+cubins libtorch really carries.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from .. import arch, census
+from .model import FAIL, PASS, WARN, CheckResult, not_run
+
+# Libraries the serving path cannot do without (path suffixes). A library that
+# is only optional (FA3, FlashMLA, a Marlin kernel) is reported, not failed:
+# vLLM falls back when it is unusable.
+SERVING_PATH = (
+    "torch/lib/libtorch_cuda.so",
+    "torch/lib/libc10_cuda.so",
+    "vllm/_C.abi3.so",
+    "vllm/_moe_C.abi3.so",
+    "vllm/cumem_allocator.abi3.so",
+    "/opt/blackwell/ext/libsmoke_ext.so",
+)
+SMOKE_EXT = "/opt/blackwell/ext/libsmoke_ext.so"
+
+
+def search_paths(extra: Iterable[str] = ()) -> List[str]:
+    """site-packages of this interpreter, the CUDA toolkit and our own /opt/blackwell."""
+    paths = []
+    for key in ("purelib", "platlib"):
+        paths.append(sysconfig.get_paths()[key])
+    paths += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    paths += [os.environ.get("CUDA_HOME") or "/usr/local/cuda", "/opt/blackwell", *extra]
+    out: List[str] = []
+    for p in paths:
+        real = os.path.realpath(p)
+        if os.path.isdir(real) and real not in out:
+            out.append(real)
+    return out
+
+
+def _is_serving(path: str) -> bool:
+    return any(path.endswith(suffix) or path == suffix for suffix in SERVING_PATH)
+
+
+def _specific_only(unit: Dict[str, Any]) -> bool:
+    """A unit with no code for the target whose code is all a/f-specific: kernels the
+    library dispatches only on that exact architecture (torch's sm_100a GEMMs)."""
+    names = list(unit.get("sass", [])) + list(unit.get("ptx", []))
+    if not names:
+        return False
+    return all(arch.CodeTarget.parse(n).variant is not arch.Variant.PLAIN for n in names)
+
+
+def _short(path: str, roots: Sequence[str]) -> str:
+    for root in roots:
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    return path
+
+
+def summarise(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
+    """One compact row per library for the manifest."""
+    rows = []
+    for lib in report["libraries"]:
+        v = lib.get("verdict") or {}
+        rows.append({
+            "path": lib["path"], "short": _short(lib["path"], roots), "size": lib["size"],
+            "containers": lib["containers"], "sass": lib["sass"], "ptx": lib["ptx"],
+            "compression": {k: n for k, n in lib["compression"].items() if n},
+            "class": v.get("class"), "best": v.get("best"), "counts": v.get("counts"),
+            "cross_generation_jit": v.get("cross_generation_jit", False),
+            "no_code_units": len(v.get("no_code", [])),
+            "no_code_specific_only": sum(1 for u in v.get("no_code", []) if _specific_only(u)),
+            "errors": lib["errors"],
+            "serving_path": _is_serving(lib["path"]),
+        })
+    return rows
+
+
+def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
+        profile: Optional[str]) -> Dict[str, Any]:
+    """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}."""
+    import time
+
+    start = time.monotonic()
+    report = census.scan(list(paths), target).to_json()
+    seconds = time.monotonic() - start
+    rows = summarise(report, paths)
+    checks = [
+        serving_path(rows, target),
+        cross_generation(rows, target),
+        arch_specific(rows, target),
+        torch_arch_list(rows, torch_claimed),
+        unreadable(rows),
+    ]
+    if profile == "smoke":
+        checks.append(smoke_extension(rows, arch_list))
+    return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3),
+            "files_scanned": report["files_scanned"], "paths": list(paths)}
+
+
+def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
+    cid, title = "census.serving-path", f"Serving-path libraries carry runnable code for {target}"
+    serving = [r for r in rows if r["serving_path"]]
+    if not serving:
+        return not_run(cid, title, "no serving-path library found in the image", required=False)
+    bad = []
+    for r in serving:
+        plain_gaps = r["no_code_units"] - r["no_code_specific_only"]
+        if r["best"] in (None, "none"):
+            bad.append(f"{r['short']}: no runnable code at all (SASS {', '.join(r['sass']) or '-'}; "
+                       f"PTX {', '.join(r['ptx']) or '-'})")
+        elif plain_gaps:
+            bad.append(f"{r['short']}: {plain_gaps} compiled unit(s) without code for {target}")
+    evidence = {"libraries": {r["short"]: {"class": r["class"], "best": r["best"], "sass": r["sass"], "ptx": r["ptx"]}
+                              for r in serving}}
+    if bad:
+        return CheckResult(cid, title, FAIL, "; ".join(bad), evidence=evidence)
+    return CheckResult(cid, title, PASS, f"{len(serving)} serving-path librar{'y' if len(serving) == 1 else 'ies'}: "
+                       + ", ".join(f"{r['short']} {r['best']}" for r in serving), evidence=evidence)
+
+
+def cross_generation(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
+    cid, title = "census.cross-generation-jit", f"No library runs on {target} only through cross-generation PTX JIT"
+    hits = [r for r in rows if r["cross_generation_jit"]]
+    if not hits:
+        return CheckResult(cid, title, PASS, f"{len(rows)} libraries checked", required=False)
+    return CheckResult(cid, title, WARN,
+                       "PTX from an older generation would be JIT-compiled (slow first load, no "
+                       f"{target.major}.x features) in: " + ", ".join(f"{r['short']} (PTX {', '.join(r['ptx'])})" for r in hits),
+                       required=False, evidence={"libraries": [r["short"] for r in hits]})
+
+
+def arch_specific(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
+    cid, title = "census.arch-specific", f"Arch-specific (a/f) code that does not match {target}"
+    hits = [r for r in rows if r["no_code_specific_only"]]
+    if not hits:
+        return CheckResult(cid, title, PASS, "none", required=False)
+    return CheckResult(cid, title, WARN,
+                       "units whose only code is arch-specific for other devices (dispatched only there): "
+                       + ", ".join(f"{r['short']} ({r['no_code_specific_only']})" for r in hits[:20])
+                       + (f" and {len(hits) - 20} more" if len(hits) > 20 else ""),
+                       required=False, evidence={"libraries": {r["short"]: r["no_code_specific_only"] for r in hits}})
+
+
+def torch_arch_list(rows: List[Dict[str, Any]], claimed: Optional[List[str]]) -> CheckResult:
+    cid, title = "census.torch-arch-list", "torch.cuda.get_arch_list() against the cubins libtorch carries"
+    lib = next((r for r in rows if r["path"].endswith("torch/lib/libtorch_cuda.so")), None)
+    if claimed is None or lib is None:
+        return not_run(cid, title, "torch is not installed", required=False)
+    real = set(lib["sass"]) | set(lib["ptx"])
+    plain_real = {arch.CodeTarget.parse(n).without_variant() for n in real}
+    missing = [c for c in claimed if c not in real and c not in plain_real]
+    extra = sorted(n for n in real if n not in claimed)
+    evidence = {"claimed": claimed, "carried": sorted(real), "claimed_not_carried": missing, "carried_not_claimed": extra}
+    if missing:
+        return CheckResult(cid, title, WARN, f"torch claims {', '.join(missing)} but libtorch_cuda.so has no such code",
+                           required=False, evidence=evidence)
+    return CheckResult(cid, title, PASS, f"every claimed arch is carried; also carried, unclaimed: {', '.join(extra) or 'none'}",
+                       required=False, evidence=evidence)
+
+
+def unreadable(rows: List[Dict[str, Any]]) -> CheckResult:
+    cid, title = "census.unreadable", "Every library could be read"
+    bad = [r for r in rows if r["errors"]]
+    if not bad:
+        return CheckResult(cid, title, PASS, f"{len(rows)} libraries read", required=False)
+    return CheckResult(cid, title, WARN, "; ".join(f"{r['short']}: {r['errors'][0]}" for r in bad[:10]),
+                       required=False, evidence={"files": {r["short"]: r["errors"] for r in bad}})
+
+
+def smoke_extension(rows: List[Dict[str, Any]], arch_list: str) -> CheckResult:
+    """The smoke extension must carry exactly what TORCH_CUDA_ARCH_LIST asks for."""
+    cid, title = "census.smoke-extension", f"Smoke extension carries exactly the code of TORCH_CUDA_ARCH_LIST={arch_list}"
+    lib = next((r for r in rows if r["path"] == SMOKE_EXT), None)
+    if lib is None:
+        return CheckResult(cid, title, FAIL, f"{SMOKE_EXT} not found in the image")
+    want = sorted(str(t) for t in arch.expected_code_targets(arch_list))
+    got = sorted(set(lib["sass"]) | set(lib["ptx"]))
+    evidence = {"expected": want, "found": got}
+    if want == got:
+        return CheckResult(cid, title, PASS, f"{', '.join(got)}", evidence=evidence)
+    return CheckResult(cid, title, FAIL, f"expected {', '.join(want)}, found {', '.join(got) or 'nothing'}",
+                       evidence=evidence)

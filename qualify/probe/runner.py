@@ -1,0 +1,163 @@
+"""Run every check and assemble the manifest's predicate.
+
+Runs inside the image (its own python3, standard library + pyelftools) or on
+a host. Torch, Triton and vLLM are only ever touched in child interpreters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .. import __version__, arch, manifest
+from . import census_check, gpu, triton_checks, versions
+from .model import CheckResult
+
+SCOPES = ("all", "static", "gpu")
+
+
+@dataclass
+class ProbeTarget:
+    """What the probe must know about the target (the host passes it as JSON)."""
+
+    name: str
+    capability: str
+    platform: str
+    torch_cuda_arch_list: str
+    triton_env: Dict[str, str]
+    intended_support_level: str
+    profile: Optional[str] = None
+    unified_memory: bool = False
+    gpu_memory_utilization: float = 0.9
+    min_gpu_memory_gib: int = 16
+    cross_compile: List[str] = field(default_factory=list)  # extra capabilities to compile for
+
+    @classmethod
+    def from_json(cls, text: str) -> ProbeTarget:
+        return cls(**json.loads(text))
+
+    @property
+    def cap(self) -> arch.Capability:
+        return arch.Capability.parse(self.capability)
+
+
+def _progress(msg: str) -> None:
+    print(f"[probe] {msg}", file=sys.stderr, flush=True)
+
+
+def _timed(results: List[CheckResult], fn, *args) -> Any:
+    start = time.monotonic()
+    out = fn(*args)
+    items = out if isinstance(out, list) else [out]
+    for item in items:
+        if isinstance(item, CheckResult) and not item.seconds:
+            item.seconds = round(time.monotonic() - start, 2)
+        if isinstance(item, CheckResult):
+            results.append(item)
+            _progress(f"{item.status:>7}  {item.id}: {item.reason[:150]}")
+    return out
+
+
+def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = None) -> Dict[str, Any]:
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}")
+    start = time.monotonic()
+    cap = t.cap
+    checks: List[CheckResult] = []
+    pkgs = versions.packages()
+    triton_version = pkgs.get("triton")
+    gpus = versions.nvidia_smi()
+    has_gpu = bool(gpus)
+    predicate: Dict[str, Any] = {
+        "schema_version": manifest.SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "target": {"name": t.name, "capability": t.capability, "platform": t.platform,
+                   "torch_cuda_arch_list": t.torch_cuda_arch_list, "profile": t.profile,
+                   "intended_support_level": t.intended_support_level, "triton_env": t.triton_env},
+        "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "python": sys.version.split()[0],
+                 "executable": sys.executable},
+        "toolkit": {"version": __version__},
+        "gpu": {"visible": has_gpu, "devices": gpus or []},
+    }
+    _progress(f"target {t.name} ({cap}), scope {scope}, {'GPU visible' if has_gpu else 'no GPU visible'}")
+
+    torch_view: Dict[str, Any] = {}
+    if scope in ("all", "static"):
+        tk = versions.toolkit()
+        torch_view = versions.torch_view(pkgs)
+        _timed(checks, versions.check, pkgs, tk, torch_view, t.profile)
+        predicate["versions"] = {"packages": pkgs, "toolkit": tk, "torch": torch_view}
+        census = census_check.run(cap, t.torch_cuda_arch_list, census_check.search_paths(extra_paths or []),
+                                  torch_view.get("arch_list"), t.profile)
+        for c in census["checks"]:
+            _timed(checks, lambda c=c: c)
+        predicate["census"] = {k: v for k, v in census.items() if k != "checks"}
+        _static_triton(checks, t, cap, triton_version)
+        _providers(checks, predicate, cap, pkgs, census, has_gpu)
+
+    if scope in ("all", "gpu"):
+        _gpu_checks(checks, t, cap, gpus, has_gpu, triton_version, pkgs)
+
+    for c in checks:
+        # GPU checks count once a GPU is there to run them, and always when only
+        # GPU checks were asked for (start.sh on a new host): not-run is never a pass.
+        if c.id.startswith("gpu.") and c.id != "gpu.device" and (has_gpu or scope == "gpu"):
+            c.required = True
+    predicate["checks"] = [c.to_dict() for c in checks]
+    predicate["scope"] = "gpu" if has_gpu and scope != "static" else "static"
+    verdict = manifest.verdict(predicate["checks"])
+    on_target = has_gpu and scope != "static" and arch.Capability.parse(gpus[0]["compute_cap"]) == cap and all(
+        c.status == "pass" for c in checks if c.id.startswith("gpu."))
+    predicate["gpu_evidence_on_target"] = bool(on_target)
+    predicate["verdict"] = verdict
+    predicate["support_level"] = manifest.support_level(verdict, t.intended_support_level, bool(on_target),
+                                                        arch.is_recognised(cap))
+    predicate["probe_seconds"] = round(time.monotonic() - start, 1)
+    _progress(f"verdict {verdict}, support level {predicate['support_level']} in {predicate['probe_seconds']} s")
+    return predicate
+
+
+def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capability, triton_version: Optional[str]) -> None:
+    wiring = _timed(checks, triton_checks.wiring, cap, t.triton_env, triton_version)
+    used = wiring.evidence.get("ptxas_path") if wiring.evidence else None
+    wired = t.triton_env.get("TRITON_PTXAS_BLACKWELL_PATH" if cap.major >= 10 else "TRITON_PTXAS_PATH")
+    _timed(checks, triton_checks.assembles, cap, used or (wired if wired and os.path.exists(wired) else None))
+    caps = [cap] + [arch.Capability.parse(c) for c in t.cross_compile if arch.Capability.parse(c) != cap]
+    _timed(checks, triton_checks.cross_compile, caps, cap, triton_version)
+    _timed(checks, triton_checks.allocator, triton_version)
+
+
+def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
+    try:
+        from . import providers
+    except ImportError:  # module not shipped in this probe copy
+        return
+    by_path = {row["short"]: {"class": row["best"], "worst": row["class"], "sass": row["sass"], "ptx": row["ptx"],
+                              "cross_generation_ptx": row["cross_generation_jit"]} for row in census["libraries"]}
+    found, results = providers.predict(cap, pkgs, by_path, predicate["gpu"] if has_gpu else None)
+    predicate["providers"] = found
+    for r in results:
+        _timed(checks, lambda r=r: r)
+    try:
+        from . import selfsufficiency
+    except ImportError:
+        return
+    for r in selfsufficiency.check(pkgs, census_check.search_paths(), versions.cuda_home()):
+        _timed(checks, lambda r=r: r)
+
+
+def _gpu_checks(checks, t: ProbeTarget, cap, gpus, has_gpu, triton_version, pkgs) -> None:
+    _timed(checks, gpu.device_check, gpus, cap)
+    _timed(checks, gpu.memory_check, gpus, t.unified_memory, t.gpu_memory_utilization, t.min_gpu_memory_gib)
+    no_torch = None if "torch" in pkgs else "torch is not installed in this image"
+    _timed(checks, gpu.allocator_on_gpu, has_gpu, triton_version, no_torch)
+    _timed(checks, gpu.simple, "gpu.bf16-matmul", "A bf16 matmul matches an fp32 reference", "matmul", has_gpu, no_torch)
+    _timed(checks, gpu.simple, "gpu.torch-compile", "torch.compile (Inductor -> Triton -> ptxas) runs and matches eager",
+           "compile", has_gpu, no_torch)

@@ -1,0 +1,113 @@
+"""Versions: Python packages, CUDA toolkit and runtime, torch's own view, the GPU.
+
+Package versions come from dist-info (importlib.metadata imports nothing);
+torch's view comes from a child interpreter; GPU facts from nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+from importlib import metadata
+from typing import Any, Dict, List, Optional
+
+from .model import NOT_RUN, PASS, WARN, CheckResult
+from .subproc import run_snippet
+
+# Packages whose versions a release engineer looks for first.
+KEY_PACKAGES = ("torch", "triton", "vllm", "flashinfer-python", "flashinfer-cubin", "transformers",
+                "xformers", "flash-attn", "deep-gemm", "nvidia-cudnn-cu13", "nvidia-nccl-cu13",
+                "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cuda-nvcc")
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def packages() -> Dict[str, str]:
+    found: Dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            found[normalise(name)] = dist.version
+    return dict(sorted(found.items()))
+
+
+def tool_version(path: str) -> Optional[str]:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"V(\d+\.\d+\.\d+)", out)
+    return m.group(1) if m else None
+
+
+def cuda_home() -> Optional[str]:
+    for candidate in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if candidate and os.path.isdir(candidate):
+            return candidate
+    nvcc = shutil.which("nvcc")
+    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else None
+
+
+def toolkit() -> Dict[str, Any]:
+    home = cuda_home()
+    out: Dict[str, Any] = {"cuda_home": home}
+    if home:
+        for tool in ("nvcc", "ptxas", "cuobjdump", "nvdisasm"):
+            path = os.path.join(home, "bin", tool)
+            out[tool] = {"path": path, "version": tool_version(path)} if os.path.exists(path) else None
+        libs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(home, "lib*", "libcudart.so.*")))
+        out["cudart"] = libs
+    return out
+
+
+def nvidia_smi() -> Optional[List[Dict[str, str]]]:
+    """GPUs as nvidia-smi reports them; None when there is no nvidia-smi or no GPU."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    fields = "index,name,uuid,compute_cap,driver_version,memory.total,memory.used,pci.bus_id"
+    try:
+        proc = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    gpus = []
+    for line in proc.stdout.strip().splitlines():
+        values = [v.strip() for v in line.split(",")]
+        if len(values) == 8:
+            gpus.append(dict(zip(fields.split(","), values)))
+    return gpus or None
+
+
+def torch_view(pkgs: Dict[str, str], timeout: float = 180) -> Dict[str, Any]:
+    if "torch" not in pkgs:
+        return {"status": NOT_RUN, "reason": "torch is not installed"}
+    child = run_snippet("torch_info", timeout=timeout)
+    if not child.ok:
+        return {"status": "fail", "reason": f"importing torch failed: {child.failure()}", **child.evidence()}
+    return {"status": PASS, **child.data}
+
+
+def check(pkgs: Dict[str, str], tk: Dict[str, Any], torch: Dict[str, Any], profile: Optional[str]) -> CheckResult:
+    """Versions are evidence; the check warns only when the profile's key packages are missing."""
+    wanted = {"smoke": ("triton",), "vllm": ("torch", "triton", "vllm", "flashinfer-python")}.get(profile or "", ())
+    missing = [p for p in wanted if p not in pkgs]
+    key = {p: pkgs[p] for p in KEY_PACKAGES if p in pkgs}
+    evidence = {"key_packages": key, "toolkit": tk, "torch": torch}
+    if missing:
+        return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", WARN,
+                           f"the {profile} profile expects {', '.join(missing)}, which are not installed", evidence=evidence)
+    if torch.get("status") == "fail":
+        return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", "fail", torch["reason"],
+                           evidence=evidence)
+    summary = ", ".join(f"{k} {v}" for k, v in key.items()) or "no key packages"
+    nvcc = (tk.get("nvcc") or {}).get("version")
+    return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", PASS,
+                       f"{summary}; nvcc {nvcc or 'absent'}", evidence=evidence)

@@ -1,0 +1,203 @@
+"""Helpers shared by the sign, verify and release tests (not a test module)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+from cryptography.hazmat.primitives import serialization
+
+from qualify import cosign_keys
+from qualify import manifest as mf
+
+REPO = Path(__file__).resolve().parent.parent
+PASSWORD = "correct horse battery staple 7Q!"
+DIGEST_A = "sha256:" + "a1" * 32
+DIGEST_B = "sha256:" + "b2" * 32
+DIGEST_C = "sha256:" + "c3" * 32
+REGISTRY = "127.0.0.1:5000"
+
+
+def check(check_id: str, status: str = "pass", required: bool = True) -> dict:
+    return {"id": check_id, "title": check_id.replace("-", " "), "status": status, "required": required,
+            "reason": "" if status == "pass" else f"{check_id} {status}", "evidence": {"probe": check_id}}
+
+
+def predicate(target: str, digest: str, statuses: Optional[Dict[str, str]] = None, level: str = "baseline",
+              reference: Optional[str] = None) -> dict:
+    """A realistic qualification predicate: target, image, base, checks, verdict, level."""
+    statuses = statuses or {"fatbin-arch": "pass", "triton-compile": "pass", "allocator": "pass"}
+    checks = [check(cid, st) for cid, st in statuses.items()]
+    verdict = mf.verdict(checks)
+    return {
+        "schema_version": mf.SCHEMA_VERSION,
+        "target": {"name": target, "capability": "12.0", "platform": "linux/amd64"},
+        "image": {"reference": reference or f"{REGISTRY}/qualify/{target}@{digest}", "digest": digest},
+        "base": {"image": "nvidia/cuda:13.0.1-devel-ubuntu24.04@sha256:" + "7d" * 32},
+        "toolkit": {"version": "0.1.0", "source_revision": "0" * 40},
+        "checks": checks,
+        "verdict": verdict,
+        "support_level": level,
+    }
+
+
+def statement(target: str, digest: str, **kw) -> dict:
+    return mf.statement(f"{REGISTRY}/qualify/{target}", digest, predicate(target, digest, **kw))
+
+
+def write_manifest(path: Path, target: str, digest: str, **kw) -> Path:
+    return mf.write(path, statement(target, digest, **kw))
+
+
+def make_key_pair(folder: Path, prefix: str = "cosign", password: str = PASSWORD) -> tuple:
+    """(private key file, public key file) made by our cosign-compatible writer."""
+    pair = cosign_keys.generate_key_pair(password)
+    key, pub = folder / f"{prefix}.key", folder / f"{prefix}.pub"
+    key.write_bytes(pair.private_pem)
+    pub.write_bytes(pair.public_pem)
+    return key, pub
+
+
+def secrets_of(key_file: Path, password: str = PASSWORD) -> List[str]:
+    """Strings that must never appear in output: the password and the private key in every encoding."""
+    key = cosign_keys.load_private_key(key_file.read_bytes(), password)
+    der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    scalar = key.private_numbers().private_value.to_bytes(32, "big")
+    _, encrypted_body = cosign_keys.pem_decode(key_file.read_bytes(), "key")
+    return [password, base64.b64encode(der).decode()[:40], base64.b64encode(scalar).decode()[:40],
+            scalar.hex(), base64.b64encode(encrypted_body).decode()[:40]]
+
+
+def assert_no_secrets(texts: Iterable[str], secrets: List[str]) -> None:
+    for text in texts:
+        for secret in secrets:
+            assert secret not in text, f"a secret leaked: {secret[:6]}... found in output"
+
+
+def tree_texts(root: Path) -> List[str]:
+    """Every file under root (the .git folder included), decoded leniently."""
+    return [p.read_bytes().decode("utf-8", errors="replace") for p in root.rglob("*") if p.is_file()]
+
+
+def init_git_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for args in (["init", "-q", "-b", "main"], ["config", "user.name", "Release Test"],
+                 ["config", "user.email", "release@example.invalid"], ["config", "commit.gpgsign", "false"],
+                 ["config", "tag.gpgsign", "false"]):
+        subprocess.run(["git", *args], cwd=path, check=True)
+    (path / "README.md").write_text("test repository\n")
+    (path / ".gitignore").write_text("build/\n")
+    subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "initial"], cwd=path, check=True)
+    return path
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+# A TEST DOUBLE for the cosign binary, which cannot be installed on this
+# platform (not in Debian 12, GitHub unreachable). It records its argv and
+# whether COSIGN_PASSWORD was in its environment, prints a version string in
+# the real format, and writes the outputs the real sign-blob writes for that
+# version (read in sigstore/cosign cmd/cosign/cli/sign/sign_blob.go at v2.6.1
+# and v3.1.2): v3 only the bundle; v2 the --output-signature file, plus a
+# Sigstore bundle with --new-bundle-format. It signs with our own key reader,
+# so it proves our argument lists and file handling, NOT cosign compatibility;
+# the tests marked `real_cosign` do that where cosign exists.
+COSIGN_DOUBLE = r'''#!{python}
+import json, os, sys
+sys.path.insert(0, {repo!r})
+log = os.environ["COSIGN_DOUBLE_LOG"]
+with open(log, "a") as fh:
+    fh.write(json.dumps({{"argv": sys.argv[1:], "password_in_env": "COSIGN_PASSWORD" in os.environ,
+                          "token_in_env": "SIGSTORE_ID_TOKEN" in os.environ}}) + "\n")
+args = sys.argv[1:]
+if args[:1] == ["version"]:
+    print("  ______   ______        _______. __    _______ .__   __.")
+    print("cosign: A tool for Container Signing, Verification and Storage in an OCI registry.")
+    print("")
+    print("GitVersion:    " + os.environ["COSIGN_DOUBLE_VERSION"])
+    print("GitCommit:     0000000000000000000000000000000000000000")
+    print("GitTreeState:  clean")
+    sys.exit(0)
+if os.environ.get("COSIGN_DOUBLE_FAIL"):
+    print("Error: " + os.environ["COSIGN_DOUBLE_FAIL"], file=sys.stderr)
+    sys.exit(1)
+if args[:1] == ["verify-blob"]:
+    print("Verified OK", file=sys.stderr)
+    sys.exit(0)
+if args[:1] == ["sign-blob"]:
+    from qualify import cosign_keys, signer
+    def opt(name):
+        return args[args.index(name) + 1] if name in args else None
+    blob = open(args[-1], "rb").read()
+    if opt("--key"):
+        key = cosign_keys.load_private_key(open(opt("--key"), "rb").read(), os.environ.get("COSIGN_PASSWORD", ""))
+    else:
+        from cryptography.hazmat.primitives.asymmetric import ec
+        key = ec.generate_private_key(ec.SECP256R1())
+    sig = signer.sign_bytes(key, blob)
+    major = int(os.environ["COSIGN_DOUBLE_VERSION"].lstrip("v").split(".")[0])
+    new_bundle = major >= 3 or "--new-bundle-format" in args
+    if opt("--output-signature") and major < 3:
+        open(opt("--output-signature"), "wb").write(signer.encode_signature(sig))
+    if opt("--bundle"):
+        doc = signer.make_bundle(blob, sig, key.public_key()) if new_bundle else {{"base64Signature": "x"}}
+        open(opt("--bundle"), "w").write(json.dumps(doc))
+    sys.exit(0)
+print("unknown command", args, file=sys.stderr)
+sys.exit(2)
+'''
+
+
+def install_cosign_double(bin_dir: Path) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    return write_script(bin_dir / "cosign", COSIGN_DOUBLE.format(python=sys.executable, repo=str(REPO)))
+
+
+def read_log(path: Path) -> List[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# A TEST DOUBLE for the docker CLI (tests never touch a real engine): answers
+# `docker image inspect --format '{{json .RepoDigests}}\t{{.Id}}' REF` from a
+# JSON table in $DOCKER_DOUBLE_IMAGES mapping REF to [repo digests, id].
+DOCKER_DOUBLE = r'''#!{python}
+import json, os, sys
+table = json.load(open(os.environ["DOCKER_DOUBLE_IMAGES"]))
+ref = sys.argv[-1]
+if sys.argv[1:3] != ["image", "inspect"] or ref not in table:
+    print("Error: No such image: " + ref, file=sys.stderr)
+    sys.exit(1)
+repo_digests, image_id = table[ref]
+print(json.dumps(repo_digests) + "\t" + image_id)
+'''
+
+
+def install_docker_double(bin_dir: Path, images: Dict[str, list], table_file: Path) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    table_file.write_text(json.dumps(images))
+    return write_script(bin_dir / "docker", DOCKER_DOUBLE.format(python=sys.executable))
+
+
+def path_with(bin_dir: Path) -> str:
+    return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def run_qualify(args: List[str], cwd: Path, env: Optional[Dict[str, str]] = None,
+                unset: Iterable[str] = ()) -> subprocess.CompletedProcess:
+    """`python -m qualify ARGS` in a subprocess, stdin closed, output captured."""
+    full_env = {k: v for k, v in os.environ.items() if k not in set(unset)}
+    full_env.update({"PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.run([sys.executable, "-m", "qualify", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=120)

@@ -1,0 +1,327 @@
+"""`qualify release TAG` in a temporary git repository, then `qualify verify` of what it wrote."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from signing_helpers import (
+    DIGEST_A,
+    DIGEST_B,
+    DIGEST_C,
+    PASSWORD,
+    REGISTRY,
+    assert_no_secrets,
+    init_git_repo,
+    install_docker_double,
+    make_key_pair,
+    path_with,
+    run_qualify,
+    secrets_of,
+    tree_texts,
+    write_manifest,
+    write_script,
+)
+
+from qualify import release, signer, verify
+from qualify.errors import ReleaseError, VerificationError
+
+TAG = "v2026.11.0"
+DIGESTS = {"sm100": DIGEST_A, "sm120": DIGEST_B, "sm121": DIGEST_C}
+
+
+def ref(target: str) -> str:
+    return f"{REGISTRY}/qualify/{target}@{DIGESTS[target]}"
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository with three qualified manifests in build/manifests.
+
+    sm100 passes (baseline); sm120 was qualified statically (incomplete,
+    unverified); sm121 has a failing required check.
+    """
+    root = init_git_repo(tmp_path / "repo")
+    out = root / "build" / "manifests"
+    write_manifest(out / "sm100.json", "sm100", DIGEST_A, level="baseline")
+    write_manifest(out / "sm120.json", "sm120", DIGEST_B, level="unverified",
+                   statuses={"fatbin-arch": "pass", "triton-compile": "pass", "gpu-smoke": "not-run"})
+    write_manifest(out / "sm121.json", "sm121", DIGEST_C, level="unsupported",
+                   statuses={"fatbin-arch": "pass", "triton-compile": "fail"})
+    return root
+
+
+@pytest.fixture
+def keys(tmp_path):
+    (tmp_path / "keys").mkdir()
+    return make_key_pair(tmp_path / "keys")
+
+
+def built_images(reference: str) -> str:
+    """Injected resolver: every image was built with the digest its manifest records."""
+    name, _, digest = reference.partition("@")
+    return digest
+
+
+def options(root: Path, **kw) -> release.ReleaseOptions:
+    defaults = dict(tag=TAG, repo=root, source=root / "build" / "manifests", out_root=root / "manifests",
+                    upload=False)
+    return release.ReleaseOptions(**{**defaults, **kw})
+
+
+def builtin_factory(key_file: Path):
+    return lambda: signer.key_signer("builtin", key_file, PASSWORD.encode())
+
+
+def do_release(root, key_file, resolve=built_images, **kw) -> release.Outcome:
+    return release.run_release(options(root, **kw), builtin_factory(key_file), resolve, progress=lambda m: None)
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout
+
+
+def snapshot(root: Path) -> dict:
+    """Every work-tree file's content and every ref, to prove a refusal changed nothing."""
+    files = {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts}
+    return {"files": files, "refs": git(root, "for-each-ref", "--format=%(refname) %(objectname)")}
+
+
+def test_release_then_verify_and_every_tampering_is_named(repo, keys, tmp_path):
+    key_file, _ = keys
+    outcome = do_release(repo, key_file)
+    rel = repo / "manifests" / TAG
+    assert [e.target for e in outcome.released] == ["sm100", "sm120"]
+    assert sorted(p.name for p in rel.iterdir()) == sorted(
+        ["cosign.pub", "release.json"] + [f"{t}.json{s}" for t in ("sm100", "sm120")
+                                          for s in ("", ".sig", ".sigstore.json")])
+    for target in ("sm100", "sm120"):  # the exact manifest bytes
+        assert (rel / f"{target}.json").read_bytes() == (repo / "build/manifests" / f"{target}.json").read_bytes()
+
+    pub = rel / "cosign.pub"
+    for target in ("sm100", "sm120"):
+        result = verify.verify(verify.VerifyOptions(rel / f"{target}.json", key=pub, image=ref(target),
+                                                    require_pass=True))
+        assert result.support_level == {"sm100": "baseline", "sm120": "unverified"}[target]
+
+    # Swapping in another key.
+    _, other_pub = make_key_pair(tmp_path, prefix="other")
+    with pytest.raises(VerificationError, match="^signature check failed"):
+        verify.verify(verify.VerifyOptions(rel / "sm100.json", key=other_pub))
+    # Pointing --image at another digest (CLI, to see the message a user sees).
+    cli = run_qualify(["verify", str(rel / "sm100.json"), "--key", str(pub), "--image",
+                       f"{REGISTRY}/qualify/sm100@{DIGEST_B}"], repo)
+    assert cli.returncode == VerificationError.exit_code and "image digest check failed" in cli.stderr
+    # Editing one byte of the manifest.
+    data = bytearray((rel / "sm100.json").read_bytes())
+    data[-3] ^= 0x01
+    (rel / "sm100.json").write_bytes(bytes(data))
+    cli = run_qualify(["verify", str(rel / "sm100.json"), "--key", str(pub)], repo)
+    assert cli.returncode == VerificationError.exit_code and "signature check failed" in cli.stderr
+
+
+def test_release_index_and_tag_message(repo, keys):
+    key_file, _ = keys
+    do_release(repo, key_file)
+    rel = repo / "manifests" / TAG
+    index = json.loads((rel / "release.json").read_text())
+    assert index["tag"] == TAG and index["source_revision"] == git(repo, "rev-parse", "HEAD").strip()
+    by_target = {t["target"]: t for t in index["targets"]}
+    assert by_target["sm100"]["image"] == {"reference": ref("sm100"), "digest": DIGEST_A}
+    assert by_target["sm120"]["support_level"] == "unverified"  # ships as such
+    assert by_target["sm100"]["manifest_sha256"] == hashlib.sha256((rel / "sm100.json").read_bytes()).hexdigest()
+    assert index["withheld"] == [{"target": "sm121", "reason": "failing checks: triton-compile"}]
+
+    assert git(repo, "cat-file", "-t", TAG).strip() == "tag"  # annotated
+    message = git(repo, "tag", "-l", "--format=%(contents)", TAG)
+    for target in ("sm100", "sm120"):
+        assert f"{DIGESTS[target]}  manifest sha256:{by_target[target]['manifest_sha256']}" in message
+    assert "sm121: failing checks: triton-compile" in message
+    assert f"sha256:{hashlib.sha256((rel / 'release.json').read_bytes()).hexdigest()}" in message
+
+
+def test_min_level_raises_the_bar(repo, keys):
+    key_file, _ = keys
+    outcome = do_release(repo, key_file, min_level="baseline")
+    assert [e.target for e in outcome.released] == ["sm100"]
+    assert {w.target: w.reason for w in outcome.withheld}["sm120"] == (
+        "support level unverified is below --min-level baseline")
+
+
+def test_image_digest_mismatch_withholds_the_target(repo, keys):
+    key_file, _ = keys
+
+    def rebuilt(reference: str) -> str:
+        return DIGEST_C if "/sm100" in reference else built_images(reference)
+
+    outcome = do_release(repo, key_file, resolve=rebuilt)
+    reason = {w.target: w.reason for w in outcome.withheld}["sm100"]
+    assert reason.startswith("image digest check failed") and DIGEST_C in reason
+    assert not (repo / "manifests" / TAG / "sm100.json").exists()
+
+
+def test_nothing_to_release_is_refused_and_writes_nothing(repo, keys):
+    key_file, _ = keys
+    before = snapshot(repo)
+    with pytest.raises(ReleaseError, match="nothing to release"):
+        do_release(repo, key_file, min_level="optimized")
+    assert snapshot(repo) == before
+
+
+def test_second_release_without_force_is_refused_and_changes_nothing(repo, keys):
+    key_file, _ = keys
+    do_release(repo, key_file)
+    before = snapshot(repo)
+    tag_before = git(repo, "cat-file", "-p", TAG)
+    asked = []
+
+    def factory():
+        asked.append("password")
+        return builtin_factory(key_file)()
+
+    with pytest.raises(ReleaseError, match=f"tag {TAG} already exists"):
+        release.run_release(options(repo), factory, built_images, progress=lambda m: None)
+    assert snapshot(repo) == before and git(repo, "cat-file", "-p", TAG) == tag_before
+    assert asked == []  # refused before asking for the key's password
+    cli = run_qualify(["release", TAG, "--key", str(key_file), "--no-upload"], repo,
+                      {"COSIGN_PASSWORD": PASSWORD})
+    assert cli.returncode == ReleaseError.exit_code and "already exists" in cli.stderr
+    assert snapshot(repo) == before and git(repo, "cat-file", "-p", TAG) == tag_before
+
+
+def test_force_moves_the_tag_and_rewrites(repo, keys):
+    key_file, _ = keys
+    do_release(repo, key_file)
+    first = git(repo, "rev-parse", f"{TAG}^{{commit}}").strip()
+    (repo / "NOTES").write_text("a later commit\n")
+    git(repo, "add", "NOTES")
+    git(repo, "commit", "-q", "-m", "later")
+    outcome = do_release(repo, key_file, force=True)
+    assert git(repo, "rev-parse", f"{TAG}^{{commit}}").strip() == git(repo, "rev-parse", "HEAD").strip() != first
+    assert outcome.written == ["release.json"]  # only the index (its source revision) changed
+
+
+def test_interrupted_release_resumes(repo, keys, monkeypatch):
+    key_file, _ = keys
+    real_create_tag = release.create_tag
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(release, "create_tag", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        do_release(repo, key_file)
+    files = {p.name: p.read_bytes() for p in (repo / "manifests" / TAG).iterdir()}
+    assert "release.json" in files and git(repo, "tag", "-l").strip() == ""
+
+    monkeypatch.setattr(release, "create_tag", real_create_tag)
+    outcome = do_release(repo, key_file)  # no --force needed: identical files, no tag
+    assert outcome.written == [] and sorted(outcome.unchanged) == sorted(files)
+    assert {p.name: p.read_bytes() for p in (repo / "manifests" / TAG).iterdir()} == files
+    assert git(repo, "tag", "-l").strip() == TAG
+    assert not list(repo.glob(".*staging*")) and not list((repo / "manifests").glob(".*"))
+
+
+class RandomisedSigner:
+    """Signs like cosign does: ECDSA with a random nonce, so every signature differs."""
+
+    name = "randomised"
+
+    def __init__(self, inner: signer.BuiltinSigner):
+        self.inner = inner
+
+    def sign_file(self, blob, signature_out, bundle_out):
+        data = blob.read_bytes()
+        sig = self.inner.private_key.sign(data, ec.ECDSA(hashes.SHA256()))
+        signature_out.write_bytes(signer.encode_signature(sig))
+        bundle_out.write_bytes(signer.bundle_bytes(signer.make_bundle(data, sig, self.inner.public_key)))
+        return signer.SignedFiles(blob, signature_out, bundle_out, self.name)
+
+
+def test_rerun_keeps_signatures_a_randomised_signer_made(repo, keys, monkeypatch):
+    key_file, _ = keys
+    inner, public_key = signer.key_signer("builtin", key_file, PASSWORD.encode())
+    monkeypatch.setattr(release, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        release.run_release(options(repo), lambda: (RandomisedSigner(inner), public_key), built_images,
+                            progress=lambda m: None)
+    sig = (repo / "manifests" / TAG / "sm100.json.sig").read_bytes()
+    monkeypatch.undo()
+    outcome = release.run_release(options(repo), lambda: (RandomisedSigner(inner), public_key), built_images,
+                                  progress=lambda m: None)
+    assert outcome.written == [] and (repo / "manifests" / TAG / "sm100.json.sig").read_bytes() == sig
+
+
+def test_other_files_in_the_release_folder_need_force(repo, keys):
+    key_file, _ = keys
+    rel = repo / "manifests" / TAG
+    rel.mkdir(parents=True)
+    (rel / "sm100.json").write_text('{"not": "the qualified manifest"}\n')
+    before = snapshot(repo)
+    with pytest.raises(ReleaseError, match="differ: sm100.json"):
+        do_release(repo, key_file)
+    assert snapshot(repo) == before and git(repo, "tag", "-l").strip() == ""
+    do_release(repo, key_file, force=True)
+    assert (rel / "sm100.json").read_bytes() == (repo / "build/manifests/sm100.json").read_bytes()
+
+
+def test_another_key_on_rerun_is_a_conflict(repo, keys, tmp_path, monkeypatch):
+    key_file, _ = keys
+    monkeypatch.setattr(release, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        do_release(repo, key_file)
+    monkeypatch.undo()
+    other_key, _ = make_key_pair(tmp_path, prefix="other")
+    with pytest.raises(ReleaseError, match="cosign.pub"):
+        do_release(repo, other_key)
+
+
+def test_upload_prints_the_command_without_gh_and_runs_it_with_gh(repo, keys, tmp_path, monkeypatch):
+    key_file, _ = keys
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    messages = []
+    outcome = release.run_release(options(repo, upload=True), builtin_factory(key_file), built_images,
+                                  progress=messages.append)
+    assert outcome.upload == "not uploaded: gh unavailable"
+    assert outcome.upload_command[:4] == ["gh", "release", "upload", TAG]
+    assert f"manifests/{TAG}/sm100.json.sig" in outcome.upload_command
+    assert any("not uploaded" in m for m in messages)
+
+    # A TEST DOUBLE for gh (not installed here): logged in, records its argv.
+    log = tmp_path / "gh.log"
+    (tmp_path / "bin").mkdir()
+    write_script(tmp_path / "bin" / "gh", f"#!/bin/sh\necho \"$@\" >> {log}\nexit 0\n")
+    monkeypatch.setenv("PATH", path_with(tmp_path / "bin"))
+    outcome = release.run_release(options(repo, upload=True, force=True), builtin_factory(key_file), built_images,
+                                  progress=lambda m: None)
+    assert outcome.upload == "uploaded"
+    calls = log.read_text().splitlines()
+    assert calls[0] == "auth status"
+    assert calls[1].startswith(f"release upload {TAG} manifests/{TAG}/cosign.pub") and calls[1].endswith("--clobber")
+
+
+def test_cli_release_json_and_no_secret_anywhere(repo, keys, tmp_path):
+    key_file, _ = keys
+    install_docker_double(tmp_path / "bin", {ref(t): [[ref(t)], "sha256:" + "0e" * 32] for t in DIGESTS},
+                          tmp_path / "images.json")
+    env = {"COSIGN_PASSWORD": PASSWORD, "PATH": path_with(tmp_path / "bin"),
+           "DOCKER_DOUBLE_IMAGES": str(tmp_path / "images.json")}
+    result = run_qualify(["release", TAG, "--key", str(key_file), "--json"], repo, env)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert [e["target"] for e in summary["released"]] == ["sm100", "sm120"]
+    assert summary["withheld"] == [{"target": "sm121", "reason": "failing checks: triton-compile"}]
+    assert summary["upload"] == "not uploaded: gh unavailable"
+    verified = run_qualify(["verify", f"manifests/{TAG}/sm100.json", "--key", f"manifests/{TAG}/cosign.pub",
+                            "--image", ref("sm100"), "--require-pass"], repo, env)
+    assert verified.returncode == 0, verified.stderr
+
+    texts = [result.stdout, result.stderr, verified.stdout, verified.stderr, *tree_texts(repo),
+             git(repo, "cat-file", "-p", TAG), git(repo, "log", "--all", "-p")]
+    assert_no_secrets(texts, secrets_of(key_file))

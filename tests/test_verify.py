@@ -1,0 +1,174 @@
+"""`qualify verify`: signature, image digest and verdict, each failure named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from signing_helpers import (
+    DIGEST_A,
+    DIGEST_B,
+    PASSWORD,
+    REGISTRY,
+    install_cosign_double,
+    install_docker_double,
+    make_key_pair,
+    path_with,
+    read_log,
+    run_qualify,
+    write_manifest,
+)
+
+from qualify import signer, verify
+from qualify.errors import ConfigError, VerificationError
+
+
+@pytest.fixture
+def signed(tmp_path):
+    """A manifest for sm120 (image DIGEST_A) signed by the built-in signer, and its keys."""
+    key_file, pub = make_key_pair(tmp_path)
+    manifest = write_manifest(tmp_path / "sm120.json", "sm120", DIGEST_A)
+    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
+        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+    return manifest, pub
+
+
+def never_resolve(ref: str) -> str:
+    raise AssertionError(f"a name@sha256 reference must compare directly, not resolve {ref}")
+
+
+def test_verify_passes_and_reports_verdict_and_level(signed):
+    manifest, pub = signed
+    result = verify.verify(verify.VerifyOptions(manifest, key=pub, image=f"{REGISTRY}/qualify/sm120@{DIGEST_A}",
+                                                require_pass=True), resolve=never_resolve)
+    assert (result.verdict, result.support_level, result.target) == ("pass", "baseline", "sm120")
+    assert result.image_digest == DIGEST_A and result.signature.startswith("key sha256:")
+
+
+def test_one_changed_byte_fails_the_signature_check(signed):
+    manifest, pub = signed
+    data = bytearray(manifest.read_bytes())
+    data[data.index(b"baseline")] = ord("B")
+    manifest.write_bytes(bytes(data))
+    with pytest.raises(VerificationError, match=r"^signature check failed"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub))
+
+
+def test_another_key_fails_the_signature_check(signed, tmp_path):
+    manifest, _ = signed
+    _, other_pub = make_key_pair(tmp_path, prefix="other")
+    with pytest.raises(VerificationError, match=r"^signature check failed"):
+        verify.verify(verify.VerifyOptions(manifest, key=other_pub))
+
+
+def test_missing_signature_fails_the_signature_check(signed):
+    manifest, pub = signed
+    signer.signature_path(manifest).unlink()
+    assert verify.verify(verify.VerifyOptions(manifest, key=pub)).verdict == "pass"  # the bundle carries it
+    signer.bundle_path(manifest).unlink()
+    with pytest.raises(VerificationError, match=r"^signature check failed: no signature"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub))
+
+
+def test_other_image_digest_fails_the_image_check(signed):
+    manifest, pub = signed
+    with pytest.raises(VerificationError, match=r"^image digest check failed") as err:
+        verify.verify(verify.VerifyOptions(manifest, key=pub, image=f"{REGISTRY}/qualify/sm120@{DIGEST_B}"),
+                      resolve=never_resolve)
+    assert DIGEST_A in str(err.value) and DIGEST_B in str(err.value)
+
+
+def test_tagged_image_is_resolved(signed):
+    manifest, pub = signed
+    seen = []
+
+    def resolve(ref):
+        seen.append(ref)
+        return {"qualify/sm120:dev": DIGEST_A, "qualify/sm120:old": DIGEST_B}[ref]
+
+    assert verify.verify(verify.VerifyOptions(manifest, key=pub, image="qualify/sm120:dev"), resolve).image_digest
+    with pytest.raises(VerificationError, match=r"^image digest check failed"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub, image="qualify/sm120:old"), resolve)
+    assert seen == ["qualify/sm120:dev", "qualify/sm120:old"]
+
+
+def test_require_pass_refuses_failing_checks(tmp_path):
+    key_file, pub = make_key_pair(tmp_path)
+    manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A, level="unsupported",
+                              statuses={"fatbin-arch": "pass", "triton-compile": "fail"})
+    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
+        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+    result = verify.verify(verify.VerifyOptions(manifest, key=pub))  # reported, not refused
+    assert result.verdict == "fail" and result.failing_checks == ["triton-compile"]
+    with pytest.raises(VerificationError, match=r"^verdict check failed: verdict is fail; failing checks: "
+                                                r"triton-compile"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub, require_pass=True))
+
+
+def test_an_unverified_incomplete_manifest_passes_require_pass(tmp_path):
+    key_file, pub = make_key_pair(tmp_path)
+    manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A, level="unverified",
+                              statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"})
+    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
+        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+    result = verify.verify(verify.VerifyOptions(manifest, key=pub, require_pass=True))
+    assert (result.verdict, result.support_level) == ("incomplete", "unverified")
+
+
+def test_a_trust_anchor_is_required(signed):
+    manifest, _ = signed
+    with pytest.raises(ConfigError, match="--key PUB, or --identity"):
+        verify.verify(verify.VerifyOptions(manifest))
+
+
+def test_cli_exit_codes_and_messages(signed, tmp_path):
+    manifest, pub = signed
+    ok = run_qualify(["verify", str(manifest), "--key", str(pub), "--require-pass",
+                      "--image", f"{REGISTRY}/qualify/sm120@{DIGEST_A}"], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "verdict:       pass" in ok.stdout and "support level: baseline" in ok.stdout
+    bad = run_qualify(["verify", str(manifest), "--key", str(pub), "--json",
+                       "--image", f"{REGISTRY}/qualify/sm120@{DIGEST_B}"], tmp_path)
+    assert bad.returncode == VerificationError.exit_code
+    assert "error: image digest check failed" in bad.stderr
+    assert json.loads(bad.stdout)["failed"] == "image digest"
+    good = run_qualify(["verify", str(manifest), "--key", str(pub), "--json"], tmp_path)
+    assert json.loads(good.stdout)["ok"] is True and json.loads(good.stdout)["support_level"] == "baseline"
+
+
+def test_image_digest_through_docker_cli(tmp_path, monkeypatch):
+    repo_ref = f"{REGISTRY}/qualify/sm120"
+    install_docker_double(tmp_path / "bin", {
+        f"{repo_ref}@{DIGEST_A}": [[f"{repo_ref}@{DIGEST_A}"], "sha256:" + "0f" * 32],
+        "qualify/sm120:dev": [[f"{repo_ref}@{DIGEST_B}", f"qualify/sm120@{DIGEST_A}"], "sha256:" + "0f" * 32],
+        "local:only": [[], DIGEST_B],
+    }, tmp_path / "images.json")
+    monkeypatch.setenv("PATH", path_with(tmp_path / "bin"))
+    monkeypatch.setenv("DOCKER_DOUBLE_IMAGES", str(tmp_path / "images.json"))
+    assert verify.image_digest(f"{repo_ref}@{DIGEST_A}") == DIGEST_A
+    assert verify.image_digest("qualify/sm120:dev") == DIGEST_A  # its own repository's digest
+    assert verify.image_digest("local:only") == DIGEST_B  # never pushed: the image ID
+    from qualify.errors import ExternalCommandError
+
+    with pytest.raises(ExternalCommandError, match="No such image"):
+        verify.image_digest("missing:tag")
+
+
+def test_keyless_verification_goes_through_cosign(signed, tmp_path, monkeypatch):
+    manifest, _ = signed
+    install_cosign_double(tmp_path / "bin")
+    monkeypatch.setenv("PATH", path_with(tmp_path / "bin"))
+    monkeypatch.setenv("COSIGN_DOUBLE_LOG", str(tmp_path / "log.jsonl"))
+    monkeypatch.setenv("COSIGN_DOUBLE_VERSION", "v3.1.2")
+    result = verify.verify(verify.VerifyOptions(manifest, identity="rel@example.com",
+                                                issuer="https://accounts.example.com"))
+    assert result.signature.startswith("cosign v3.1.2, identity rel@example.com")
+    argv = read_log(tmp_path / "log.jsonl")[-1]["argv"]
+    assert argv[:-1] == [
+        "verify-blob", "--certificate-identity", "rel@example.com", "--certificate-oidc-issuer",
+        "https://accounts.example.com", "--bundle", str(signer.bundle_path(manifest))]
+    assert Path(argv[-1]).name == manifest.name  # a private copy of the bytes verify parses
+    monkeypatch.setenv("COSIGN_DOUBLE_FAIL", "none of the expected identities matched")
+    with pytest.raises(VerificationError, match=r"^signature check failed: command failed .*cosign verify-blob"):
+        verify.verify(verify.VerifyOptions(manifest, identity="x@example.com", issuer="https://a.example.com"))
