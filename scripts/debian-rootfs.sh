@@ -22,7 +22,9 @@ while [ $# -gt 0 ]; do
     *) echo "debian-rootfs: unknown argument: $1" >&2; exit 2 ;;
   esac
 done
-[ -n "$arch" ] && [ -n "$out" ] || { echo "debian-rootfs: --arch and --out are required" >&2; exit 2; }
+if [ -z "$arch" ] || [ -z "$out" ]; then
+  echo "debian-rootfs: --arch and --out are required" >&2; exit 2
+fi
 command -v debootstrap >/dev/null || { echo "debian-rootfs: debootstrap missing; run scripts/setup-host.sh" >&2; exit 3; }
 epoch="${SOURCE_DATE_EPOCH:-0}"
 
@@ -31,7 +33,6 @@ trap 'rm -rf "$work"' EXIT
 root="$work/root"
 
 host_arch=$(dpkg --print-architecture)
-foreign=()
 if [ "$arch" != "$host_arch" ]; then
   # Second stage runs under qemu-user-static through binfmt_misc.
   [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || { echo "debian-rootfs: qemu-aarch64 binfmt not registered; run scripts/setup-host.sh" >&2; exit 3; }
@@ -39,7 +40,7 @@ fi
 inc=(--include="${include}")
 [ -n "$include" ] || inc=()
 echo "[debian-rootfs] debootstrap $suite $arch from $mirror" >&2
-debootstrap --variant=minbase --arch="$arch" "${foreign[@]}" "${inc[@]}" "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+debootstrap --variant=minbase --arch="$arch" "${inc[@]}" "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || {
   tail -30 "$work/debootstrap.log" >&2; echo "debian-rootfs: debootstrap failed" >&2; exit 4; }
 
 # Remove what differs between two runs of the same inputs.

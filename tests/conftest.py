@@ -63,20 +63,20 @@ def require(condition: bool, why: str) -> None:
     _require(condition, why)
 
 
-TEST_PYTHON_IMAGE = "qualify-test/debian-python:bookworm"
-
-
 @pytest.fixture(scope="session")
 def debian_python_image(docker_engine) -> str:
-    """A small local image (Debian bookworm + python3) for tests that need a
-    container but not CUDA. Made with debootstrap, since nothing can be pulled."""
+    """A small local image (Debian bookworm + python3's standard library) for tests that
+    need a container but not CUDA. Made with debootstrap, since nothing can be pulled;
+    tagged by the rootfs recipe's key so a changed package list makes a new image."""
     from qualify.rootfs import debian_rootfs
 
-    have = subprocess.run([docker_engine, "image", "inspect", TEST_PYTHON_IMAGE], capture_output=True)
+    tar = debian_rootfs("amd64", "bookworm", "http://deb.debian.org/debian",
+                        ["python3-minimal", "libpython3.11-stdlib", "ca-certificates"])
+    image = f"qualify-test/debian-python:{tar.stem.rsplit('-', 1)[-1]}"
+    have = subprocess.run([docker_engine, "image", "inspect", image], capture_output=True)
     if have.returncode != 0:
-        tar = debian_rootfs("amd64", "bookworm", "http://deb.debian.org/debian", ["python3-minimal", "ca-certificates"])
-        subprocess.run([docker_engine, "import", str(tar), TEST_PYTHON_IMAGE], check=True, capture_output=True)
-    return TEST_PYTHON_IMAGE
+        subprocess.run([docker_engine, "import", str(tar), image], check=True, capture_output=True)
+    return image
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,162 @@
+"""`python -m qualify deploy ACTION`: the helpers start.sh and scripts/*.sh call.
+
+Values for bash come out as `key=value` lines on stdout; notes go to stderr;
+a refusal is a DeployError (message and hint on stderr, non-zero exit).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import deploy, targets
+from .. import manifest as mf
+from ..errors import ConfigError
+
+CHECKS = {
+    "health": lambda url, model: deploy.health(url),
+    "models": deploy.models,
+    "canary": deploy.canary,
+    "determinism": deploy.determinism,
+    "tool-call": deploy.tool_call,
+}
+
+
+def configure_parser(parser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+
+    mem = sub.add_parser("memory", help="does the server fit this GPU, and with which memory fraction")
+    mem.add_argument("--target", required=True)
+    mem.add_argument("--memory-total", required=True, help="nvidia-smi's memory.total, e.g. '32607 MiB' or '[N/A]'")
+    mem.add_argument("--meminfo", type=Path, default=Path("/proc/meminfo"))
+    mem.add_argument("--fraction", type=float, help="GPU_MEMORY_UTILIZATION from .env (default: the target's)")
+    mem.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
+
+    port = sub.add_parser("port", help="exit 0 when ADDRESS:PORT is free")
+    port.add_argument("--address", required=True)
+    port.add_argument("--port", type=int, required=True)
+
+    rel = sub.add_parser("release", help="the released manifest for a target, and the image to deploy")
+    rel.add_argument("--manifests", type=Path, required=True, help="the manifests/ folder")
+    rel.add_argument("--target", required=True)
+    rel.add_argument("--tag", default="", help="RELEASE_TAG (default: the newest release with this target)")
+    rel.add_argument("--image", default="", help="IMAGE from .env; must be the manifest's digest")
+    rel.add_argument("--key-fingerprint", default="", help="RELEASE_KEY_FINGERPRINT from .env (sha256:...)")
+
+    gate = sub.add_parser("gate", help="decide from `qualify verify --json` (on stdin)")
+    gate.add_argument("--require-pass-rc", type=int, required=True,
+                      help="exit status of the same verify run with --require-pass")
+
+    comp = sub.add_parser("compose", help="print the compose project as JSON")
+    comp.add_argument("--image", required=True)
+    comp.add_argument("--target", required=True)
+    comp.add_argument("--model", required=True)
+    comp.add_argument("--revision", required=True)
+    comp.add_argument("--served-model-name", required=True)
+    comp.add_argument("--gpu-memory-utilization", type=float, required=True)
+    comp.add_argument("--max-model-len", type=int, required=True)
+    comp.add_argument("--gpu-runtime", choices=deploy.GPU_RUNTIMES, required=True)
+    comp.add_argument("--gpu-device", default="0")
+    comp.add_argument("--selinux-label-disable", action="store_true")
+    comp.add_argument("--bind-address", default="127.0.0.1")
+    comp.add_argument("--port", type=int, default=8000)
+    comp.add_argument("--shm-size", default="8g")
+    comp.add_argument("--tool-call-parser", default="")
+    comp.add_argument("--extra-arg", action="append", default=[], help="one more server argument (repeatable)")
+    comp.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container variable")
+    comp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="container label")
+    comp.add_argument("--health-start-period", type=int, default=1800)
+
+    url = sub.add_parser("url", help="where this host reaches the API")
+    url.add_argument("--bind-address", required=True)
+    url.add_argument("--port", type=int, required=True)
+
+    for name in CHECKS:
+        chk = sub.add_parser(name, help=f"API check: {name}")
+        chk.add_argument("--base-url", required=True)
+        chk.add_argument("--model", default="")
+        chk.add_argument("--quiet", action="store_true", help="no output, exit status only")
+
+
+def _pairs(items, what: str):
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {item!r}: write KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
+
+
+def _memory(args) -> int:
+    target = targets.load(args.file).get(args.target)
+    meminfo = args.meminfo.read_text() if args.meminfo.is_file() else None
+    fit = deploy.memory_fit(target.runtime, args.memory_total, meminfo, args.fraction)
+    for note in fit.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"gpu_memory_utilization={fit.gpu_memory_utilization:g}")
+    print(f"pool_gib={fit.pool_gib:g}")
+    print(f"unified={'true' if fit.unified else 'false'}")
+    print(f"source={fit.source}")
+    return 0
+
+
+def _port(args) -> int:
+    problem = deploy.port_problem(args.address, args.port)
+    if problem:
+        raise deploy.DeployError(problem, hint=f"see what holds it: ss -ltnp 'sport = :{args.port}'; "
+                                 "or set API_PORT (and BIND_ADDRESS) in .env")
+    return 0
+
+
+def _release(args) -> int:
+    files = deploy.release_files(args.manifests, args.target, args.tag)
+    image = deploy.image_to_deploy(mf.load(files.manifest), args.target, args.image)
+    fingerprint = deploy.check_key_fingerprint(files.public_key, args.key_fingerprint)
+    print(f"tag={files.tag}")
+    print(f"manifest={files.manifest}")
+    print(f"signature={files.signature}")
+    print(f"public_key={files.public_key}")
+    print(f"key_fingerprint={fingerprint}")
+    print(f"key_pinned={'true' if args.key_fingerprint else 'false'}")
+    print(f"image={image}")
+    return 0
+
+
+def _gate(args) -> int:
+    result = deploy.load_json_text(sys.stdin.read(), "qualify verify --json output")
+    decision = deploy.gate_decision(result, args.require_pass_rc == 0)
+    print(f"action={decision.action}")
+    print(f"reason={decision.reason}")
+    return 0
+
+
+def _compose(args) -> int:
+    spec = deploy.ComposeSpec(
+        image=args.image, target=args.target, model=args.model, revision=args.revision,
+        served_model_name=args.served_model_name, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len, gpu_runtime=args.gpu_runtime, gpu_device=args.gpu_device,
+        selinux_label_disable=args.selinux_label_disable, bind_address=args.bind_address,
+        port=args.port, shm_size=args.shm_size, tool_call_parser=args.tool_call_parser,
+        extra_args=tuple(args.extra_arg), extra_env=_pairs(args.env, "--env"),
+        health_start_period_s=args.health_start_period, labels=_pairs(args.label, "--label"),
+    )
+    sys.stdout.write(deploy.compose_json(spec))
+    return 0
+
+
+def _check(args) -> int:
+    result = CHECKS[args.action](args.base_url.rstrip("/"), args.model)
+    if not args.quiet:
+        print(f"{args.action}: {'ok' if result.ok else 'FAILED'}: {result.detail}")
+    return 0 if result.ok else 1
+
+
+def execute(args) -> int:
+    if args.action in CHECKS:
+        return _check(args)
+    if args.action == "url":
+        print(deploy.api_url(args.bind_address, args.port))
+        return 0
+    actions = {"memory": _memory, "port": _port, "release": _release, "gate": _gate, "compose": _compose}
+    return actions[args.action](args)

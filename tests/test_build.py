@@ -1,0 +1,158 @@
+"""Building the smoke images for real (hermetic base, Docker engine, loopback registry).
+
+Acceptance of the build issue, checked inside the built images.
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qualify import build, targets, wheelhouse
+from qualify.engine import BuildRequest, Engine
+from qualify.errors import BuildError, ConfigError, LockError
+
+import images
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def sm120(docker_engine, loopback_registry):
+    return images.smoke("sm120")
+
+
+@pytest.fixture(scope="module")
+def sm121(docker_engine, loopback_registry):
+    return images.smoke("sm121")
+
+
+def test_records_name_digests(sm120, sm121):
+    for record in (sm120, sm121):
+        assert "@sha256:" in record.image_reference and record.base_image.count("@sha256:") == 1
+        assert record.image_reference.startswith("127.0.0.1:")
+        on_disk = json.loads(build.record_path(record.target, "smoke", "hermetic").read_text())
+        assert on_disk["image_reference"] == record.image_reference
+
+
+def test_sm121_image_is_arm64_and_sm120_amd64(docker_engine, sm120, sm121):
+    for record, arch in ((sm120, "amd64"), (sm121, "arm64")):
+        out = subprocess.run([docker_engine, "image", "inspect", "--format", "{{.Architecture}}", record.image_reference],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == arch
+    uname = images.run(docker_engine, sm121.image_reference, "uname -m", "linux/arm64")
+    assert uname.stdout.strip() == "aarch64"
+
+
+@pytest.mark.parametrize("name,gpu", [("sm120", "sm_120a"), ("sm121", "sm_121a")])
+def test_wiring_is_in_the_environment_and_ptxas_assembles(docker_engine, sm120, sm121, name, gpu):
+    record = {"sm120": sm120, "sm121": sm121}[name]
+    t = targets.load().get(name)
+    script = (f"env; printf '.version 8.8\\n.target {gpu}\\n.address_size 64\\n.visible .entry e()\\n{{ ret; }}\\n' > /tmp/e.ptx"
+              f" && ptxas --gpu-name {gpu} /tmp/e.ptx -o /tmp/e.cubin && echo ASSEMBLED")
+    out = images.run(docker_engine, record.image_reference, script, t.platform)
+    assert "ASSEMBLED" in out.stdout, out.stderr
+    env = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    assert env["TORCH_CUDA_ARCH_LIST"] == t.torch_cuda_arch_list
+    for key, value in t.triton.env().items():
+        assert env[key] == value
+    assert env["CUDA_HOME"] == "/usr/local/cuda"
+
+
+def test_smoke_extension_census_matches_the_arch_list(docker_engine, sm121):
+    # the census from this repo's reader, run on the host over the image's file
+    out = subprocess.run([docker_engine, "create", sm121.image_reference], capture_output=True, text=True, check=True)
+    cid = out.stdout.strip()
+    try:
+        dest = Path(f"/tmp/smoke-ext-{cid[:12]}.so")
+        subprocess.run([docker_engine, "cp", f"{cid}:/opt/blackwell/ext/libsmoke_ext.so", str(dest)], check=True)
+    finally:
+        subprocess.run([docker_engine, "rm", cid], capture_output=True)
+    census = subprocess.run([sys.executable, "-m", "qualify", "inspect", str(dest), "--target", "12.1", "--json"],
+                            capture_output=True, text=True, check=True)
+    lib = json.loads(census.stdout)["libraries"][0]
+    assert sorted(lib["sass"]) == ["sm_121", "sm_121a"] and lib["ptx"] == []
+    assert lib["verdict"]["class"] == "native"
+    dest.unlink()
+
+
+@pytest.mark.parametrize("name", ["sm120", "sm121"])
+def test_allocator_hook_in_fresh_interpreters(docker_engine, sm120, sm121, name):
+    record = {"sm120": sm120, "sm121": sm121}[name]
+    platform = targets.load().get(name).platform
+    script = ("python3 -c 'import sys; print(\"triton\" in sys.modules)'; "
+              "python3 -c 'import threading, triton.runtime._allocation as a\n"
+              "print(type(a._allocator.get()).__name__)\n"
+              "r=[]; t=threading.Thread(target=lambda: r.append(type(a._allocator.get()).__name__)); t.start(); t.join()\n"
+              "print(r[0])'")
+    out = images.run(docker_engine, record.image_reference, script, platform)
+    assert out.stdout.split() == ["False", "TorchAllocator", "TorchAllocator"], out.stderr
+
+
+def test_labels_record_base_target_and_provenance(sm120):
+    labels = sm120.labels
+    t = targets.load().get("sm120")
+    assert labels["org.opencontainers.image.base.digest"] == sm120.base_image.split("@", 1)[1]
+    assert labels["dev.blackwell-qualify.torch-cuda-arch-list"] == t.torch_cuda_arch_list
+    assert labels["dev.blackwell-qualify.target"] == "sm120"
+    for key in ("source", "revision", "version", "created"):
+        assert labels[f"org.opencontainers.image.{key}"]
+    assert "dev.blackwell-qualify.sha256sums" in labels
+
+
+def test_no_change_rebuild_is_cached(sm120, capsys):
+    """Reports the time of a no-change rebuild (the target is < 10 s; not asserted: shared machines are noisy)."""
+    start = time.monotonic()
+    again = build.build(targets.load(), build.BuildOptions("sm120", "hermetic", "smoke"))
+    seconds = time.monotonic() - start
+    assert again.image_reference == sm120.image_reference
+    with capsys.disabled():
+        print(f"\n[report] no-change rebuild of sm120 smoke: {seconds:.1f} s")
+
+
+def test_floating_tag_is_refused_before_any_engine_call(tmp_path, monkeypatch):
+    text = (REPO / "images" / "targets.toml").read_text()
+    pinned = str(targets.load().get("sm120").base.image)
+    path = tmp_path / "targets.toml"
+    path.write_text(text.replace(pinned, pinned.split("@")[0]))
+    monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("the engine was called"))
+    out = subprocess.run([sys.executable, "-m", "qualify", "build", "sm120", "--file", str(path), "--profile", "smoke"],
+                         capture_output=True, text=True)
+    assert out.returncode == ConfigError.exit_code and "floating tag" in out.stderr
+
+
+def test_pinned_base_that_cannot_be_pulled_says_how_to_use_hermetic(docker_engine, loopback_registry):
+    tf = targets.load()
+    out = subprocess.run([sys.executable, "-m", "qualify", "build", "sm120", "--profile", "smoke", "--no-qualify"],
+                         capture_output=True, text=True, timeout=300)
+    digest = tf.get("sm120").base.image.digest
+    if out.returncode == 0:  # a host that can pull nvidia/cuda builds for real
+        return
+    assert out.returncode == 4, out.stderr
+    assert digest in out.stderr and "--base hermetic" in out.stderr
+
+
+def test_lock_hash_mismatch_is_refused(tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("triton==3.8.0 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    (tmp_path / "triton-3.8.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"not the real wheel")
+    with pytest.raises(LockError, match="does not list"):
+        wheelhouse.verify(tmp_path, wheelhouse.parse_lock(lock), lock)
+    loose = tmp_path / "loose.txt"
+    loose.write_text("triton>=3.8\n")
+    with pytest.raises(LockError, match="exact pin"):
+        wheelhouse.parse_lock(loose)
+
+
+def test_failed_run_step_shows_its_tail(docker_engine, debian_python_image, tmp_path):
+    (tmp_path / "Dockerfile").write_text(f"FROM {debian_python_image}\nRUN echo about to fail && "
+                                         "echo 'the real reason' >&2 && exit 3\n")
+    engine = Engine("docker").check()
+    with pytest.raises(BuildError) as err:
+        engine.build(BuildRequest(context=tmp_path, dockerfile=tmp_path / "Dockerfile", tags=["qualify-test/fail:x"],
+                                  platform="linux/amd64"))
+    assert "the real reason" in str(err.value) and "exit" in str(err.value)

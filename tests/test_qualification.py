@@ -1,0 +1,173 @@
+"""Qualification of real smoke images, and of deliberately broken ones.
+
+No GPU exists on this machine: GPU checks must come out `not-run`, never
+`pass`, and the support level `unverified`.
+"""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from qualify import manifest, qualification, targets
+from qualify.engine import Engine
+
+import images
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((REPO / "manifests" / "manifest.schema.json").read_text())
+pytestmark = pytest.mark.engine
+
+
+def statuses(predicate):
+    return {c["id"]: c for c in predicate["checks"]}
+
+
+@pytest.fixture(scope="module")
+def engine(docker_engine, loopback_registry):
+    return Engine("docker").check()
+
+
+@pytest.fixture(scope="module", params=["sm120", "sm121"])
+def qualified(request, engine):
+    record = images.smoke(request.param)
+    path = qualification.qualify(targets.load(), record, engine, force=True)
+    return record, manifest.load(path)
+
+
+def test_manifest_validates_and_names_the_image(qualified):
+    record, doc = qualified
+    jsonschema.validate(doc, SCHEMA)
+    assert manifest.subject_digest(doc) == record.digest
+    p = manifest.predicate(doc)
+    assert p["image"]["reference"] == record.image_reference and p["base"]["image"] == record.base_image
+    assert p["toolkit"]["source_revision"] and p["target"]["name"] == record.target
+    path = qualification.qualified_path(record)
+    assert path.read_bytes() == manifest.dumps(doc)  # canonical bytes on disk
+
+
+def test_static_checks_pass_and_gpu_checks_do_not_run(qualified):
+    _, doc = qualified
+    p = manifest.predicate(doc)
+    checks = statuses(p)
+    for cid in ("triton.ptxas-wiring", "triton.ptxas-assembles", "triton.cross-compile", "triton.allocator",
+                "census.smoke-extension", "census.serving-path"):
+        assert checks[cid]["status"] == "pass", (cid, checks[cid]["reason"])
+    gpu = [c for c in p["checks"] if c["id"].startswith("gpu.")]
+    assert gpu and all(c["status"] == "not-run" and "no GPU" in c["reason"] for c in gpu)
+    assert p["support_level"] == "unverified" and p["gpu_evidence_on_target"] is False
+    assert p["verdict"] in ("pass", "warn")
+
+
+def test_cross_compiled_cubin_is_for_the_target(qualified):
+    record, doc = qualified
+    cap = targets.load().get(record.target).capability
+    check = statuses(manifest.predicate(doc))["triton.cross-compile"]
+    assert check["evidence"]["cubin_arches"] == [f"sm_{cap.number}a"] or f"sm_{cap.number}" in check["evidence"]["cubin_arches"][0]
+    assert f"sm_{cap.number}a" in check["evidence"]["ptx_target"]
+
+
+def test_show_and_diff_read_manifests(qualified):
+    record, _ = qualified
+    path = qualification.qualified_path(record)
+    shown = subprocess.run([sys.executable, "-m", "qualify", "show", str(path)], capture_output=True, text=True)
+    assert shown.returncode == 0 and "triton.cross-compile" in shown.stdout and "unverified" in shown.stdout
+    diff = subprocess.run([sys.executable, "-m", "qualify", "diff", str(path), str(path)], capture_output=True, text=True)
+    assert diff.returncode == 0 and "no differences" in diff.stdout
+
+
+# --- deliberately broken images -------------------------------------------------
+
+
+def _probe(engine, image, target_name):
+    return qualification.run_probe(engine, image, targets.load().get(target_name), "smoke")
+
+
+def test_missing_allocator_hook_fails(engine, docker_engine, tmp_path):
+    good = images.smoke("sm120")
+    bad = images.derived(docker_engine, good.image_reference, "qualify-test/broken:no-hook",
+                         "RUN rm /opt/venv/lib/python3*/site-packages/blackwell_triton_allocator.pth", {}, tmp_path,
+                         "linux/amd64")
+    p = _probe(engine, bad, "sm120")
+    check = statuses(p)["triton.allocator"]
+    assert check["status"] == "fail" and "NullAllocator" in check["reason"] and "no allocator hook" in check["reason"]
+    assert p["verdict"] == "fail" and p["support_level"] == "unsupported"
+
+
+def _ptxas_12_8(tmp_path, platform_tag):
+    """Triton 3.5.0's bundled ptxas (CUDA 12.8): it rejects sm_121a, as seed 004 saw."""
+    out = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--platform", platform_tag, "--python-version", "3.11", "--index-url", "https://pypi.org/simple",
+                    "--cert", "/etc/ssl/certs/ca-certificates.crt", "-d", str(out), "triton==3.5.0"], check=True,
+                   timeout=900)
+    wheel = next(out.glob("triton-3.5.0-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read("triton/backends/nvidia/bin/ptxas")
+
+
+def test_wiring_to_a_ptxas_that_rejects_sm121a_fails(engine, docker_engine, tmp_path):
+    good = images.smoke("sm121")
+    ptxas = _ptxas_12_8(tmp_path, "manylinux_2_27_aarch64")
+    bad = images.derived(
+        docker_engine, good.image_reference, "qualify-test/broken:old-ptxas",
+        "COPY ptxas /opt/cuda-12.8/bin/ptxas\n"
+        "ENV TRITON_PTXAS_PATH=/opt/cuda-12.8/bin/ptxas TRITON_PTXAS_BLACKWELL_PATH=/opt/cuda-12.8/bin/ptxas",
+        {"ptxas": ptxas}, tmp_path, "linux/arm64")
+    checks = statuses(_probe(engine, bad, "sm121"))
+    assert checks["triton.ptxas-wiring"]["status"] == "fail"
+    assert "/opt/cuda-12.8/bin/ptxas" in checks["triton.ptxas-wiring"]["reason"]
+    assert checks["triton.ptxas-assembles"]["status"] == "fail"
+    compile_check = checks["triton.cross-compile"]
+    assert compile_check["status"] == "fail"
+    # Triton 3.5 itself stops at ptxas ('Value sm_121a is not defined'); Triton 3.8 derives the PTX version
+    # from that ptxas (12.8 -> PTX 8.7) and LLVM refuses sm_121a first. Both name the cause.
+    reason = compile_check["reason"]
+    assert "sm_121a" in reason and ("not defined" in reason or "does not support target" in reason), reason
+
+
+@pytest.mark.parametrize("arch_list,found", [("8.0", "sm_80"), ("12.0a", "sm_120a")])
+def test_extension_without_code_for_sm121_fails(engine, docker_engine, arch_list, found):
+    name = "sm121-only-" + arch_list.replace(".", "")
+    record = images.variant("sm121", name, torch_cuda_arch_list=arch_list)
+    checks = statuses(_probe(engine, record.image_reference, "sm121"))
+    ext = checks["census.smoke-extension"]
+    assert ext["status"] == "fail" and found in ext["reason"] and "sm_121" in ext["reason"]
+    serving = checks["census.serving-path"]
+    assert serving["status"] == "fail" and "libsmoke_ext.so" in serving["reason"] and "no runnable code" in serving["reason"]
+
+
+def test_probe_boundary_no_torch_triton_or_vllm_in_the_probe_process():
+    code = ("import sys; from qualify.probe import runner, census_check, triton_checks, gpu, versions; "
+            "from qualify.cli import probe_cmd; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'vllm', 'flashinfer', 'numpy')]; "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_probe_sources_parse_as_python_3_9():
+    import ast
+
+    for path in (REPO / "qualify").rglob("*.py"):
+        rel = path.relative_to(REPO / "qualify")
+        if rel.parts[0] in ("probe",) or rel.name in ("arch.py", "fatbin.py", "census.py", "errors.py", "fsutil.py",
+                                                       "manifest.py", "__init__.py", "__main__.py"):
+            ast.parse(path.read_text(), str(path), feature_version=(3, 9))
+
+
+def test_host_probe_writes_a_statement_without_gpu(tmp_path):
+    """`python -m qualify probe` directly on a host (the GPU-evidence path), here with no GPU."""
+    out = tmp_path / "host.json"
+    proc = subprocess.run([sys.executable, "-m", "qualify", "probe", "--target", "sm120", "--only", "gpu", "--out",
+                           str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 3, proc.stderr  # incomplete: required GPU checks did not run
+    doc = manifest.load(out)
+    jsonschema.validate(doc, SCHEMA)
+    p = manifest.predicate(doc)
+    assert p["verdict"] == "incomplete" and p["support_level"] == "unverified"
+    assert manifest.subject_name(doc).startswith("host:")

@@ -1,0 +1,433 @@
+"""./start.sh and scripts/{status,stop,verify}.sh, run as a user runs them.
+
+This machine has no NVIDIA GPU and no driver. Tests that need start.sh to see
+a GPU put tests/standin/nvidia-smi first on PATH: a TEST DOUBLE for
+nvidia-smi that reports the GPU a test describes (STANDIN_GPUS), so the real
+preflight runs against hardware this machine lacks.
+
+The deploy tests serve tests/standin/server.py, a TEST DOUBLE for vLLM, from
+an image built here FROM the debian_python_image fixture and pushed to the
+loopback registry: start.sh verifies its signed manifest, pulls it by digest
+and runs it with real compose. The container gets no GPU: GPU_RUNTIME=none,
+which start.sh accepts only with --allow-no-gpu-runtime and announces.
+
+Releases are made as a release engineer makes them, in a temporary
+manifests/<tag>/: `python -m qualify sign generate-key`, `python -m qualify
+sign MANIFEST --signer builtin`, and cosign.pub beside the manifest.
+Every compose project is uniquely named and removed (by its label) afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from conftest import REPO, require
+from signing_helpers import DIGEST_A, DIGEST_B, statement
+
+from qualify import cosign_keys, targets
+from qualify import manifest as mf
+
+RTX5090 = "12.0|NVIDIA GeForce RTX 5090|32607 MiB|GPU-5090-0000"
+H200 = "9.0|NVIDIA H200|143771 MiB|GPU-h200-0000"
+GB10 = "12.1|NVIDIA GB10|[N/A]|GPU-gb10-0000"
+PASSWORD = "start.sh test key"
+SCRIPTS = ["start.sh", "scripts/lib.sh", "scripts/status.sh", "scripts/stop.sh", "scripts/verify.sh"]
+SETTINGS = [line.split("=", 1)[0] for line in (REPO / ".env.example").read_text().splitlines()
+            if line[:1].isalpha() and "=" in line]
+LABEL = "com.docker.compose.project"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def qualify(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COSIGN_PASSWORD": PASSWORD}
+    done = subprocess.run([sys.executable, "-m", "qualify", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory) -> Path:
+    """The key prefix: PREFIX.key and PREFIX.pub."""
+    prefix = tmp_path_factory.mktemp("key") / "cosign"
+    qualify("sign", "generate-key", "--output-key-prefix", str(prefix))
+    return prefix
+
+
+@dataclass
+class Host:
+    """One test's deployment: its settings file, release folder, stand-in GPU and compose project."""
+
+    root: Path
+    key: Path
+    project: str
+    port: int
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / "settings.env"
+
+    @property
+    def manifests(self) -> Path:
+        return self.root / "manifests"
+
+    @property
+    def compose_file(self) -> Path:
+        return self.root / "deploy" / self.project / "compose.json"
+
+    def settings(self, **overrides: object) -> Path:
+        values = {"MANIFESTS_DIR": self.manifests, "DEPLOY_DIR": self.root / "deploy",
+                  "COMPOSE_PROJECT": self.project, "API_PORT": self.port, "GPU_RUNTIME": "none",
+                  "MIN_FREE_DISK_GIB": 1, **overrides}
+        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        return self.env_file
+
+    def release(self, stmt: dict, tag: str = "v1.0.0") -> Path:
+        """Sign `stmt` into manifests/<tag>/<target>.json with the built-in signer."""
+        folder = self.manifests / tag
+        path = mf.write(folder / f"{stmt['predicate']['target']['name']}.json", stmt)
+        qualify("sign", str(path), "--key", f"{self.key}.key", "--signer", "builtin")
+        shutil.copyfile(f"{self.key}.pub", folder / "cosign.pub")
+        return path
+
+    def run(self, script: str, *args: str, gpus: Optional[str] = RTX5090, path: Optional[str] = None,
+            timeout: float = 60, **extra_env: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in SETTINGS and not k.startswith("CONTAINER_ENV_")}
+        env.update(extra_env)
+        env["QUALIFY_PYTHON"] = sys.executable
+        env["PATH"] = path if path is not None else f"{self.root / 'bin'}{os.pathsep}{os.environ['PATH']}"
+        if gpus is not None:
+            env["STANDIN_GPUS"] = gpus
+        return subprocess.run([str(REPO / script), *args, "--env-file", str(self.env_file)], env=env,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def remove_project(docker: str, project: str) -> None:
+    """Remove what a compose project left: only ours, found by its unique label."""
+    # Containers first: a network or volume in use cannot be removed.
+    for ls, rm in ((["ps", "-aq"], ["rm", "-f"]), (["network", "ls", "-q"], ["network", "rm"]),
+                   (["volume", "ls", "-q"], ["volume", "rm", "-f"])):
+        ids = subprocess.run([docker, *ls, "--filter", f"label={LABEL}={project}"], capture_output=True,
+                             text=True, timeout=60).stdout.split()
+        if ids:
+            subprocess.run([docker, *rm, *ids], capture_output=True, timeout=120)
+
+
+def containers_of(docker: str, project: str) -> list:
+    return subprocess.run([docker, "ps", "-aq", "--filter", f"label={LABEL}={project}"], capture_output=True,
+                          text=True, timeout=60).stdout.split()
+
+
+@pytest.fixture()
+def host(tmp_path, signing_key):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").symlink_to(REPO / "tests" / "standin" / "nvidia-smi")
+    h = Host(tmp_path, signing_key, f"bwtest-{uuid.uuid4().hex[:10]}", free_port())
+    yield h
+    docker = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else shutil.which("docker")
+    if docker:
+        remove_project(docker, h.project)
+
+
+def released(h: Host, **kw) -> Path:
+    h.settings(**kw.pop("settings", {}))
+    return h.release(statement("sm120", DIGEST_A, **kw))
+
+
+# --- the scripts themselves ----------------------------------------------------------
+
+
+def test_scripts_are_shellcheck_clean():
+    require(shutil.which("shellcheck") is not None, "shellcheck is not installed")
+    done = subprocess.run(["shellcheck", *SCRIPTS, "tests/standin/nvidia-smi"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout
+
+
+def test_help_and_unknown_options(host):
+    host.settings()
+    assert "--allow-unqualified" in host.run("start.sh", "--help").stdout
+    done = host.run("start.sh", "--bogus")
+    assert done.returncode == 2 and "unknown option: --bogus" in done.stderr
+
+
+def test_settings_file_is_read_not_executed(host):
+    host.env_file.write_text("GPU_DEVICE=0\nGPU_DEVICES=1\n$(touch pwned)\n")
+    done = host.run("start.sh")
+    assert done.returncode == 2, done.stderr
+    assert "unknown setting GPU_DEVICES" in done.stderr and "settings.env:3: not a KEY=VALUE line" in done.stderr
+    assert not (Path.cwd() / "pwned").exists() and not (host.root / "pwned").exists()
+
+
+# --- preflight ---------------------------------------------------------------------------
+
+
+def test_without_a_gpu_start_fails_fast_naming_the_missing_gpu(tmp_path):
+    """This machine has no NVIDIA GPU: the real PATH, no stand-in."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this host has nvidia-smi; the test is about a host without one")
+    env_file = tmp_path / "first-run.env"
+    started = time.monotonic()
+    done = subprocess.run([str(REPO / "start.sh"), "--env-file", str(env_file)], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL, env={k: v for k, v in os.environ.items()
+                                                                    if k not in SETTINGS})
+    elapsed = time.monotonic() - started
+    assert done.returncode == 3, done.stderr
+    assert elapsed < 5
+    assert "no NVIDIA GPU found" in done.stderr and "nvidia-smi" in done.stderr and "fix:" in done.stderr
+    assert env_file.read_text() == (REPO / ".env.example").read_text()  # the first run made it
+    assert "trust gate" not in done.stderr and "pulling" not in done.stderr  # stopped before anything started
+
+
+def test_a_driver_that_does_not_answer(host):
+    host.settings()
+    fail = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    done = host.run("start.sh", STANDIN_NVIDIA_SMI_FAIL=fail)
+    assert done.returncode == 3
+    assert f"cannot reach the NVIDIA driver: {fail}" in done.stderr and "modprobe nvidia" in done.stderr
+
+
+def test_gpu_device_that_is_not_there(host):
+    host.settings(GPU_DEVICE="GPU-missing")
+    done = host.run("start.sh")
+    assert done.returncode == 3
+    assert "GPU_DEVICE=GPU-missing does not name a GPU" in done.stderr and "GPU 0: NVIDIA GeForce RTX 5090" in done.stderr
+
+
+def test_hopper_is_rejected_with_the_supported_targets(host):
+    host.settings()
+    done = host.run("start.sh", gpus=H200)
+    assert done.returncode == 3
+    assert "unsupported GPU: NVIDIA H200 (compute capability 9.0)" in done.stderr
+    for name in targets.load().targets:
+        assert name in done.stderr
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the mismatch is GB10 (arm64) on an amd64 host")
+def test_gb10_on_an_amd64_host_is_a_platform_mismatch(host):
+    host.settings()
+    done = host.run("start.sh", gpus=GB10)
+    assert done.returncode == 3
+    assert "platform mismatch: NVIDIA GB10 (compute capability 12.1) on this x86_64 host" in done.stderr
+    assert "sm121 (linux/arm64)" in done.stderr
+
+
+def test_the_second_gpu_is_chosen_by_uuid(host, docker_engine):
+    released(host, settings={"GPU_DEVICE": "GPU-5090-0000"})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", gpus=f"{H200};{RTX5090}")
+    assert done.returncode == 0, done.stderr
+    assert "GPU GPU-5090-0000: NVIDIA GeForce RTX 5090" in done.stderr and "target: sm120" in done.stderr
+
+
+def key_fingerprint(pub: Path) -> str:
+    return cosign_keys.fingerprint(cosign_keys.load_public_key(pub.read_bytes()))
+
+
+def test_sm120_dry_run_prints_the_compose_file_and_starts_nothing(host, docker_engine):
+    pinned = key_fingerprint(Path(f"{host.key}.pub"))
+    path = released(host, settings={"RELEASE_KEY_FINGERPRINT": f"'{pinned}'", "SERVED_MODEL_NAME": '"qwen small"  # x',
+                                    "TOOL_CALL_PARSER": "  # none", "EXTRA_SERVE_ARGS": "--enforce-eager --seed 7"})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 0, done.stderr
+    assert f"release key: {pinned} (pinned)" in done.stderr
+    svc = json.loads(done.stdout)["services"]["vllm"]
+    reference = json.loads(path.read_text())["predicate"]["image"]["reference"]
+    assert svc["image"] == reference and reference.endswith(f"@{DIGEST_A}")
+    assert svc["ports"] == [f"127.0.0.1:{host.port}:8000"]
+    assert svc["labels"]["dev.blackwell-qualify.target"] == "sm120"
+    command = svc["command"]
+    assert command[command.index("--served-model-name") + 1] == "qwen small"
+    assert "--tool-call-parser" not in command and command[-3:] == ["--enforce-eager", "--seed", "7"]
+    assert "GPU_RUNTIME=none: THE CONTAINER GETS NO GPU" in done.stderr
+    assert "trust gate: passed: support level baseline, verdict pass" in done.stderr
+    assert not host.compose_file.exists() and containers_of(docker_engine, host.project) == []
+
+
+def test_gpu_runtime_none_is_refused_without_its_flag(host, docker_engine):
+    released(host)
+    done = host.run("start.sh", "--dry-run")
+    assert done.returncode == 3
+    assert "GPU_RUNTIME=none would start the server WITHOUT a GPU; refused" in done.stderr
+
+
+def test_no_gpu_runtime_says_how_to_install_one(host, docker_engine):
+    released(host, settings={"GPU_RUNTIME": "auto"})
+    done = host.run("start.sh", "--dry-run")
+    if "GPU runtime: " in done.stderr:
+        pytest.skip("this host has a GPU container runtime")
+    assert done.returncode == 3
+    assert "cannot give the container a GPU" in done.stderr and "nvidia-ctk" in done.stderr
+
+
+def test_a_port_in_use_is_rejected(host, docker_engine):
+    released(host)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", host.port))
+        sock.listen()
+        done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 3
+    assert f"port {host.port} on 127.0.0.1 is already in use" in done.stderr
+    assert f"API port 127.0.0.1:{host.port} is not free" in done.stderr
+
+
+# --- trust gate ----------------------------------------------------------------------------------
+
+
+def test_a_tampered_manifest_is_refused_even_with_allow_unqualified(host, docker_engine):
+    path = released(host)
+    stmt = json.loads(path.read_text())
+    stmt["subject"][0]["digest"]["sha256"] = DIGEST_B.split(":")[1]  # the attacker's image
+    stmt["predicate"]["image"] = {"reference": f"127.0.0.1:5000/evil/sm120@{DIGEST_B}", "digest": DIGEST_B}
+    mf.write(path, stmt)
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 4, done.stderr
+    assert "signature check failed" in done.stderr and "cannot be overridden" in done.stderr
+    assert done.stdout == "" and not host.compose_file.exists()
+
+
+def test_a_swapped_release_key_is_refused_when_the_key_is_pinned(host, docker_engine):
+    released(host, settings={"RELEASE_KEY_FINGERPRINT": "sha256:" + "0" * 64})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 4
+    assert "not the pinned RELEASE_KEY_FINGERPRINT" in done.stderr and done.stdout == ""
+
+
+def test_an_image_override_with_another_digest_is_refused(host, docker_engine):
+    released(host, settings={"IMAGE": f"127.0.0.1:5000/qualify/sm120@{DIGEST_B}"})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 4
+    assert "is not the image the manifest qualified" in done.stderr
+
+
+def test_a_failing_check_is_refused_unless_allow_unqualified(host, docker_engine):
+    released(host, statuses={"fatbin-arch": "pass", "triton-compile": "fail"}, level="unsupported")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 4
+    assert "trust gate: REFUSED: the manifest's verdict is fail (failing checks: triton-compile)" in done.stderr
+    assert "verdict check failed" in done.stderr  # qualify verify --require-pass names the check
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 0, done.stderr
+    assert "--allow-unqualified: DEPLOYING AN IMAGE THE TRUST GATE REFUSED" in done.stderr
+    assert json.loads(done.stdout)["services"]["vllm"]["labels"]["dev.blackwell-qualify.gate"].startswith("UNQUALIFIED")
+
+
+def test_a_statically_qualified_image_needs_the_gpu_checks_here(host, docker_engine):
+    released(host, statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"}, level="unverified")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 4
+    assert "qualified only statically" in done.stderr and "GPU checks cannot run here" in done.stderr
+
+
+def test_no_release_for_the_target(host, docker_engine):
+    host.settings()
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 4 and "no released manifest for sm120" in done.stderr
+    host.settings(IMAGE=f"127.0.0.1:5000/own/sm120@{DIGEST_B}")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 0, done.stderr
+    assert "reason: no released manifest for sm120" in done.stderr
+    assert json.loads(done.stdout)["services"]["vllm"]["image"] == f"127.0.0.1:5000/own/sm120@{DIGEST_B}"
+
+
+# --- deploy, end to end with real compose and the stand-in server -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def standin_image(docker_engine, debian_python_image, loopback_registry):
+    """The stand-in vLLM (a test double) pushed to the loopback registry; yields its digest reference."""
+    require(shutil.which("docker-compose") is not None or subprocess.run(
+        [docker_engine, "compose", "version"], capture_output=True).returncode == 0, "no docker compose")
+    repo = f"qualify-test/standin-{uuid.uuid4().hex[:10]}"
+    tag = f"{loopback_registry.ref(repo)}:test"
+    subprocess.run([docker_engine, "build", "-q", "--build-arg", f"BASE={debian_python_image}", "-t", tag,
+                    str(REPO / "tests" / "standin")], check=True, capture_output=True, timeout=600)
+    subprocess.run([docker_engine, "push", tag], check=True, capture_output=True, timeout=300)
+    digest = loopback_registry.manifest_digest(repo, "test")
+    ref = f"{loopback_registry.ref(repo)}@{digest}"
+    yield ref
+    subprocess.run([docker_engine, "rmi", tag, ref], capture_output=True, timeout=120)
+    req = urllib.request.Request(f"{loopback_registry.url}/v2/{repo}/manifests/{digest}", method="DELETE")
+    try:
+        urllib.request.urlopen(req, timeout=10).close()
+    except OSError:
+        pass  # the registry keeps it; it is uniquely named
+
+
+def standin_release(h: Host, image: str, **settings: object) -> None:
+    digest = image.split("@", 1)[1]
+    h.settings(**{"HEALTH_TIMEOUT_S": 90, **settings})
+    h.release(statement("sm120", digest, reference=image))
+
+
+def volumes_of(docker: str, project: str) -> list:
+    return subprocess.run([docker, "volume", "ls", "-q", "--filter", f"label={LABEL}={project}"],
+                          capture_output=True, text=True, timeout=60).stdout.split()
+
+
+def test_deploy_end_to_end(host, docker_engine, standin_image):
+    token = "hf_test_token_kept_out_of_files"
+    standin_release(host, standin_image, CONTAINER_ENV_STANDIN_STARTUP_S=3, HF_TOKEN=token)
+    done = host.run("start.sh", "--allow-no-gpu-runtime", timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert token not in host.compose_file.read_text()
+    env = subprocess.run([docker_engine, "inspect", "--format", "{{json .Config.Env}}", *containers_of(
+        docker_engine, host.project)], capture_output=True, text=True, timeout=60).stdout
+    assert f"HF_TOKEN={token}" in env and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+    assert f"pulling {standin_image}" in done.stderr
+    assert "/health not ready yet" in done.stderr and "healthy after" in done.stderr
+    assert "canary: ok: 'What is 19 times 23?' -> '19 times 23 is 437.'" in done.stderr
+    assert f"API:      http://127.0.0.1:{host.port}/v1" in done.stdout
+    served = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{host.port}/v1/models", timeout=10).read())
+    argv = served["data"][0]["standin_argv"]
+    assert argv[argv.index("--revision") + 1] == "7ae557604adf67be50417f59c2c2f167def9a775"
+
+    smoke = host.run("scripts/verify.sh", "--smoke")
+    assert smoke.returncode == 0 and "smoke: 3 of 3 checks passed" in smoke.stderr, smoke.stdout + smoke.stderr
+    full = host.run("scripts/verify.sh", "--full", timeout=120)
+    assert full.returncode == 0, full.stdout + full.stderr
+    assert "determinism: ok" in full.stdout and 'tool-call: ok: tool call get_weather({"city": "Paris"})' in full.stdout
+    status = host.run("scripts/status.sh")
+    assert status.returncode == 0, status.stderr
+    assert " Up " in status.stdout and "health: ok: /health: HTTP 200" in status.stdout
+    assert f"{host.project}_hf-cache" in status.stdout and "GPU-5090-0000" in status.stdout
+
+    stop = host.run("scripts/stop.sh", timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert containers_of(docker_engine, host.project) == []
+    assert len(volumes_of(docker_engine, host.project)) == 3  # caches kept
+    purge = host.run("scripts/stop.sh", "--purge-cache", timeout=120)
+    assert purge.returncode == 0, purge.stderr
+    assert volumes_of(docker_engine, host.project) == []
+    assert host.run("scripts/verify.sh").returncode == 6  # nothing answers any more
+
+
+def test_health_timeout_prints_the_log_tail(host, docker_engine, standin_image):
+    standin_release(host, standin_image, HEALTH_TIMEOUT_S=6, CONTAINER_ENV_STANDIN_NEVER_HEALTHY=1)
+    started = time.monotonic()
+    done = host.run("start.sh", "--allow-no-gpu-runtime", timeout=120)
+    assert done.returncode == 5, done.stderr[-4000:]
+    assert "the server did not become healthy within 6 s" in done.stderr
+    assert "last 60 log lines of vllm:" in done.stderr
+    assert "| standin: STANDIN_NEVER_HEALTHY=1: /health will answer 503 forever" in done.stderr
+    assert f"scripts/stop.sh --env-file {host.env_file}" in done.stderr
+    assert time.monotonic() - started < 90
+    status = host.run("scripts/status.sh")
+    assert status.returncode == 1 and "health: FAILED" in status.stdout

@@ -1,0 +1,108 @@
+"""The targets file: validated strictly on load, refusals name the file, target and key."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qualify import targets
+from qualify.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+FILE = REPO / "images" / "targets.toml"
+
+
+def qualify(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "qualify", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def edited(tmp_path, old, new, count=1):
+    text = FILE.read_text()
+    assert old in text, old
+    path = tmp_path / "targets.toml"
+    path.write_text(text.replace(old, new, count))
+    return path
+
+
+def test_repo_targets_file_is_valid():
+    tf = targets.load(FILE)
+    assert set(tf.targets) == {"sm100", "sm103", "sm120", "sm121", "sm100-arm64"}
+    assert tf.get("sm121").platform == "linux/arm64" and str(tf.get("sm121").capability) == "12.1"
+    assert tf.get("sm121").runtime.unified_memory and tf.get("sm121").runtime.gpu_memory_utilization < 0.9
+    assert all(t.base.image.pinned for t in tf.targets.values())
+    # defaults are inherited, overrides win
+    assert tf.get("sm120").triton.ptxas_blackwell == "/usr/local/cuda/bin/ptxas"
+    assert tf.get("sm120").runtime.gpu_memory_utilization == 0.9
+
+
+def test_cli_check_passes_on_the_repo_file():
+    out = qualify("targets", "check", str(FILE))
+    assert out.returncode == 0, out.stderr
+
+
+def test_floating_tag_is_refused_naming_target_and_tag(tmp_path):
+    bad = edited(tmp_path, 'image = "nvidia/cuda:13.0.1-devel-ubuntu24.04@sha256:7d2f6a8c2071d911524f95061a0db363e24d27aa51ec831fcccf9e76eb72bc92"\npython = "3.12"\nsource = "multi-arch index digest seen in public pull logs and Dockerfiles (docker pull output \'Digest: sha256:7d2f...\')"\npinned = "2026-11-29"\n\n[targets.sm121]',
+                 'image = "nvidia/cuda:13.0.1-devel-ubuntu24.04"\npython = "3.12"\nsource = "x"\npinned = "2026-11-29"\n\n[targets.sm121]')
+    out = qualify("targets", "check", str(bad))
+    assert out.returncode == ConfigError.exit_code
+    assert "sm120" in out.stderr and "nvidia/cuda:13.0.1-devel-ubuntu24.04" in out.stderr and "floating tag" in out.stderr
+    assert str(bad) in out.stderr
+
+
+@pytest.mark.parametrize("old,new,words", [
+    ('torch_cuda_arch_list = "12.1;12.1a"', 'torch_cuda_arch_list = "12.0"', ["sm121", "torch_cuda_arch_list", "12.1"]),
+    ('torch_cuda_arch_list = "12.1;12.1a"', 'torch_cuda_arch_list = "12.1f"', ["sm121", "rejects 'f'"]),
+    ('platform = "linux/arm64"\ncapability = "12.1"', 'platform = "linux/s390x"\ncapability = "12.1"', ["sm121", "platform", "linux/s390x"]),
+    ('support_level = "experimental"', 'support_level = "supported"', ["sm121", "support_level"]),
+    ('description = "DGX Spark', 'descripton = "x"\ndescription = "DGX Spark', ["sm121", "descripton", "did you mean 'description'"]),
+    ('gpu_memory_utilization = 0.50', 'gpu_memory_utilization = 1.5', ["sm121", "gpu_memory_utilization"]),
+    ('unified_memory = true', 'unified_memory = "yes"', ["sm121", "unified_memory", "bool"]),
+    ('pinned = "2026-11-29"', 'pinned = "last week"', ["sm100", "pinned", "last week"]),
+    ('schema = 1', 'schema = 2', ["schema"]),
+])
+def test_bad_values_are_refused_with_names(tmp_path, old, new, words):
+    bad = edited(tmp_path, old, new)
+    with pytest.raises(ConfigError) as err:
+        targets.load(bad)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+    assert str(bad) in str(err.value)
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        targets.load(tmp_path / "nope.toml")
+    broken = tmp_path / "t.toml"
+    broken.write_text("[targets\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        targets.load(broken)
+
+
+@pytest.mark.parametrize("code,expected", [("sm_120", "compatible"), ("sm_120a", "none"), ("compute_80", "ptx-jit"),
+                                           ("sm_121", "native")])
+def test_arch_compat_cli(code, expected):
+    out = qualify("arch", "compat", code, "--device", "12.1")
+    assert out.returncode == 0 and out.stdout.strip() == expected
+
+
+def test_for_gpu_maps_capability_and_platform():
+    assert qualify("targets", "for-gpu", "--capability", "12.0", "--machine", "x86_64").stdout.strip() == "sm120"
+    assert qualify("targets", "for-gpu", "--capability", "10.0", "--machine", "aarch64").stdout.strip() == "sm100-arm64"
+    mismatch = qualify("targets", "for-gpu", "--capability", "12.1", "--machine", "x86_64")
+    assert mismatch.returncode == 3 and "sm121" in mismatch.stdout
+    unknown = qualify("targets", "for-gpu", "--capability", "9.0", "--machine", "x86_64")
+    assert unknown.returncode == 2 and "sm120" in unknown.stdout
+
+
+def test_nox_lists_sessions_from_the_targets_file():
+    nox = shutil.which("nox") or None
+    argv = [nox, "-l"] if nox else [sys.executable, "-m", "nox", "-l"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name in ("sm100", "sm103", "sm120", "sm121", "sm100-arm64"):
+        for kind in ("build", "qualify", "lock", "repro"):
+            assert f"- {kind}-{name} -> " in out.stdout or f"* {kind}-{name} -> " in out.stdout
+    for session in ("tests", "lint", "pin", "release", "sums", "bench-inventory"):
+        assert f" {session} -> " in out.stdout
