@@ -32,7 +32,7 @@ class Capability:
     minor: int
 
     @classmethod
-    def parse(cls, text: str) -> "Capability":
+    def parse(cls, text: str) -> Capability:
         """Accept `12.1`, `121`, `sm_121`, `sm121`, `sm_121a` (suffix ignored)."""
         raw = str(text).strip()
         m = re.fullmatch(r"(\d{1,2})\.(\d)", raw)
@@ -46,7 +46,7 @@ class Capability:
         )
 
     @classmethod
-    def from_number(cls, number: int) -> "Capability":
+    def from_number(cls, number: int) -> Capability:
         """The fatbin and cubin headers store 121 for 12.1."""
         if number < 10:
             raise ArchError(f"not a compute capability number: {number}")
@@ -108,7 +108,7 @@ class CodeTarget:
     variant: Variant = Variant.PLAIN
 
     @classmethod
-    def parse(cls, text: str) -> "CodeTarget":
+    def parse(cls, text: str) -> CodeTarget:
         raw = str(text).strip().lower()
         m = re.fullmatch(r"(sm|compute)_(\d{2,3})([af]?)", raw)
         if not m:
@@ -119,11 +119,11 @@ class CodeTarget:
         return cls(kind, Capability.from_number(int(m.group(2))), Variant(m.group(3)))
 
     @classmethod
-    def sass(cls, number: int, variant: Variant = Variant.PLAIN) -> "CodeTarget":
+    def sass(cls, number: int, variant: Variant = Variant.PLAIN) -> CodeTarget:
         return cls(CodeKind.SASS, Capability.from_number(number), variant)
 
     @classmethod
-    def ptx(cls, number: int, variant: Variant = Variant.PLAIN) -> "CodeTarget":
+    def ptx(cls, number: int, variant: Variant = Variant.PLAIN) -> CodeTarget:
         return cls(CodeKind.PTX, Capability.from_number(number), variant)
 
     def __str__(self) -> str:
@@ -227,7 +227,7 @@ class TorchArch:
     ptx: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "TorchArch":
+    def parse(cls, text: str) -> TorchArch:
         raw = str(text).strip()
         m = re.fullmatch(r"(\d{1,2})\.(\d)([af]?)(\+PTX)?", raw)
         if not m:

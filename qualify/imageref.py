@@ -28,7 +28,7 @@ class ImageRef:
     digest: Optional[str] = None
 
     @classmethod
-    def parse(cls, text: str) -> "ImageRef":
+    def parse(cls, text: str) -> ImageRef:
         raw = str(text).strip()
         m = _REF.fullmatch(raw)
         if not m or (m.group("tag") is None and m.group("digest") is None and ":" in raw.split("/")[-1]):
@@ -51,7 +51,7 @@ class ImageRef:
             raise ImageRefError(f"{self} has no digest")
         return f"{self.name}@{self.digest}"
 
-    def with_digest(self, digest: str) -> "ImageRef":
+    def with_digest(self, digest: str) -> ImageRef:
         if not _DIGEST.fullmatch(digest):
             raise ImageRefError(f"not a sha256 digest: {digest!r}")
         return ImageRef(self.name, self.tag, digest)

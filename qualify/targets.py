@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import tomllib
 
 from . import arch
 from .errors import ConfigError
