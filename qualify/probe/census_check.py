@@ -11,6 +11,7 @@ cubins libtorch really carries.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 from typing import Any, Dict, Iterable, List, Optional, Sequence
@@ -18,17 +19,17 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 from .. import arch, census
 from .model import FAIL, PASS, WARN, CheckResult, not_run
 
-# Libraries the serving path cannot do without (path suffixes). A library that
-# is only optional (FA3, FlashMLA, a Marlin kernel) is reported, not failed:
-# vLLM falls back when it is unusable.
-SERVING_PATH = (
-    "torch/lib/libtorch_cuda.so",
-    "torch/lib/libc10_cuda.so",
-    "vllm/_C.abi3.so",
-    "vllm/_moe_C.abi3.so",
-    "vllm/cumem_allocator.abi3.so",
-    "/opt/blackwell/ext/libsmoke_ext.so",
-)
+# Libraries the serving path cannot do without. A library that is only optional
+# (FA3, FlashMLA, a Marlin kernel) is reported, not failed: vLLM falls back when
+# it is unusable. vLLM 0.33 names its extensions `_C_stable_libtorch.abi3.so`.
+SERVING_PATH = tuple(re.compile(p) for p in (
+    r"torch/lib/libtorch_cuda\.so$",
+    r"torch/lib/libc10_cuda\.so$",
+    r"vllm/_C(_stable_libtorch)?\.abi3\.so$",
+    r"vllm/_moe_C(_stable_libtorch)?\.abi3\.so$",
+    r"vllm/cumem_allocator\.abi3\.so$",
+    r"^/opt/blackwell/ext/libsmoke_ext\.so$",
+))
 SMOKE_EXT = "/opt/blackwell/ext/libsmoke_ext.so"
 
 
@@ -48,7 +49,7 @@ def search_paths(extra: Iterable[str] = ()) -> List[str]:
 
 
 def _is_serving(path: str) -> bool:
-    return any(path.endswith(suffix) or path == suffix for suffix in SERVING_PATH)
+    return any(p.search(path) for p in SERVING_PATH)
 
 
 def _specific_only(unit: Dict[str, Any]) -> bool:
@@ -67,8 +68,17 @@ def _short(path: str, roots: Sequence[str]) -> str:
     return path
 
 
+# Packages such as flashinfer-cubin ship thousands of standalone cubins; the
+# manifest keeps one aggregated row per directory of them instead.
+AGGREGATE_AT = 20
+
+
 def summarise(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
     """One compact row per library for the manifest."""
+    return _aggregate_cubins(_rows(report, roots))
+
+
+def _rows(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
     rows = []
     for lib in report["libraries"]:
         v = lib.get("verdict") or {}
@@ -82,8 +92,56 @@ def summarise(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, An
             "no_code_specific_only": sum(1 for u in v.get("no_code", []) if _specific_only(u)),
             "errors": lib["errors"],
             "serving_path": _is_serving(lib["path"]),
+            "format": lib.get("format"),
         })
     return rows
+
+
+def _group_key(row: Dict[str, Any]) -> Optional[str]:
+    if row["format"] not in ("cubin", "fatbin") or row["serving_path"]:
+        return None
+    parts = row["short"].split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else None
+
+
+def _aggregate_cubins(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for row in rows:
+        key = _group_key(row)
+        if key:
+            groups.setdefault(key, []).append(row)
+    big = {k: v for k, v in groups.items() if len(v) >= AGGREGATE_AT}
+    out = [r for r in rows if _group_key(r) not in big]
+    for key, members in sorted(big.items()):
+        out.append(_merged(key, members))
+    return sorted(out, key=lambda r: r["path"])
+
+
+def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def names(field: str) -> List[str]:
+        found = {n for m in members for n in m[field]}
+        return sorted(found, key=lambda n: (arch.CodeTarget.parse(n).capability, n))
+
+    classes = [arch.Compat(m["class"]) for m in members if m["class"]]
+    bests = [arch.Compat(m["best"]) for m in members if m["best"]]
+    counts: Dict[str, int] = {}
+    for m in members:
+        for k, n in (m["counts"] or {}).items():
+            counts[k] = counts.get(k, 0) + n
+    first = members[0]["path"]
+    return {
+        "path": first[: first.index(key) + len(key)] if key in first else key,
+        "short": f"{key}/** ({len(members)} standalone {members[0]['format']} files)",
+        "size": sum(m["size"] for m in members), "containers": sum(m["containers"] for m in members),
+        "sass": names("sass"), "ptx": names("ptx"), "compression": {},
+        "class": max(classes, key=lambda c: c.rank).value if classes else None,
+        "best": arch.best(bests).value if bests else None,
+        "counts": counts, "cross_generation_jit": any(m["cross_generation_jit"] for m in members),
+        "no_code_units": sum(m["no_code_units"] for m in members),
+        "no_code_specific_only": sum(m["no_code_specific_only"] for m in members),
+        "errors": [e for m in members for e in m["errors"]][:10], "serving_path": False,
+        "format": members[0]["format"], "files": len(members),
+    }
 
 
 def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
@@ -97,6 +155,7 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
     rows = summarise(report, paths)
     checks = [
         serving_path(rows, target),
+        unit_gaps(rows, target),
         cross_generation(rows, target),
         arch_specific(rows, target),
         torch_arch_list(rows, torch_claimed),
@@ -113,14 +172,8 @@ def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckRe
     serving = [r for r in rows if r["serving_path"]]
     if not serving:
         return not_run(cid, title, "no serving-path library found in the image", required=False)
-    bad = []
-    for r in serving:
-        plain_gaps = r["no_code_units"] - r["no_code_specific_only"]
-        if r["best"] in (None, "none"):
-            bad.append(f"{r['short']}: no runnable code at all (SASS {', '.join(r['sass']) or '-'}; "
-                       f"PTX {', '.join(r['ptx']) or '-'})")
-        elif plain_gaps:
-            bad.append(f"{r['short']}: {plain_gaps} compiled unit(s) without code for {target}")
+    bad = [f"{r['short']}: no runnable code at all (SASS {', '.join(r['sass']) or '-'}; PTX {', '.join(r['ptx']) or '-'})"
+           for r in serving if r["best"] in (None, "none")]
     evidence = {"libraries": {r["short"]: {"class": r["class"], "best": r["best"], "sass": r["sass"], "ptx": r["ptx"]}
                               for r in serving}}
     if bad:
@@ -138,6 +191,23 @@ def cross_generation(rows: List[Dict[str, Any]], target: arch.Capability) -> Che
                        "PTX from an older generation would be JIT-compiled (slow first load, no "
                        f"{target.major}.x features) in: " + ", ".join(f"{r['short']} (PTX {', '.join(r['ptx'])})" for r in hits),
                        required=False, evidence={"libraries": [r["short"] for r in hits]})
+
+
+def unit_gaps(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
+    """Serving-path libraries that run, but with compiled units holding only plain code for other
+    devices (vLLM builds some sources for one architecture and dispatches them only there)."""
+    cid, title = "census.unit-gaps", f"Serving-path units without code for {target}"
+    hits = [r for r in rows if r["serving_path"] and r["best"] not in (None, "none")
+            and r["no_code_units"] > r["no_code_specific_only"]]
+    if not hits:
+        return CheckResult(cid, title, PASS, "every compiled unit of the serving path has code for the target",
+                           required=False)
+    return CheckResult(cid, title, WARN,
+                       "kernels in these units cannot launch here (the library dispatches them only on other devices): "
+                       + ", ".join(f"{r['short']} ({r['no_code_units'] - r['no_code_specific_only']} of "
+                                   f"{sum((r['counts'] or {}).values())} units)" for r in hits),
+                       required=False, evidence={"libraries": {r["short"]: r["no_code_units"] - r["no_code_specific_only"]
+                                                               for r in hits}})
 
 
 def arch_specific(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:

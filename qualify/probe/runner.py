@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .. import __version__, arch, manifest
-from . import census_check, gpu, triton_checks, versions
+from . import census_check, gpu, providers, selfsufficiency, triton_checks, versions
 from .model import CheckResult
 
 SCOPES = ("all", "static", "gpu")
@@ -135,21 +135,23 @@ def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capabili
 
 
 def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
-    try:
-        from . import providers
-    except ImportError:  # module not shipped in this probe copy
-        return
-    by_path = {row["short"]: {"class": row["best"], "worst": row["class"], "sass": row["sass"], "ptx": row["ptx"],
-                              "cross_generation_ptx": row["cross_generation_jit"]} for row in census["libraries"]}
-    found, results = providers.predict(cap, pkgs, by_path, predicate["gpu"] if has_gpu else None)
+    """Predicted from vLLM's own rules and the census; observed through vLLM when a GPU answers."""
+    paths = census["paths"]
+    cuda_home = os.environ.get("CUDA_HOME")  # raw: FlashInfer and DeepGEMM search in their own order
+    tools = selfsufficiency.toolchain(paths, cuda_home)
+    by_path = {row["path"]: {"class": row["best"], "worst": row["class"], "sass": row["sass"], "ptx": row["ptx"],
+                             "cross_generation_ptx": row["cross_generation_jit"]} for row in census["libraries"]}
+    found, results = providers.predict(cap, pkgs, by_path, predicate["gpu"] if has_gpu else None,
+                                       toolchain=tools, site_packages=paths)
+    if has_gpu and "vllm" in pkgs:
+        child = providers.observe(cap)
+        why_not = providers.observation_failure(child)
+        predicate["providers_observation"] = why_not or "observed"
+        if why_not is None:
+            found = providers.merge(found, providers.observed_providers(child.data, found))
+            results = providers.provider_checks(found, cap, pkgs["vllm"])
     predicate["providers"] = found
-    for r in results:
-        _timed(checks, lambda r=r: r)
-    try:
-        from . import selfsufficiency
-    except ImportError:
-        return
-    for r in selfsufficiency.check(pkgs, census_check.search_paths(), versions.cuda_home()):
+    for r in results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap):
         _timed(checks, lambda r=r: r)
 
 
