@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -367,23 +366,6 @@ def test_snippet_reports_a_broken_torch(tmp_path):
     (site / "torch/__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
     child = run_snippet("vllm_providers", [], timeout=60, env={"PYTHONPATH": str(site)})
     assert child.ok and child.data["status"] == "error" and "libcudart" in child.data["reason"]
-
-
-VLLM_PYTHON = os.environ.get("QUALIFY_VLLM_PYTHON")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not VLLM_PYTHON, reason="set QUALIFY_VLLM_PYTHON to an interpreter with vLLM 0.33.0 "
-                                            "(on a host without GPU, LD_LIBRARY_PATH must offer a libcuda.so.1)")
-@pytest.mark.parametrize("cap", ["9.0", "10.0", "12.0", "12.1", "13.0"])
-def test_tables_agree_with_real_vllm(cap):
-    """vLLM's own selectors, evaluated for the capability, pick what the tables predict."""
-    child = run_python([str(REPO / "qualify/probe/snippets/vllm_providers.py"), "--assume-capability", cap],
-                       timeout=600, python=VLLM_PYTHON)
-    assert child.ok and child.data["status"] == "ok", child.failure()
-    for key, expect in VLLM_CHOICES[cap].items():
-        section = child.data["sections"][key]
-        assert P._observed_name(key, section) == expect, (key, section)
 
 
 # --- hygiene -------------------------------------------------------------------
