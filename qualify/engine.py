@@ -106,6 +106,8 @@ class Engine:
     def _detect_builder(self) -> str:
         if self.name == "podman":
             return "podman"
+        if os.environ.get("DOCKER_BUILDKIT") == "0":
+            return "classic"  # the user asked for the legacy builder
         if subprocess.run([self.binary, "buildx", "version"], capture_output=True).returncode == 0:
             return "buildx"
         version = subprocess.run(

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU evidence on a host with a GPU and no Docker: run the probe directly on the
+# host's Python, with the same checks and manifest as inside an image.
+#
+# usage: scripts/gpu-evidence.sh OUT_DIR [TARGET] [EXTRA_CAPABILITIES]
+#   TARGET defaults to sm120; EXTRA_CAPABILITIES (default 10.0,12.0,12.1) are
+#   also cross-compiled with Triton, without needing those GPUs.
+# Needs: python3 with torch + triton, pyelftools importable, nvidia-smi, and a
+# CUDA 13 ptxas at /usr/local/cuda/bin/ptxas (the wiring targets.toml names).
+set -euo pipefail
+out=${1:?usage: scripts/gpu-evidence.sh OUT_DIR [TARGET] [EXTRA_CAPABILITIES]}
+target=${2:-sm120}
+extra=${3:-10.0,12.0,12.1}
+here=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+
+# The allocator hook goes where the interpreter processes .pth files at start-up
+# (a venv's site-packages; user site is off in venvs), as it does in our images.
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cp "$here/images/triton-allocator/blackwell_triton_allocator.py" "$here/images/triton-allocator/blackwell_triton_allocator.pth" "$site/"
+echo "[gpu-evidence] allocator hook installed in $site" >&2
+
+# The wiring the targets file asks for (as the image's ENV sets it).
+eval "$(python3 -m qualify targets show "$target" | python3 -c 'import json,sys,shlex; d=json.load(sys.stdin); print("\n".join(f"export {k}={shlex.quote(v)}" for k,v in d["triton_env"].items()))')"
+env | grep '^TRITON_' >&2
+
+python3 -m qualify probe --target "$target" --cross-compile "$extra" --out "$out/probe-$target.json" || status=$?
+echo "[gpu-evidence] probe exit ${status:-0}" >&2
+python3 -m qualify show "$out/probe-$target.json" > "$out/probe-$target.txt"
+exit 0
