@@ -106,3 +106,11 @@ def test_nox_lists_sessions_from_the_targets_file():
             assert f"- {kind}-{name} -> " in out.stdout or f"* {kind}-{name} -> " in out.stdout
     for session in ("tests", "lint", "pin", "release", "sums", "bench-inventory"):
         assert f" {session} -> " in out.stdout
+
+
+def test_readme_target_table_is_generated_from_the_targets_file():
+    readme = (REPO / "README.md").read_text()
+    begin, end = "<!-- targets:begin -->\n", "\n<!-- targets:end -->"
+    table = readme[readme.index(begin) + len(begin):readme.index(end)]
+    generated = qualify("targets", "markdown").stdout.strip()
+    assert table == generated, "README's target table is stale: python -m qualify targets markdown"

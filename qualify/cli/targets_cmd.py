@@ -18,6 +18,8 @@ def configure_parser(parser) -> None:
     show = sub.add_parser("show", help="everything the loader resolved for one target")
     show.add_argument("target")
     show.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
+    md = sub.add_parser("markdown", help="the README's target table (generated, never edited by hand)")
+    md.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
     gpu = sub.add_parser("for-gpu", help="the target for a device capability and CPU (start.sh)")
     gpu.add_argument("--capability", required=True)
     gpu.add_argument("--machine", required=True, help="uname -m of the host, e.g. x86_64")
@@ -50,6 +52,16 @@ def target_dict(t: targets.Target, tf: targets.TargetsFile) -> dict:
     }
 
 
+def markdown_table(tf: targets.TargetsFile) -> str:
+    rows = ["| target | GPUs | platform | capability | TORCH_CUDA_ARCH_LIST | intended level | GPU memory fraction |",
+            "|---|---|---|---|---|---|---|"]
+    for t in tf.targets.values():
+        unified = " (unified memory)" if t.runtime.unified_memory else ""
+        rows.append(f"| `{t.name}` | {', '.join(t.gpus)} | {t.platform} | {t.capability} | `{t.torch_cuda_arch_list}` "
+                    f"| {t.support_level} | {t.runtime.gpu_memory_utilization:.2f}{unified} |")
+    return "\n".join(rows)
+
+
 def execute(args) -> int:
     if args.action == "check":
         tf = targets.load(args.path)
@@ -64,6 +76,9 @@ def execute(args) -> int:
         for t in tf.targets.values():
             print(f"{t.name:<13} {t.platform:<12} {str(t.capability):<5} {t.torch_cuda_arch_list:<12} "
                   f"{t.support_level:<13} {t.description}")
+        return 0
+    if args.action == "markdown":
+        print(markdown_table(tf))
         return 0
     if args.action == "show":
         print(json.dumps(target_dict(tf.get(args.target), tf), indent=2, sort_keys=True))

@@ -101,3 +101,32 @@ def _meminfo_gib() -> float:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) / (1024 * 1024)
     return 0.0
+
+
+def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[str, Any]],
+                   needs: Optional[str]) -> CheckResult:
+    """All-reduce across the visible GPUs with the image's own NCCL (tensor-parallel readiness)."""
+    cid, title = "gpu.nccl-allreduce", "NCCL all-reduce across the visible GPUs"
+    nccl = [{"library": r["short"], "class": r["class"], "best": r["best"], "sass": r["sass"], "ptx": r["ptx"]}
+            for r in census_rows if "libnccl" in r["short"]]
+    count = len(gpus or [])
+    if count < 2:
+        return not_run(cid, title, f"{count} GPU(s) visible; an all-reduce needs at least 2", required=False,
+                       nccl_census=nccl)
+    if needs:
+        return not_run(cid, title, needs, required=False, nccl_census=nccl)
+    data = _nccl_child()
+    data["nccl_census"] = nccl
+    if data.get("ok"):
+        ranks = data["ranks"]
+        return CheckResult(cid, title, PASS,
+                           f"NCCL {data['nccl']}: {data['world_size']} GPUs ({', '.join(r['device'] for r in ranks)}) "
+                           f"each hold {ranks[0]['value']:g} = sum of 1..{data['world_size']}", evidence=data)
+    return CheckResult(cid, title, FAIL, str(data.get("error") or data.get("skipped") or "wrong all-reduce result"),
+                       evidence=data)
+
+
+def _nccl_child() -> Dict[str, Any]:
+    env = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    res = run_snippet("nccl_allreduce", [], timeout=420, env=env)
+    return res.data if res.ok else {"ok": False, "error": res.failure(), **res.evidence()}

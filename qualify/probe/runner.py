@@ -104,11 +104,14 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
 
     if scope in ("all", "gpu"):
         _gpu_checks(checks, t, cap, gpus, has_gpu, triton_version, pkgs)
+        rows = predicate.get("census", {}).get("libraries", [])
+        no_torch = None if "torch" in pkgs else "torch is not installed in this image"
+        _timed(checks, gpu.nccl_allreduce, gpus, rows, no_torch)
 
     for c in checks:
         # GPU checks count once a GPU is there to run them, and always when only
         # GPU checks were asked for (start.sh on a new host): not-run is never a pass.
-        if c.id.startswith("gpu.") and c.id != "gpu.device" and (has_gpu or scope == "gpu"):
+        if c.id.startswith("gpu.") and c.id not in ("gpu.device", "gpu.nccl-allreduce") and (has_gpu or scope == "gpu"):
             c.required = True
     predicate["checks"] = [c.to_dict() for c in checks]
     predicate["scope"] = "gpu" if has_gpu and scope != "static" else "static"

@@ -1,0 +1,135 @@
+"""`python -m qualify inspect PATH... [--target 12.1] [--json [--detail]] [--registered-only]`.
+
+The census reports; it does not judge: the exit status is 0 whenever the scan
+ran, even when libraries have no code for the target or files could not be
+parsed (those are listed with their reasons). Only usage errors (a bad
+target, a path that does not exist) exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import List, Optional, Sequence
+
+from .. import arch, census
+from ..errors import ConfigError
+
+_MAX_NO_CODE_LISTED = 10
+
+
+def configure_parser(parser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="libraries, cubins, fatbins or directories to walk")
+    parser.add_argument("--target", help="device capability to judge against: 12.1, sm_121 or sm121")
+    parser.add_argument("--json", action="store_true", help="print the census as JSON (manifests/inspect.schema.json)")
+    parser.add_argument("--detail", action="store_true", help="with --json: every container and entry")
+    parser.add_argument(
+        "--registered-only",
+        action="store_true",
+        help="read .nv_fatbin only (what cuobjdump lists): faster, but blind to kernel databases such as cuFFT's",
+    )
+
+
+def execute(args) -> int:
+    target = _parse_target(args.target)
+    missing = [p for p in args.paths if not os.path.lexists(p)]
+    if missing:
+        raise ConfigError(f"no such file or directory: {', '.join(missing)}", hint="check the PATH arguments")
+    report = census.scan(args.paths, target, detail=args.detail, embedded=not args.registered_only)
+    if args.json:
+        json.dump(report.to_json(), sys.stdout, sort_keys=True, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(report))
+    return 0
+
+
+def _parse_target(text: Optional[str]) -> Optional[arch.Capability]:
+    if text is None:
+        return None
+    try:
+        return arch.Capability.parse(text)
+    except arch.ArchError as exc:
+        raise ConfigError(str(exc), hint="use e.g. --target 12.1") from None
+
+
+# --- human output ----------------------------------------------------------------
+
+
+def _short(names: Sequence[str]) -> str:
+    """`sm_100 sm_120a` -> `100 120a` (the column header says sm_ or compute_)."""
+    return " ".join(n.split("_", 1)[1] for n in names) or "-"
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header] + rows]
+
+
+def _row(lib: census.LibraryCensus) -> List[str]:
+    data = lib.to_json()
+    row = [lib.path, str(data["containers"]), _short(data["sass"]), _short(data["ptx"])]
+    verdict = data["verdict"]
+    if verdict is not None:
+        klass = verdict["class"] or ("-" if lib.scan.errors else "no code")
+        if verdict["cross_generation_jit"]:
+            klass += " (cross-gen JIT)"
+        row += [klass, verdict["best"] or "-", f"{len(verdict['no_code'])}/{verdict['units']}"]
+    row.append(str(len(lib.scan.errors)) if lib.scan.errors else "")
+    return row
+
+
+def render(report: census.CensusReport) -> str:
+    """A readable table, then the containers without code and the files with errors."""
+    lines: List[str] = []
+    header = ["LIBRARY", "CONTAINERS", "SASS (sm_)", "PTX (compute_)"]
+    if report.target is not None:
+        header += [f"CLASS FOR {report.target}", "BEST", "NO CODE"]
+    header.append("ERRORS")
+    if report.libraries:
+        lines += _table(header, [_row(lib) for lib in report.libraries])
+    else:
+        lines.append("no ELF, cubin or fatbin files with device code found")
+    lines += _no_code_lines(report)
+    lines += _error_lines(report)
+    lines.append(_summary_line(report))
+    return "\n".join(lines) + "\n"
+
+
+def _no_code_lines(report: census.CensusReport) -> List[str]:
+    lines: List[str] = []
+    for lib in report.libraries:
+        if lib.verdict is None or not lib.verdict.no_code:
+            continue
+        lines.append(f"\n{lib.path}: no code for {report.target} in:")
+        for unit in lib.verdict.no_code[:_MAX_NO_CODE_LISTED]:
+            data = unit.to_json()
+            section = unit.section or "container"
+            where = f"{section} at {unit.offset:#x}" if unit.offset is not None else f"all of {section}"
+            arches = " ".join(data["sass"] + data["ptx"]) or "-"
+            lines.append(f"  {where}: {arches}")
+        hidden = len(lib.verdict.no_code) - _MAX_NO_CODE_LISTED
+        if hidden > 0:
+            lines.append(f"  ... and {hidden} more (--json lists all)")
+    return lines
+
+
+def _error_lines(report: census.CensusReport) -> List[str]:
+    lines: List[str] = []
+    for lib in report.with_errors:
+        lines.append(f"\n{lib.path}: could not be fully parsed:")
+        lines += [f"  {reason}" for reason in lib.scan.errors[:_MAX_NO_CODE_LISTED]]
+        hidden = len(lib.scan.errors) - _MAX_NO_CODE_LISTED
+        if hidden > 0:
+            lines.append(f"  ... and {hidden} more (--json lists all)")
+    return lines
+
+
+def _summary_line(report: census.CensusReport) -> str:
+    scope = "" if report.embedded else " (.nv_fatbin only: data sections not searched)"
+    return (
+        f"\n{len(report.libraries)} file(s) reported, {report.files_scanned} examined, "
+        f"{len(report.without_device_code)} ELF file(s) without device code, "
+        f"{len(report.with_errors)} with errors{scope}"
+    )
