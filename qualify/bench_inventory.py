@@ -272,8 +272,9 @@ def target_lines(full: Measurement, registered: Measurement, theirs: Measurement
 # --- main ---------------------------------------------------------------------------------------
 
 
-def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int) -> int:
-    site = ensure_venv(venv_dir)
+def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optional[str] = None) -> int:
+    # --site compares against an existing install (a GPU host's torch) instead of the scratch venv
+    site = Path(site_arg) if site_arg else ensure_venv(venv_dir)
     cuobjdump = find_cuobjdump(site, cuobjdump_arg)
     libraries = find_libraries(site)
     if not libraries:
@@ -321,13 +322,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qualify.bench_inventory", description=__doc__.splitlines()[0])
     parser.add_argument("--venv", default=str(DEFAULT_VENV), help=f"scratch venv (default {DEFAULT_VENV})")
     parser.add_argument("--cuobjdump", help="cuobjdump binary (default: the one pip put in the venv)")
+    parser.add_argument("--site", help="an existing site-packages to census instead of the scratch venv")
     parser.add_argument("--runs", type=int, default=5, help="census runs; the median wall time is reported")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the measuring helper
     args = parser.parse_args(argv)
     if args.measure:
         return _measure_helper(args.measure)
     try:
-        return run(Path(args.venv), args.cuobjdump, max(1, args.runs))
+        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site)
     except QualifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

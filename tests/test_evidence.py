@@ -1,0 +1,44 @@
+"""Committed evidence manifests stay valid and say what they claim."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from qualify import manifest
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((REPO / "manifests" / "manifest.schema.json").read_text())
+EVIDENCE = sorted((REPO / "manifests" / "evidence").rglob("*.json"))
+
+
+def test_there_is_evidence():
+    assert EVIDENCE
+
+
+@pytest.mark.parametrize("path", EVIDENCE, ids=lambda p: str(p.relative_to(REPO)))
+def test_evidence_validates_against_the_schema(path):
+    doc = manifest.load(path)
+    jsonschema.validate(doc, SCHEMA)
+    p = manifest.predicate(doc)
+    assert p["verdict"] == manifest.verdict(p["checks"])
+
+
+def test_h200_evidence_shows_the_allocator_failure_and_fix_and_blackwell_cross_compiles():
+    doc = manifest.load(REPO / "manifests" / "evidence" / "h200" / "probe-sm120.json")
+    p = manifest.predicate(doc)
+    checks = {c["id"]: c for c in p["checks"]}
+    scratch = checks["gpu.triton-scratch"]
+    assert scratch["status"] == "pass" and "no allocator was set" in scratch["evidence"]["hook_off"]["error"]
+    assert all(scratch["evidence"][w]["ok"] for w in ("main", "thread", "spawn"))
+    for cid, arch in (("triton.cross-compile.100", "sm_100a"), ("triton.cross-compile", "sm_120a"),
+                      ("triton.cross-compile.121", "sm_121a")):
+        assert checks[cid]["status"] == "pass" and checks[cid]["evidence"]["cubin_arches"] == [arch]
+    wiring = checks["triton.ptxas-wiring"]
+    assert wiring["status"] == "pass" and wiring["evidence"]["expected_knob"] == "ptxas_blackwell"
+    assert wiring["evidence"]["triton"].startswith("3.6")
+    assert checks["gpu.device"]["status"] == "warn" and "outside the Blackwell targets" in checks["gpu.device"]["reason"]
+    assert p["support_level"] == "unverified" and p["gpu"]["devices"][0]["compute_cap"] == "9.0"
+    for cid in ("gpu.memory", "gpu.bf16-matmul", "gpu.torch-compile"):
+        assert checks[cid]["status"] == "pass"
