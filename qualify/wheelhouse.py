@@ -63,7 +63,10 @@ def parse_lock(path: Path) -> List[Pin]:
 def platform_tags(platform: str) -> List[str]:
     arch = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
     tags = [f"manylinux_2_{n}_{arch}" for n in range(39, 16, -1)]
-    return tags + [f"manylinux2014_{arch}", f"linux_{arch}"] + ([f"manylinux2010_{arch}", f"manylinux1_{arch}", f"manylinux_2_12_{arch}", f"manylinux_2_5_{arch}"] if arch == "x86_64" else [])
+    tags += [f"manylinux2014_{arch}", f"linux_{arch}"]
+    if arch == "x86_64":  # the oldest tags exist only for x86_64
+        tags += [f"manylinux2010_{arch}", f"manylinux1_{arch}", f"manylinux_2_12_{arch}", f"manylinux_2_5_{arch}"]
+    return tags
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

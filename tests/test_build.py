@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import images
 from qualify import build, targets, wheelhouse
 from qualify.engine import BuildRequest, Engine
 from qualify.errors import BuildError, ConfigError, LockError
-
-import images
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.engine

@@ -87,9 +87,9 @@ def assembles(cap: arch.Capability, ptxas: Optional[str]) -> CheckResult:
     if child.returncode == 0 and not child.timed_out:
         return CheckResult("triton.ptxas-assembles", title, PASS, f"{ptxas} (V{evidence['version']}) accepts {gpu}",
                            evidence=evidence)
+    lines = child.stderr_tail.strip().splitlines()
     return CheckResult("triton.ptxas-assembles", title, FAIL,
-                       f"{ptxas} rejects {gpu}: {child.stderr_tail.strip().splitlines()[-1] if child.stderr_tail.strip() else child.failure()}",
-                       evidence=evidence)
+                       f"{ptxas} rejects {gpu}: {lines[-1] if lines else child.failure()}", evidence=evidence)
 
 
 def cross_compile(caps: Sequence[arch.Capability], target: arch.Capability,
