@@ -119,3 +119,17 @@ def test_cli_write_and_check(repo):
 def test_deleted_tracked_file_is_not_an_input(repo):
     (repo / "scripts/setup-host.sh").unlink()  # still in git's index
     assert "scripts/setup-host.sh" not in sums.input_files(repo)
+
+
+def test_repository_sha256sums_matches_the_release_inputs():
+    """What CI checks with `sha256sum --check SHA256SUMS`: regenerate with `nox -s sums`."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run(["sha256sum", "--quiet", "--check", "SHA256SUMS"], cwd=repo, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    listed = {line.split("  ", 1)[1] for line in (repo / "SHA256SUMS").read_text().splitlines()}
+    for must in ("images/targets.toml", "images/Dockerfile", "start.sh", "noxfile.py", "qualify/probe/runner.py",
+                 "scripts/setup-host.sh", "images/triton-allocator/blackwell_triton_allocator.py"):
+        assert must in listed, must
