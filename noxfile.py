@@ -87,3 +87,10 @@ def bench_inventory(session: nox.Session) -> None:
     """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""
     py = _toolenv.ensure()
     session.run(str(py), "-m", "qualify.bench_inventory", *session.posargs, external=True)
+
+
+@nox.session(name="vllm-rules", python=False)
+def vllm_rules(session: nox.Session) -> None:
+    """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""
+    py = _toolenv.ensure()
+    session.run(str(py), "-m", "qualify.vllm_rules", *session.posargs, external=True)

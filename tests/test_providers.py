@@ -63,23 +63,7 @@ def run(cap: str, packages=PINS, cen=None, toolchain=JIT_OK, **kw):
     return {f"{e['kind']}.{e['variant']}": e for e in entries}, {c.id: c for c in checks}
 
 
-# What vLLM 0.33.0 itself chose, run through the snippet's --assume-capability mode on a CPU
-# host (torch 2.14.0, flashinfer-python 0.7.2.post1, nvcc + ninja present, no flashinfer-cubin).
-# attention.mla on 10.x could not be executed there (a backend imports CUDA at import time).
-VLLM_CHOICES = {
-    "9.0": {"attention.bf16": "FLASH_ATTN(FA3)", "attention.mla": "FLASH_ATTN_MLA", "moe.bf16": "TRITON",
-            "linear.fp8": "CUTLASS", "linear.nvfp4": "HUMMING", "linear.w4a16": "MACHETE"},
-    "10.0": {"attention.bf16": "FLASHINFER", "moe.bf16": "FLASHINFER_TRTLLM", "linear.fp8": "CUTLASS",
-             "linear.nvfp4": "FLASHINFER_CUTEDSL", "linear.w4a16": "MARLIN"},
-    "10.3": {"attention.bf16": "FLASHINFER", "moe.bf16": "FLASHINFER_TRTLLM", "linear.fp8": "CUTLASS",
-             "linear.nvfp4": "FLASHINFER_CUTEDSL", "linear.w4a16": "MARLIN"},
-    "12.0": {"attention.bf16": "FLASH_ATTN(FA2)", "attention.mla": "TRITON_MLA", "moe.bf16": "FLASHINFER_CUTLASS",
-             "linear.fp8": "CUTLASS", "linear.nvfp4": "FLASHINFER_CUTLASS", "linear.w4a16": "MARLIN"},
-    "12.1": {"attention.bf16": "FLASH_ATTN(FA2)", "attention.mla": "TRITON_MLA", "moe.bf16": "FLASHINFER_CUTLASS",
-             "linear.fp8": "CUTLASS", "linear.nvfp4": "FLASHINFER_CUTLASS", "linear.w4a16": "MARLIN"},
-    "13.0": {"attention.bf16": "FLASH_ATTN(FA2)", "attention.mla": "TRITON_MLA", "moe.bf16": "TRITON",
-             "linear.fp8": "CUTLASS", "linear.nvfp4": "FLASHINFER_B12X", "linear.w4a16": "MARLIN"},
-}
+VLLM_CHOICES = P.VLLM_0_33_SELECTIONS
 
 
 @pytest.mark.parametrize("cap", sorted(VLLM_CHOICES))

@@ -813,3 +813,22 @@ def merge(predicted: Sequence[Mapping[str, Any]], observed: Sequence[Mapping[str
     """Observed entries where there are some, predicted ones elsewhere."""
     seen = {(o["kind"], o["variant"]): o for o in observed if o.get("selected") is not None}
     return [dict(seen.get((p["kind"], p["variant"]), p)) for p in predicted]
+
+
+# What vLLM 0.33.0 itself chose (`nox -s vllm-rules` re-checks it inside the vLLM image), run through the snippet's --assume-capability mode on a CPU
+# host (torch 2.14.0, flashinfer-python 0.7.2.post1, nvcc + ninja present, no flashinfer-cubin).
+# attention.mla on 10.x could not be executed there (a backend imports CUDA at import time).
+VLLM_0_33_SELECTIONS = {
+    "9.0": {"attention.bf16": "FLASH_ATTN(FA3)", "attention.mla": "FLASH_ATTN_MLA", "moe.bf16": "TRITON",
+            "linear.fp8": "CUTLASS", "linear.nvfp4": "HUMMING", "linear.w4a16": "MACHETE"},
+    "10.0": {"attention.bf16": "FLASHINFER", "moe.bf16": "FLASHINFER_TRTLLM", "linear.fp8": "CUTLASS",
+             "linear.nvfp4": "FLASHINFER_CUTEDSL", "linear.w4a16": "MARLIN"},
+    "10.3": {"attention.bf16": "FLASHINFER", "moe.bf16": "FLASHINFER_TRTLLM", "linear.fp8": "CUTLASS",
+             "linear.nvfp4": "FLASHINFER_CUTEDSL", "linear.w4a16": "MARLIN"},
+    "12.0": {"attention.bf16": "FLASH_ATTN(FA2)", "attention.mla": "TRITON_MLA", "moe.bf16": "FLASHINFER_CUTLASS",
+             "linear.fp8": "CUTLASS", "linear.nvfp4": "FLASHINFER_CUTLASS", "linear.w4a16": "MARLIN"},
+    "12.1": {"attention.bf16": "FLASH_ATTN(FA2)", "attention.mla": "TRITON_MLA", "moe.bf16": "FLASHINFER_CUTLASS",
+             "linear.fp8": "CUTLASS", "linear.nvfp4": "FLASHINFER_CUTLASS", "linear.w4a16": "MARLIN"},
+    "13.0": {"attention.bf16": "FLASH_ATTN(FA2)", "attention.mla": "TRITON_MLA", "moe.bf16": "TRITON",
+             "linear.fp8": "CUTLASS", "linear.nvfp4": "FLASHINFER_B12X", "linear.w4a16": "MARLIN"},
+}
