@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
@@ -17,6 +16,7 @@ from .. import arch
 from ..fatbin import read_file
 from .model import FAIL, PASS, WARN, CheckResult, not_run
 from .subproc import run_command, run_snippet
+from .versions import tool_version
 
 # A minimal PTX module; .version 8.8 is the first to know sm_121a/sm_103a (CUDA 12.9).
 _PTX = """.version 8.8
@@ -62,15 +62,6 @@ def wiring(cap: arch.Capability, expected: Dict[str, str], triton_version: Optio
                        f"Triton {data['triton']} uses {used}, not the wired {wired}", evidence=evidence)
 
 
-def ptxas_version(path: str) -> Optional[str]:
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"release (\d+\.\d+), V([\d.]+)", out)
-    return m.group(2) if m else None
-
-
 def assembles(cap: arch.Capability, ptxas: Optional[str]) -> CheckResult:
     """Does that ptxas accept `--gpu-name sm_XYa` for the target?"""
     gpu = arch.triton_gpu_name(cap)
@@ -82,7 +73,7 @@ def assembles(cap: arch.Capability, ptxas: Optional[str]) -> CheckResult:
         with open(src, "w") as fh:
             fh.write(_PTX.format(gpu=gpu))
         child = run_command([ptxas, "--gpu-name", gpu, src, "-o", os.path.join(tmp, "probe.cubin")], timeout=60)
-    evidence = {"ptxas": ptxas, "version": ptxas_version(ptxas), "gpu_name": gpu,
+    evidence = {"ptxas": ptxas, "version": tool_version(ptxas), "gpu_name": gpu,
                 "returncode": child.returncode, "stderr_tail": child.stderr_tail}
     if child.returncode == 0 and not child.timed_out:
         return CheckResult("triton.ptxas-assembles", title, PASS, f"{ptxas} (V{evidence['version']}) accepts {gpu}",
