@@ -34,14 +34,14 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CONTAINER_ROOT = "/opt/qualify"
 
 
-def probe_target(target: Target, profile: str) -> ProbeTarget:
+def probe_target(target: Target, profile: str, emulated: bool = False) -> ProbeTarget:
     return ProbeTarget(
         name=target.name, capability=str(target.capability), platform=target.platform,
         torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton.env(),
         intended_support_level=target.support_level, profile=profile,
         unified_memory=target.runtime.unified_memory,
         gpu_memory_utilization=target.runtime.gpu_memory_utilization,
-        min_gpu_memory_gib=target.runtime.min_gpu_memory_gib,
+        min_gpu_memory_gib=target.runtime.min_gpu_memory_gib, emulated=emulated,
     )
 
 
@@ -78,7 +78,8 @@ def run_probe(engine: Engine, image: str, target: Target, profile: str, timeout:
     with tempfile.TemporaryDirectory(prefix="qualify-out-") as out:
         out_dir = Path(out)
         out_dir.chmod(0o777)
-        tj = json.dumps(asdict(probe_target(target, profile)), sort_keys=True)
+        emulated = target.platform != engine.native_platform()
+        tj = json.dumps(asdict(probe_target(target, profile, emulated)), sort_keys=True)
         print(f"[qualify] probing {image} in a container (no network)", file=sys.stderr, flush=True)
         proc = engine.run_container(
             image,

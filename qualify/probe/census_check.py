@@ -145,7 +145,7 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
-        profile: Optional[str]) -> Dict[str, Any]:
+        profile: Optional[str], torch_missing: Optional[str] = None) -> Dict[str, Any]:
     """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}."""
     import time
 
@@ -158,7 +158,7 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
         unit_gaps(rows, target),
         cross_generation(rows, target),
         arch_specific(rows, target),
-        torch_arch_list(rows, torch_claimed),
+        torch_arch_list(rows, torch_claimed, torch_missing),
         unreadable(rows),
     ]
     if profile == "smoke":
@@ -215,18 +215,26 @@ def arch_specific(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckR
     hits = [r for r in rows if r["no_code_specific_only"]]
     if not hits:
         return CheckResult(cid, title, PASS, "none", required=False)
+    # Libraries with nothing at all for the target first (FA3 sm_90a-only), big cubin directories last.
+    hits.sort(key=lambda r: (r["best"] not in (None, "none"), "files" in r, r["short"]))
+
+    def describe(r: Dict[str, Any]) -> str:
+        code = ", ".join(r["sass"] + r["ptx"])
+        only = f"only {code}" if len(code) <= 40 else f"{len(r['sass'])} SASS arches"
+        return f"{r['short']} ({r['no_code_specific_only']} unit(s); {only})"
+
     return CheckResult(cid, title, WARN,
                        "units whose only code is arch-specific for other devices (dispatched only there): "
-                       + ", ".join(f"{r['short']} ({r['no_code_specific_only']})" for r in hits[:20])
+                       + "; ".join(describe(r) for r in hits[:20])
                        + (f" and {len(hits) - 20} more" if len(hits) > 20 else ""),
                        required=False, evidence={"libraries": {r["short"]: r["no_code_specific_only"] for r in hits}})
 
 
-def torch_arch_list(rows: List[Dict[str, Any]], claimed: Optional[List[str]]) -> CheckResult:
+def torch_arch_list(rows: List[Dict[str, Any]], claimed: Optional[List[str]], why_missing: Optional[str] = None) -> CheckResult:
     cid, title = "census.torch-arch-list", "torch.cuda.get_arch_list() against the cubins libtorch carries"
     lib = next((r for r in rows if r["path"].endswith("torch/lib/libtorch_cuda.so")), None)
     if claimed is None or lib is None:
-        return not_run(cid, title, "torch is not installed", required=False)
+        return not_run(cid, title, why_missing or "torch is not installed", required=False)
     real = set(lib["sass"]) | set(lib["ptx"])
     plain_real = {arch.CodeTarget.parse(n).without_variant() for n in real}
     missing = [c for c in claimed if c not in real and c not in plain_real]

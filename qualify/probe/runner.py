@@ -38,6 +38,7 @@ class ProbeTarget:
     gpu_memory_utilization: float = 0.9
     min_gpu_memory_gib: int = 16
     cross_compile: List[str] = field(default_factory=list)  # extra capabilities to compile for
+    emulated: bool = False  # the probe runs under qemu-user (image platform is not the host's)
 
     @classmethod
     def from_json(cls, text: str) -> ProbeTarget:
@@ -82,7 +83,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
                    "torch_cuda_arch_list": t.torch_cuda_arch_list, "profile": t.profile,
                    "intended_support_level": t.intended_support_level, "triton_env": t.triton_env},
         "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "python": sys.version.split()[0],
-                 "executable": sys.executable},
+                 "executable": sys.executable, "emulated": t.emulated},
         "toolkit": {"version": __version__},
         "gpu": {"visible": has_gpu, "devices": gpus or []},
     }
@@ -91,11 +92,11 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     torch_view: Dict[str, Any] = {}
     if scope in ("all", "static"):
         tk = versions.toolkit()
-        torch_view = versions.torch_view(pkgs)
+        torch_view = versions.torch_view(pkgs, emulated=t.emulated)
         _timed(checks, versions.check, pkgs, tk, torch_view, t.profile)
         predicate["versions"] = {"packages": pkgs, "toolkit": tk, "torch": torch_view}
         census = census_check.run(cap, t.torch_cuda_arch_list, census_check.search_paths(extra_paths or []),
-                                  torch_view.get("arch_list"), t.profile)
+                                  torch_view.get("arch_list"), t.profile, torch_view.get("reason"))
         for c in census["checks"]:
             _timed(checks, lambda c=c: c)
         predicate["census"] = {k: v for k, v in census.items() if k != "checks"}

@@ -86,10 +86,16 @@ def nvidia_smi() -> Optional[List[Dict[str, str]]]:
     return gpus or None
 
 
-def torch_view(pkgs: Dict[str, str], timeout: float = 180) -> Dict[str, Any]:
+def torch_view(pkgs: Dict[str, str], timeout: float = 180, emulated: bool = False) -> Dict[str, Any]:
     if "torch" not in pkgs:
         return {"status": NOT_RUN, "reason": "torch is not installed"}
     child = run_snippet("torch_info", timeout=timeout)
+    if not child.ok and emulated and (child.returncode or 0) < 0:
+        # qemu-user cannot run everything torch's native code does: that is the
+        # emulator's limit, not a verdict on the image.
+        return {"status": NOT_RUN, **child.evidence(),
+                "reason": f"importing torch was {child.failure()} under qemu-user emulation; torch's own view "
+                          "(arch list, cuDNN, NCCL) needs a probe on a native host of the target's platform"}
     if not child.ok:
         return {"status": "fail", "reason": f"importing torch failed: {child.failure()}", **child.evidence()}
     return {"status": PASS, **child.data}
@@ -104,6 +110,9 @@ def check(pkgs: Dict[str, str], tk: Dict[str, Any], torch: Dict[str, Any], profi
     if missing:
         return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", WARN,
                            f"the {profile} profile expects {', '.join(missing)}, which are not installed", evidence=evidence)
+    if torch.get("status") == NOT_RUN and "torch" in pkgs:
+        return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", NOT_RUN,
+                           torch["reason"] + "; package versions come from dist-info", evidence=evidence)
     if torch.get("status") == "fail":
         return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", "fail", torch["reason"],
                            evidence=evidence)
