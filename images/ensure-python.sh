@@ -2,7 +2,8 @@
 # Make sure the base has python3 with venv. The hermetic base already does
 # (nothing runs, no network); nvidia/cuda bases need Ubuntu's packages.
 set -eu
-if python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+# -B: the check must not leave .pyc files (with build-time mtimes) in the layer.
+if python3 -B -c 'import ensurepip, venv' >/dev/null 2>&1; then
   exit 0
 fi
 command -v apt-get >/dev/null || { echo "ensure-python: no python3 and no apt-get in the base" >&2; exit 1; }

@@ -40,6 +40,10 @@ class BuildOptions:
     engine: str = "docker"
     no_cache: bool = False
     dry_run: bool = False
+    # Both builds of a repro run get the same epoch, whatever happens to HEAD meanwhile.
+    source_date_epoch: Optional[str] = None
+    # A scratch build (repro): tag `<profile>-<base>-<suffix>`, its own context, no build record.
+    tag_suffix: str = ""
 
 
 @dataclass(frozen=True)
@@ -155,15 +159,17 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
           f"{target.platform}", file=sys.stderr, flush=True)
     base = resolve_base(engine, tf, target, opts, registry)
     wheels = wheelhouse.prepare(lock, target.platform, python)
-    epoch = provenance.source_date_epoch()
-    ctx = stage_context(f"{target.name}-{opts.profile}-{opts.base}", lock, wheels)
-    tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}"
+    epoch = opts.source_date_epoch or provenance.source_date_epoch()
+    suffix = f"-{opts.tag_suffix}" if opts.tag_suffix else ""
+    ctx = stage_context(f"{target.name}-{opts.profile}-{opts.base}{suffix}", lock, wheels)
+    tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}{suffix}"
     image_labels = labels(target, opts, base, lock, epoch)
     image_id = engine.build(BuildRequest(
         context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
         build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,
         no_cache=opts.no_cache, source_date_epoch=epoch,
     ))
+    shutil.rmtree(ctx, ignore_errors=True)  # links into the wheelhouse; kept only when the build failed
     _check_platform(engine, tag, target)
     digest = engine.push(tag)
     record = BuildRecord(
@@ -172,7 +178,8 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
         image_id=image_id, engine=engine.name, builder=engine.builder, labels=image_labels,
         build_seconds=round(time.monotonic() - start, 1),
     )
-    write_json(record_path(target.name, opts.profile, opts.base), asdict(record))
+    if not opts.tag_suffix:
+        write_json(record_path(target.name, opts.profile, opts.base), asdict(record))
     print(f"[build] {record.image_reference}  ({record.build_seconds:.1f} s)", file=sys.stderr, flush=True)
     return record
 
@@ -190,7 +197,7 @@ def _check_platform(engine: Engine, ref: str, target: Target) -> None:
 def _dry_run(tf: TargetsFile, target: Target, opts: BuildOptions, lock: Path) -> None:
     base = target.base.image if opts.base == "pinned" else ImageRef.parse(
         f"{Registry.from_env().ref(tf.hermetic.repository)}:<built on demand>@sha256:{'0' * 64}")
-    epoch = provenance.source_date_epoch()
+    epoch = opts.source_date_epoch or provenance.source_date_epoch()
     print(json.dumps({
         "target": target.name, "profile": opts.profile, "base": str(base), "lock": str(lock.relative_to(REPO_ROOT)),
         "build_args": build_args(target, base, epoch), "labels": labels(target, opts, base, lock, epoch),

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Set
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
@@ -34,6 +34,7 @@ from .errors import BaseImageError, BuildError, EngineError
 from .imageref import ImageRef
 
 ENGINES = ("docker", "podman")
+BUILDERS = {"docker": ("buildx", "buildkit", "classic"), "podman": ("podman",)}
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,16 @@ def _client_binary(name: str) -> str:
 class Engine:
     """A container engine: docker or podman."""
 
-    def __init__(self, name: str = "docker") -> None:
+    def __init__(self, name: str = "docker", builder: Optional[str] = None) -> None:
         if name not in ENGINES:
             raise EngineError(f"unknown engine {name!r}", hint=f"use one of {', '.join(ENGINES)}")
+        if builder is not None and builder not in BUILDERS[name]:
+            raise EngineError(f"{name} has no {builder!r} builder", hint=f"use one of {', '.join(BUILDERS[name])}")
         self.name = name
         self.binary = _client_binary(name)
         self.client = DockerClient(client_call=[self.binary], client_type="podman" if name == "podman" else "docker")
-        self._builder: Optional[str] = None
+        # An explicit builder (e.g. classic, to show what does not reproduce) skips detection.
+        self._builder: Optional[str] = builder
 
     # --- abilities -------------------------------------------------------------
 
@@ -136,10 +140,13 @@ class Engine:
         """(argv, extra env) for one build."""
         env: Dict[str, str] = {}
         if self.builder == "buildx":
-            argv = [self.binary, "buildx", "build", "--load", "--progress=plain"]
+            argv = [self.binary, "buildx", "build", "--progress=plain"]
             if req.source_date_epoch is not None:
                 env["SOURCE_DATE_EPOCH"] = req.source_date_epoch
+                # --load is short for --output type=docker; the rewrite needs the long form, and only one output.
                 argv += ["--output", "type=docker,rewrite-timestamp=true"]
+            else:
+                argv.append("--load")
             argv += ["--provenance=false"]
         elif self.builder == "buildkit":
             env["DOCKER_BUILDKIT"] = "1"
@@ -149,7 +156,10 @@ class Engine:
             env["DOCKER_BUILDKIT"] = "0"
             argv = [self.binary, "build"]
         else:
-            argv = [self.binary, "build", "--format", "docker", "--layers"]
+            # OCI, not docker format: a docker-format config records the build
+            # container's random id and the parent image id, so two clean builds
+            # of the same inputs never give the same image id.
+            argv = [self.binary, "build", "--format", "oci", "--layers"]
             if req.source_date_epoch is not None:
                 argv += ["--timestamp", req.source_date_epoch]
             if req.insecure_registry:
@@ -263,6 +273,23 @@ class Engine:
     def remove_image(self, ref: str) -> None:
         subprocess.run([self.binary, "image", "rm", "-f", ref], capture_output=True)
 
+    def image_ids(self) -> Set[str]:
+        """Full ids of every image in the store, intermediate (build cache) images included."""
+        out = self._stdout([self.binary, "images", "-a", "-q", "--no-trunc"])
+        return {i if i.startswith("sha256:") else f"sha256:{i}" for i in out.split()}
+
+    def inspect_raw(self, refs: Sequence[str]) -> List[dict]:
+        """Inspect JSON of several images in one call (ids, parents, tags)."""
+        return json.loads(self._stdout([self.binary, "image", "inspect", *refs])) if refs else []
+
+    def remove_images(self, ids: Sequence[str]) -> str:
+        """Remove exactly these images; '' or the error. No -f: an image someone else tagged or uses stays.
+        --no-prune: untagged parents stay too (podman counts look-alike images from other builds as parents)."""
+        if not ids:
+            return ""
+        proc = subprocess.run([self.binary, "image", "rm", "--no-prune", *ids], capture_output=True, text=True)
+        return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()[-500:]
+
     def save(self, refs: Sequence[str], path: Path) -> Path:
         argv = [self.binary, "save", "-o", str(path)]
         if self.name == "podman":
@@ -309,14 +336,33 @@ class Engine:
 
     # --- helpers -----------------------------------------------------------------
 
-    def _run(self, argv: List[str], timeout: float = 300) -> str:
+    def _exec(self, argv: List[str], timeout: float) -> subprocess.CompletedProcess:
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise EngineError(f"timed out after {timeout:.0f} s: {' '.join(argv)}") from None
         if proc.returncode != 0:
             raise EngineError(f"failed (exit {proc.returncode}): {' '.join(argv)}\n{(proc.stderr or proc.stdout)[-1500:]}")
+        return proc
+
+    def _stdout(self, argv: List[str], timeout: float = 120) -> str:
+        """stdout alone (parsed output must not pick up warnings from stderr)."""
+        return self._exec(argv, timeout).stdout
+
+    def _run(self, argv: List[str], timeout: float = 300) -> str:
+        """Everything the command printed (push writes its digest line to either stream)."""
+        proc = self._exec(argv, timeout)
         return proc.stdout + proc.stderr
+
+    def repo_digest(self, ref: str) -> str:
+        """`sha256:...` a registry serves for the local image `ref`: the repo digest for the
+        reference's own repository when there is one (what `name@sha256:` pins), else its id."""
+        parsed = ImageRef.parse(ref)
+        raw = self.inspect_raw([ref])[0]
+        own = [d.split("@", 1)[1] for d in raw.get("RepoDigests") or [] if d.split("@", 1)[0] == parsed.name]
+        if parsed.digest and parsed.digest in own:
+            return parsed.digest
+        return own[0] if own else raw["Id"]
 
 
 class _TempFile:
@@ -346,9 +392,3 @@ def timed(label: str):
                 print(f"[{label}] done in {time.monotonic() - self.start:.1f} s", file=sys.stderr, flush=True)
 
     return _T()
-
-
-def image_json(engine: Engine, ref: str) -> dict:
-    """Raw inspect JSON (for labels and fields python-on-whales does not model)."""
-    out = engine._run([engine.binary, "image", "inspect", ref])
-    return json.loads(out)[0]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import cmd, cosign_keys, signer
 from . import manifest as mf
-from .errors import ExternalCommandError, ReleaseError, VerificationError
+from .errors import EngineError, ExternalCommandError, ReleaseError, VerificationError
 from .fsutil import canonical_json, write_atomic
 from .verify import ImageResolver, image_digest, match_digest, parse_manifest, target_name
 
@@ -193,15 +193,17 @@ def assess(c: Candidate, min_level: str, resolve: ImageResolver) -> Union[Entry,
     reference = (pred.get("image") or {}).get("reference")
     if not reference:
         return Withheld(c.target, "the manifest records no image reference")
+    # The build's tag says what was built last; a manifest of an older build of it is stale.
+    built = (pred.get("image") or {}).get("tag") or reference
     try:
-        actual = resolve(reference)
-    except ExternalCommandError as exc:
-        raise ReleaseError(f"cannot resolve image {reference} of target {c.target}: {exc.message}",
+        actual = resolve(built)
+    except (ExternalCommandError, EngineError) as exc:
+        raise ReleaseError(f"cannot resolve image {built} of target {c.target}: {exc.message}",
                            hint="build the image first, or release from the host that built it") from None
     try:
-        match_digest(stmt, reference, actual)
+        match_digest(stmt, built, actual)
     except VerificationError as exc:
-        return Withheld(c.target, f"{exc.message} (built image {reference} resolves to {actual})")
+        return Withheld(c.target, f"{exc.message} (built image {built} resolves to {actual})")
     return Entry(c.target, reference, actual, hashlib.sha256(c.data).hexdigest(), pred["support_level"],
                  pred.get("verdict", ""))
 

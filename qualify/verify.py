@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from . import cmd, cosign_keys, signer
+from . import cosign_keys, signer
 from . import manifest as mf
 from .errors import ConfigError, ExternalCommandError, VerificationError
 from .imageref import ImageRef, ImageRefError
@@ -25,21 +25,14 @@ from .imageref import ImageRef, ImageRefError
 ImageResolver = Callable[[str], str]
 
 
-def image_digest(ref: str, docker: str = "docker") -> str:
-    """`sha256:...` of the local image that `ref` names, through the docker CLI.
+def image_digest(ref: str) -> str:
+    """`sha256:...` of the local image that `ref` names (the engine's repo digest, else its id)."""
+    from .engine import Engine  # python-on-whales: host side only
 
-    The repository digest for the reference's own repository when the image has
-    one (what `name@sha256:` pins and a registry serves), else the image ID.
-    One small function on purpose: it moves to the engine class later.
-    """
-    parsed = _parse_ref(ref)
-    out = cmd.call([docker, "image", "inspect", "--format", "{{json .RepoDigests}}\t{{.Id}}", ref], timeout=60).stdout
-    repo_json, _, image_id = out.strip().partition("\t")
-    repo_digests = json.loads(repo_json or "null") or []
-    own = [d.split("@", 1)[1] for d in repo_digests if "@" in d and d.split("@", 1)[0] == parsed.name]
-    if parsed.digest and parsed.digest in own:
-        return parsed.digest
-    return own[0] if own else image_id.strip()
+    try:
+        return Engine("docker").repo_digest(ref)
+    except ImageRefError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _parse_ref(ref: str) -> ImageRef:

@@ -169,25 +169,17 @@ def read_log(path: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-# A TEST DOUBLE for the docker CLI (tests never touch a real engine): answers
-# `docker image inspect --format '{{json .RepoDigests}}\t{{.Id}}' REF` from a
-# JSON table in $DOCKER_DOUBLE_IMAGES mapping REF to [repo digests, id].
-DOCKER_DOUBLE = r'''#!{python}
-import json, os, sys
-table = json.load(open(os.environ["DOCKER_DOUBLE_IMAGES"]))
-ref = sys.argv[-1]
-if sys.argv[1:3] != ["image", "inspect"] or ref not in table:
-    print("Error: No such image: " + ref, file=sys.stderr)
-    sys.exit(1)
-repo_digests, image_id = table[ref]
-print(json.dumps(repo_digests) + "\t" + image_id)
-'''
-
-
-def install_docker_double(bin_dir: Path, images: Dict[str, list], table_file: Path) -> Path:
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    table_file.write_text(json.dumps(images))
-    return write_script(bin_dir / "docker", DOCKER_DOUBLE.format(python=sys.executable))
+def push_real_image(docker: str, base: str, registry: str, name: str, workdir: Path) -> tuple:
+    """A real image (base + a label), pushed to the loopback registry: (repository, digest)."""
+    ctx = workdir / name
+    ctx.mkdir(parents=True, exist_ok=True)
+    (ctx / "Dockerfile").write_text(f"FROM {base}\nLABEL qualify-test={name}\n")
+    repository = f"{registry}/qualify-test/{name}"
+    env = {"PATH": os.environ.get("PATH", ""), "DOCKER_BUILDKIT": "0"}
+    subprocess.run([docker, "build", "-q", "-t", f"{repository}:test", str(ctx)], check=True, capture_output=True, env=env)
+    out = subprocess.run([docker, "push", f"{repository}:test"], check=True, capture_output=True, text=True).stdout
+    digest = next(line.split("digest: ", 1)[1].split()[0] for line in out.splitlines() if "digest: sha256:" in line)
+    return repository, digest
 
 
 def path_with(bin_dir: Path) -> str:

@@ -18,9 +18,9 @@ from signing_helpers import (
     REGISTRY,
     assert_no_secrets,
     init_git_repo,
-    install_docker_double,
     make_key_pair,
     path_with,
+    push_real_image,
     run_qualify,
     secrets_of,
     tree_texts,
@@ -306,22 +306,34 @@ def test_upload_prints_the_command_without_gh_and_runs_it_with_gh(repo, keys, tm
     assert calls[1].startswith(f"release upload {TAG} manifests/{TAG}/cosign.pub") and calls[1].endswith("--clobber")
 
 
-def test_cli_release_json_and_no_secret_anywhere(repo, keys, tmp_path):
+@pytest.mark.engine
+def test_cli_release_json_and_no_secret_anywhere(keys, tmp_path, docker_engine, debian_python_image, loopback_registry):
+    """The CLI end to end against real images in the loopback registry (no resolver injected)."""
     key_file, _ = keys
-    install_docker_double(tmp_path / "bin", {ref(t): [[ref(t)], "sha256:" + "0e" * 32] for t in DIGESTS},
-                          tmp_path / "images.json")
-    env = {"COSIGN_PASSWORD": PASSWORD, "PATH": path_with(tmp_path / "bin"),
-           "DOCKER_DOUBLE_IMAGES": str(tmp_path / "images.json")}
-    result = run_qualify(["release", TAG, "--key", str(key_file), "--json"], repo, env)
+    root = init_git_repo(tmp_path / "cli-repo")
+    out = root / "build" / "manifests"
+    real = {t: push_real_image(docker_engine, debian_python_image, loopback_registry.address, f"release-{t}", tmp_path)
+            for t in ("sm100", "sm120", "sm121")}
+    statuses = {"sm100": None, "sm120": {"triton-compile": "pass", "gpu-smoke": "not-run"},
+                "sm121": {"fatbin-arch": "pass", "triton-compile": "fail"}}
+    for t, (repository, digest) in real.items():
+        write_manifest(out / f"{t}.json", t, digest, statuses=statuses[t], reference=f"{repository}@{digest}")
+    env = {"COSIGN_PASSWORD": PASSWORD}
+    result = run_qualify(["release", TAG, "--key", str(key_file), "--json"], root, env)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert [e["target"] for e in summary["released"]] == ["sm100", "sm120"]
     assert summary["withheld"] == [{"target": "sm121", "reason": "failing checks: triton-compile"}]
-    assert summary["upload"] == "not uploaded: gh unavailable"
+    assert summary["upload"].startswith("not uploaded")
+    image = "{}@{}".format(*real["sm100"])
     verified = run_qualify(["verify", f"manifests/{TAG}/sm100.json", "--key", f"manifests/{TAG}/cosign.pub",
-                            "--image", ref("sm100"), "--require-pass"], repo, env)
+                            "--image", image, "--require-pass"], root, env)
     assert verified.returncode == 0, verified.stderr
+    other = "{}@{}".format(*real["sm120"])
+    wrong = run_qualify(["verify", f"manifests/{TAG}/sm100.json", "--key", f"manifests/{TAG}/cosign.pub",
+                         "--image", other], root, env)
+    assert wrong.returncode != 0 and "image digest" in wrong.stderr
 
-    texts = [result.stdout, result.stderr, verified.stdout, verified.stderr, *tree_texts(repo),
-             git(repo, "cat-file", "-p", TAG), git(repo, "log", "--all", "-p")]
+    texts = [result.stdout, result.stderr, verified.stdout, verified.stderr, *tree_texts(root),
+             git(root, "cat-file", "-p", TAG), git(root, "log", "--all", "-p")]
     assert_no_secrets(texts, secrets_of(key_file))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ from signing_helpers import (
     PASSWORD,
     REGISTRY,
     install_cosign_double,
-    install_docker_double,
     make_key_pair,
     path_with,
+    push_real_image,
     read_log,
     run_qualify,
     write_manifest,
@@ -137,22 +138,22 @@ def test_cli_exit_codes_and_messages(signed, tmp_path):
     assert json.loads(good.stdout)["ok"] is True and json.loads(good.stdout)["support_level"] == "baseline"
 
 
-def test_image_digest_through_docker_cli(tmp_path, monkeypatch):
-    repo_ref = f"{REGISTRY}/qualify/sm120"
-    install_docker_double(tmp_path / "bin", {
-        f"{repo_ref}@{DIGEST_A}": [[f"{repo_ref}@{DIGEST_A}"], "sha256:" + "0f" * 32],
-        "qualify/sm120:dev": [[f"{repo_ref}@{DIGEST_B}", f"qualify/sm120@{DIGEST_A}"], "sha256:" + "0f" * 32],
-        "local:only": [[], DIGEST_B],
-    }, tmp_path / "images.json")
-    monkeypatch.setenv("PATH", path_with(tmp_path / "bin"))
-    monkeypatch.setenv("DOCKER_DOUBLE_IMAGES", str(tmp_path / "images.json"))
-    assert verify.image_digest(f"{repo_ref}@{DIGEST_A}") == DIGEST_A
-    assert verify.image_digest("qualify/sm120:dev") == DIGEST_A  # its own repository's digest
-    assert verify.image_digest("local:only") == DIGEST_B  # never pushed: the image ID
-    from qualify.errors import ExternalCommandError
+@pytest.mark.engine
+def test_image_digest_through_the_engine(docker_engine, debian_python_image, loopback_registry, tmp_path):
+    """Real images in the real loopback registry."""
+    repository, digest = push_real_image(docker_engine, debian_python_image, loopback_registry.address,
+                                         "verify-digest", tmp_path)
+    assert verify.image_digest(f"{repository}@{digest}") == digest
+    assert verify.image_digest(f"{repository}:test") == digest  # its own repository's digest
+    local = "qualify-test/never-pushed:test"
+    subprocess.run([docker_engine, "tag", f"{repository}:test", local], check=True)
+    image_id = subprocess.run([docker_engine, "image", "inspect", "--format", "{{.Id}}", local], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    assert verify.image_digest(local) == image_id  # never pushed under that name: the image id
+    from qualify.errors import EngineError
 
-    with pytest.raises(ExternalCommandError, match="No such image"):
-        verify.image_digest("missing:tag")
+    with pytest.raises(EngineError, match="No such image"):
+        verify.image_digest("qualify-test/missing:tag")
 
 
 def test_keyless_verification_goes_through_cosign(signed, tmp_path, monkeypatch):

@@ -815,7 +815,8 @@ def merge(predicted: Sequence[Mapping[str, Any]], observed: Sequence[Mapping[str
     return [dict(seen.get((p["kind"], p["variant"]), p)) for p in predicted]
 
 
-# What vLLM 0.33.0 itself chose (`nox -s vllm-rules` re-checks it inside the vLLM image), run through the snippet's --assume-capability mode on a CPU
+# What vLLM 0.33.0 itself chose (`nox -s vllm-rules` re-checks it inside the vLLM image),
+# run through the snippet's --assume-capability mode on a CPU
 # host (torch 2.14.0, flashinfer-python 0.7.2.post1, nvcc + ninja present, no flashinfer-cubin).
 # attention.mla on 10.x could not be executed there (a backend imports CUDA at import time).
 VLLM_0_33_SELECTIONS = {
