@@ -111,8 +111,8 @@ def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[
             for r in census_rows if "libnccl" in r["short"]]
     count = len(gpus or [])
     if count < 2:
-        return not_run(cid, title, f"{count} GPU(s) visible; an all-reduce needs at least 2", required=False,
-                       nccl_census=nccl)
+        seen = "no GPU visible" if count == 0 else "1 GPU visible"
+        return not_run(cid, title, f"{seen}; an all-reduce needs at least 2", required=False, nccl_census=nccl)
     if needs:
         return not_run(cid, title, needs, required=False, nccl_census=nccl)
     data = _nccl_child()
