@@ -94,3 +94,10 @@ def vllm_rules(session: nox.Session) -> None:
     """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""
     py = _toolenv.ensure()
     session.run(str(py), "-m", "qualify.vllm_rules", *session.posargs, external=True)
+
+
+@nox.session(name="cosign-interop", python=False)
+def cosign_interop(session: nox.Session) -> None:
+    """Where cosign is installed: it verifies our built-in signatures and its keys load in our signer."""
+    py = _toolenv.ensure()
+    session.run(str(py), "-m", "qualify.cosign_interop", external=True)

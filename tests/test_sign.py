@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,9 +31,6 @@ from signing_helpers import (
 
 from qualify import cosign, cosign_keys, signer
 from qualify.errors import ConfigError
-
-NO_COSIGN = "cosign is not installable on this platform (not in Debian 12, no GitHub access)"
-real_cosign = pytest.mark.skipif(shutil.which("cosign") is None, reason=NO_COSIGN)
 
 # Known-answer vectors: keys made by cosign itself, password "hello", from
 # sigstore/cosign pkg/cosign/keys_test.go (commit b36644f, Apache-2.0), where
@@ -374,22 +369,10 @@ def test_auto_signer_is_builtin_without_cosign(tmp_path, monkeypatch):
 # --- a real cosign, where one exists (never on this platform, not a CI requirement) ---
 
 
-@real_cosign
-def test_real_cosign_verifies_builtin_signature(tmp_path):
-    key_file, pub = make_key_pair(tmp_path)
-    manifest = write_manifest(tmp_path / "m.json", "sm120", DIGEST_A)
-    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
-    version = cosign.detect_version()
-    req = cosign.VerifyBlobRequest(manifest, signature=signer.signature_path(manifest),
-                                   bundle=signer.bundle_path(manifest), key=pub)
-    subprocess.run(cosign.verify_blob_args(version, req), check=True, stdin=subprocess.DEVNULL)
+def test_cosign_interop_session_refuses_clearly_without_cosign(monkeypatch):
+    """The real-cosign checks live in `nox -s cosign-interop` (cosign cannot be installed here);
+    without cosign it must say so and fail, not pretend."""
+    from qualify import cosign_interop
 
-
-@real_cosign
-def test_real_cosign_key_pair_loads_in_builtin_signer(tmp_path):
-    subprocess.run(["cosign", "generate-key-pair"], cwd=tmp_path, check=True, stdin=subprocess.DEVNULL,
-                   env={**os.environ, "COSIGN_PASSWORD": PASSWORD})
-    key = cosign_keys.load_private_key((tmp_path / "cosign.key").read_bytes(), PASSWORD)
-    pub = cosign_keys.load_public_key((tmp_path / "cosign.pub").read_bytes())
-    assert cosign_keys.fingerprint(key.public_key()) == cosign_keys.fingerprint(pub)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cosign_interop.main() == 7
