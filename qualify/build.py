@@ -18,7 +18,7 @@ from typing import Dict, Optional
 
 from . import arch, hermetic, provenance, wheelhouse
 from .engine import BuildRequest, Engine
-from .errors import ConfigError
+from .errors import BuildError, ConfigError
 from .fsutil import write_json
 from .imageref import ImageRef
 from .registry import STATE_DIR, Registry
@@ -188,8 +188,6 @@ def _check_platform(engine: Engine, ref: str, target: Target) -> None:
     info = engine.inspect(ref)
     want = target.arch_tag
     if info is None or info.architecture != want:
-        from .errors import BuildError
-
         raise BuildError(f"built image {ref} is {info.architecture if info else 'missing'}, not {want}",
                          hint="the engine ignored --platform; use Debian's docker client with BuildKit or podman")
 

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,19 +375,3 @@ class _TempFile:
 
     def __exit__(self, *exc) -> None:
         self.path.unlink(missing_ok=True)
-
-
-def timed(label: str):
-    """Context manager printing how long a step took."""
-
-    class _T:
-        def __enter__(self):
-            self.start = time.monotonic()
-            print(f"[{label}] ...", file=sys.stderr, flush=True)
-            return self
-
-        def __exit__(self, *exc):
-            if exc[0] is None:
-                print(f"[{label}] done in {time.monotonic() - self.start:.1f} s", file=sys.stderr, flush=True)
-
-    return _T()

@@ -13,13 +13,12 @@ import hashlib
 import io
 import os
 import shutil
-import stat
 import sys
 import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable
 
 from . import locks, rootfs, wheelhouse
 from .engine import BuildRequest, Engine
@@ -148,9 +147,3 @@ def _iso(epoch: int) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def tar_mode_ok(path: Path) -> List[str]:
-    """Executables in a layout tar (for tests)."""
-    with tarfile.open(path) as tar:
-        return [m.name for m in tar.getmembers() if m.isfile() and m.mode & stat.S_IXUSR]

@@ -169,11 +169,15 @@ def summary_line(path: Path) -> str:
     return f"{p['target']['name']}: verdict {p['verdict']}, support level {p['support_level']} ({parts})"
 
 
-def run_after_build(tf: TargetsFile, record: build_mod.BuildRecord, engine_name: str, file: TextIO) -> int:
-    path = qualify(tf, record, Engine(engine_name).check())
+def _report(path: Path, file: TextIO) -> int:
+    """Summary for people; exit 1 when the verdict is fail."""
     print(summary_line(path), file=file)
     print(f"manifest: {path.relative_to(REPO_ROOT)}", file=file)
     return 1 if manifest.predicate(manifest.load(path))["verdict"] == "fail" else 0
+
+
+def run_after_build(tf: TargetsFile, record: build_mod.BuildRecord, engine_name: str, file: TextIO) -> int:
+    return _report(qualify(tf, record, Engine(engine_name).check()), file)
 
 
 def qualify_target(tf: TargetsFile, opts: build_mod.BuildOptions, force: bool, file: TextIO) -> int:
@@ -186,7 +190,4 @@ def qualify_target(tf: TargetsFile, opts: build_mod.BuildOptions, force: bool, f
         record = build_mod.build(tf, opts, engine)
         if record is None:
             raise ConfigError("nothing was built (dry run?)")
-    path = qualify(tf, record, engine, force=force)
-    print(summary_line(path), file=file)
-    print(f"manifest: {path.relative_to(REPO_ROOT)}", file=file)
-    return 1 if manifest.predicate(manifest.load(path))["verdict"] == "fail" else 0
+    return _report(qualify(tf, record, engine, force=force), file)

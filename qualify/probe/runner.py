@@ -53,6 +53,12 @@ def _progress(msg: str) -> None:
     print(f"[probe] {msg}", file=sys.stderr, flush=True)
 
 
+def _record(results: List[CheckResult], items: List[CheckResult]) -> None:
+    """Add checks computed elsewhere (census, providers) with the same progress lines."""
+    for item in items:
+        _timed(results, lambda item=item: item)
+
+
 def _timed(results: List[CheckResult], fn, *args) -> Any:
     start = time.monotonic()
     out = fn(*args)
@@ -97,8 +103,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
         predicate["versions"] = {"packages": pkgs, "toolkit": tk, "torch": torch_view}
         census = census_check.run(cap, t.torch_cuda_arch_list, census_check.search_paths(extra_paths or []),
                                   torch_view.get("arch_list"), t.profile, torch_view.get("reason"))
-        for c in census["checks"]:
-            _timed(checks, lambda c=c: c)
+        _record(checks, census["checks"])
         predicate["census"] = {k: v for k, v in census.items() if k != "checks"}
         _static_triton(checks, t, cap, triton_version)
         _providers(checks, predicate, cap, pkgs, census, has_gpu)
@@ -155,8 +160,7 @@ def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
             found = providers.merge(found, providers.observed_providers(child.data, found))
             results = providers.provider_checks(found, cap, pkgs["vllm"])
     predicate["providers"] = found
-    for r in results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap):
-        _timed(checks, lambda r=r: r)
+    _record(checks, results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap))
 
 
 def _gpu_checks(checks, t: ProbeTarget, cap, gpus, has_gpu, triton_version, pkgs) -> None:
