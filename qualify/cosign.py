@@ -174,6 +174,18 @@ def _finish_outputs(work: Path, blob: Path, signature_out: Path, bundle_out: Pat
     write_atomic(bundle_out, bundle)
 
 
+def _sign_blob(program: str, blob: Path, signature_out: Path, bundle_out: Path, request: dict,
+               env: Optional[dict], public_key, label: str) -> signer.SignedFiles:
+    """One cosign sign-blob run into a scratch folder, then our signature and bundle files from it."""
+    version = detect_version(program)
+    with tempfile.TemporaryDirectory(prefix="qualify-cosign-") as tmp:
+        work = Path(tmp)
+        req = SignBlobRequest(blob, work / "blob.sig", work / "blob.bundle", **request)
+        cmd.call(sign_blob_args(version, req, program), env=env, echo=True, timeout=SIGN_TIMEOUT_S)
+        _finish_outputs(work, blob, signature_out, bundle_out, public_key)
+    return signer.SignedFiles(blob, signature_out, bundle_out, f"cosign {version}{label}")
+
+
 @dataclass(frozen=True)
 class CosignKeySigner:
     """Key-pair signing with a real cosign; the password goes in its environment."""
@@ -185,14 +197,8 @@ class CosignKeySigner:
     name: str = "cosign"
 
     def sign_file(self, blob: Path, signature_out: Path, bundle_out: Path) -> signer.SignedFiles:
-        version = detect_version(self.program)
-        with tempfile.TemporaryDirectory(prefix="qualify-cosign-") as tmp:
-            work = Path(tmp)
-            req = SignBlobRequest(blob, work / "blob.sig", work / "blob.bundle", key=self.key_file)
-            env = {signer.PASSWORD_ENV: self.password.decode("utf-8")}
-            cmd.call(sign_blob_args(version, req, self.program), env=env, echo=True, timeout=SIGN_TIMEOUT_S)
-            _finish_outputs(work, blob, signature_out, bundle_out, self.public_key)
-        return signer.SignedFiles(blob, signature_out, bundle_out, f"cosign {version}")
+        return _sign_blob(self.program, blob, signature_out, bundle_out, {"key": self.key_file},
+                          {signer.PASSWORD_ENV: self.password.decode("utf-8")}, self.public_key, "")
 
 
 @dataclass(frozen=True)
@@ -204,14 +210,8 @@ class CosignKeylessSigner:
     name: str = "cosign-keyless"
 
     def sign_file(self, blob: Path, signature_out: Path, bundle_out: Path) -> signer.SignedFiles:
-        version = detect_version(self.program)
-        with tempfile.TemporaryDirectory(prefix="qualify-cosign-") as tmp:
-            work = Path(tmp)
-            req = SignBlobRequest(blob, work / "blob.sig", work / "blob.bundle",
-                                  identity_token_file=self.identity_token_file)
-            cmd.call(sign_blob_args(version, req, self.program), echo=True, timeout=SIGN_TIMEOUT_S)
-            _finish_outputs(work, blob, signature_out, bundle_out, None)
-        return signer.SignedFiles(blob, signature_out, bundle_out, f"cosign {version} keyless")
+        return _sign_blob(self.program, blob, signature_out, bundle_out,
+                          {"identity_token_file": self.identity_token_file}, None, None, " keyless")
 
 
 def verify_blob(req: VerifyBlobRequest, program: str = PROGRAM) -> str:
