@@ -42,3 +42,19 @@ def test_h200_evidence_shows_the_allocator_failure_and_fix_and_blackwell_cross_c
     assert p["support_level"] == "unverified" and p["gpu"]["devices"][0]["compute_cap"] == "9.0"
     for cid in ("gpu.memory", "gpu.bf16-matmul", "gpu.torch-compile"):
         assert checks[cid]["status"] == "pass"
+
+
+def test_two_gpu_evidence_shows_a_passing_allreduce_with_every_rank_and_bandwidth():
+    doc = manifest.load(REPO / "manifests" / "evidence" / "h200x2" / "probe-sm120.json")
+    check = {c["id"]: c for c in manifest.predicate(doc)["checks"]}["gpu.nccl-allreduce"]
+    ev = check["evidence"]
+    assert check["status"] == "pass" and ev["ok"] is True and ev["world_size"] == 2
+    assert [r["rank"] for r in ev["ranks"]] == [0, 1] and ev["exit_codes"] == [0, 0]
+    assert all(r["all_equal"] and r["value"] == 3.0 for r in ev["ranks"])
+    assert ev["nccl"].startswith("2.") and ev["env"]["NCCL_NVLS_ENABLE"] == "0"
+    bw = ev["bandwidth"]
+    assert bw["bytes"] == 256 << 20
+    # busbw follows from the measured time (nccl-tests' definition), not typed in.
+    algbw = bw["bytes"] / (bw["time_us"] / 1e6) / 1e9
+    assert abs(bw["algbw_gbs"] - algbw) / algbw < 1e-3 and bw["busbw_gbs"] == bw["algbw_gbs"]
+    assert f"busbw {bw['busbw_gbs']:g} GB/s" in check["reason"]

@@ -121,7 +121,8 @@ def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[
         ranks = data["ranks"]
         return CheckResult(cid, title, PASS,
                            f"NCCL {data['nccl']}: {data['world_size']} GPUs ({', '.join(r['device'] for r in ranks)}) "
-                           f"each hold {ranks[0]['value']:g} = sum of 1..{data['world_size']}", evidence=data)
+                           f"each hold {ranks[0]['value']:g} = sum of 1..{data['world_size']}; "
+                           f"256 MiB all-reduce busbw {data['bandwidth']['busbw_gbs']:g} GB/s", evidence=data)
     return CheckResult(cid, title, FAIL, str(data.get("error") or data.get("skipped") or "wrong all-reduce result"),
                        evidence=data)
 
