@@ -8,8 +8,8 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from qualify import targets as _targets  # noqa: E402  (stdlib only at import)
 from qualify import toolenv as _toolenv  # noqa: E402
+from qualify.config import targets as _targets  # noqa: E402  (stdlib only at import)
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
@@ -86,18 +86,18 @@ def sums(session: nox.Session) -> None:
 def bench_inventory(session: nox.Session) -> None:
     """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""
     py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.bench_inventory", *session.posargs, external=True)
+    session.run(str(py), "-m", "qualify.devtools.bench_inventory", *session.posargs, external=True)
 
 
 @nox.session(name="vllm-rules", python=False)
 def vllm_rules(session: nox.Session) -> None:
     """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""
     py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.vllm_rules", *session.posargs, external=True)
+    session.run(str(py), "-m", "qualify.devtools.vllm_rules", *session.posargs, external=True)
 
 
 @nox.session(name="cosign-interop", python=False)
 def cosign_interop(session: nox.Session) -> None:
     """Where cosign is installed: it verifies our built-in signatures and its keys load in our signer."""
     py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.cosign_interop", external=True)
+    session.run(str(py), "-m", "qualify.devtools.cosign_interop", external=True)

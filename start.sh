@@ -395,7 +395,7 @@ render_compose() {
     --max-model-len "$MAX_MODEL_LEN" --gpu-runtime "$RUNTIME" --gpu-device "$CONTAINER_GPU"
     --bind-address "$BIND_ADDRESS" --port "$API_PORT" --shm-size "$SHM_SIZE" --tool-call-parser "$TOOL_CALL_PARSER"
     --health-start-period "$HEALTH_TIMEOUT_S" --label "dev.blackwell-qualify.image=$IMAGE_REF"
-    --label "dev.blackwell-qualify.manifest=${MANIFEST:-none}" --label "dev.blackwell-qualify.gate=$GATE_REASON")
+    --label "dev.blackwell-qualify.core.manifest=${MANIFEST:-none}" --label "dev.blackwell-qualify.gate=$GATE_REASON")
   ((SELINUX_OFF)) && args+=(--selinux-label-disable)
   read -ra extra <<<"$EXTRA_SERVE_ARGS"
   for v in "${extra[@]}"; do args+=("--extra-arg=$v"); done

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from .errors import ExternalCommandError
+from qualify.core.errors import ExternalCommandError
 
 
 @dataclass(frozen=True)

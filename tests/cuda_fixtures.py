@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from qualify.arch import CodeKind, CodeTarget
+from qualify.core.arch import CodeKind, CodeTarget
 
 KERNEL = """\
 __global__ void scale(float *x) { x[threadIdx.x] *= 2.0f; }

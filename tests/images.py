@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 
-from qualify import build, targets
-from qualify.engine import Engine
-from qualify.registry import Registry
+from qualify.build import image as build
+from qualify.build.engine import Engine
+from qualify.build.registry import Registry
+from qualify.config import targets
 
 _CACHE = {}
 

@@ -13,8 +13,8 @@ from typing import Dict, Iterable, List, Optional
 
 from cryptography.hazmat.primitives import serialization
 
-from qualify import cosign_keys
-from qualify import manifest as mf
+from qualify.core import manifest as mf
+from qualify.signing import keys as cosign_keys
 
 REPO = Path(__file__).resolve().parent.parent
 PASSWORD = "correct horse battery staple 7Q!"
@@ -137,7 +137,8 @@ if args[:1] == ["verify-blob"]:
     print("Verified OK", file=sys.stderr)
     sys.exit(0)
 if args[:1] == ["sign-blob"]:
-    from qualify import cosign_keys, signer
+    from qualify.signing import keys as cosign_keys
+    from qualify.signing import formats
     def opt(name):
         return args[args.index(name) + 1] if name in args else None
     blob = open(args[-1], "rb").read()
@@ -146,13 +147,13 @@ if args[:1] == ["sign-blob"]:
     else:
         from cryptography.hazmat.primitives.asymmetric import ec
         key = ec.generate_private_key(ec.SECP256R1())
-    sig = signer.sign_bytes(key, blob)
+    sig = formats.sign_bytes(key, blob)
     major = int(os.environ["COSIGN_DOUBLE_VERSION"].lstrip("v").split(".")[0])
     new_bundle = major >= 3 or "--new-bundle-format" in args
     if opt("--output-signature") and major < 3:
-        open(opt("--output-signature"), "wb").write(signer.encode_signature(sig))
+        open(opt("--output-signature"), "wb").write(formats.encode_signature(sig))
     if opt("--bundle"):
-        doc = signer.make_bundle(blob, sig, key.public_key()) if new_bundle else {{"base64Signature": "x"}}
+        doc = formats.make_bundle(blob, sig, key.public_key()) if new_bundle else {{"base64Signature": "x"}}
         open(opt("--bundle"), "w").write(json.dumps(doc))
     sys.exit(0)
 print("unknown command", args, file=sys.stderr)

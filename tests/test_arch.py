@@ -2,14 +2,14 @@
 
 import pytest
 
-from qualify import arch
-from qualify.arch import Capability, CodeTarget, Compat
+from qualify.core import arch
+from qualify.core.arch import Capability, CodeTarget, Compat
 
 CODES = ["sm_80", "sm_90a", "sm_100", "sm_100a", "sm_100f", "sm_120", "sm_120a", "sm_120f", "sm_121",
          "compute_80", "compute_120", "compute_120a"]
 N, C, J, X = Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.NONE
 
-# Rows: device capability; columns: CODES in order (DESIGN.md's rules).
+# Rows: device capability; columns: CODES in order (the rules in ARCHITECTURE.md).
 TABLE = {
     "10.0": [X, X, N, N, N, X, X, X, X, J, X, X],
     "10.3": [X, X, C, X, C, X, X, X, X, J, X, X],

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 import images
-from qualify import build, targets, wheelhouse
-from qualify.engine import BuildRequest, Engine
-from qualify.errors import BuildError, ConfigError, LockError
+from qualify.build import image as build
+from qualify.build import wheelhouse
+from qualify.build.engine import BuildRequest, Engine
+from qualify.config import targets
+from qualify.core.errors import BuildError, ConfigError, LockError
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.engine

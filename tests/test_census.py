@@ -1,4 +1,4 @@
-"""qualify.census: compatibility classes of real nvcc output, the walker, the JSON."""
+"""qualify.core.census: compatibility classes of real nvcc output, the walker, the JSON."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import pytest
 from conftest import REPO
 from cuda_fixtures import COMPRESSION_FLAGS, built, deadline
 
-from qualify import census, fatbin
-from qualify.arch import Capability
-from qualify.fsutil import canonical_json
+from qualify.core import census, fatbin
+from qualify.core.arch import Capability
+from qualify.core.fsutil import canonical_json
 
 SCHEMA = json.loads((REPO / "manifests" / "inspect.schema.json").read_text())
 TARGETS = ["10.0", "10.3", "12.0", "12.1"]
 
-# Library class per target, from DESIGN.md's rules (not from arch.compatibility):
+# Library class per target, from the rules in ARCHITECTURE.md (not from arch.compatibility):
 # plain SASS runs on the same major with an equal or higher minor; `a` only on
 # its exact capability; `f` on its family from its minor up; PTX JITs upward.
 EXPECTED = {
@@ -194,7 +194,7 @@ def test_explicit_paths(fx, tmp_path):
 # --- runs in images: Python 3.9, standard library only -----------------------------
 
 
-OWN_MODULES = ["qualify/fatbin.py", "qualify/census.py", "qualify/cli/inspect_cmd.py"]
+OWN_MODULES = ["qualify/core/fatbin.py", "qualify/core/census.py", "qualify/cli/inspect_cmd.py"]
 
 
 @pytest.mark.parametrize("module", OWN_MODULES)
@@ -216,7 +216,7 @@ def test_runs_under_python39(fx):
         pytest.skip("no python3.9 here: test_python39_syntax is the check")
     paths = [str(p) for p in fx.all_paths()]
     code = (
-        "import json, sys; from qualify import census; from qualify.arch import Capability; "
+        "import json, sys; from qualify.core import census; from qualify.core.arch import Capability; "
         "print(json.dumps(census.scan(sys.argv[1:], Capability.parse('12.1')).to_json(), sort_keys=True))"
     )
     proc = subprocess.run(
@@ -231,7 +231,7 @@ def test_runs_under_python39(fx):
     assert json.loads(proc.stdout) == census.scan(paths, Capability.parse("12.1")).to_json()
 
 
-@pytest.mark.parametrize("module", ["qualify.census", "qualify.fatbin", "qualify.cli.inspect_cmd"])
+@pytest.mark.parametrize("module", ["qualify.core.census", "qualify.core.fatbin", "qualify.cli.inspect_cmd"])
 def test_imports_only_stdlib(module):
     code = "import sys; before = set(sys.modules); import " + module + "; print('\\n'.join(sorted(set(sys.modules) - before)))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""qualify/deploy.py and `python -m qualify deploy`: the data-shaped half of start.sh.
+"""qualify/deploy/plan.py and `python -m qualify deploy`: the data-shaped half of start.sh.
 
 API checks run against the stand-in server (tests/standin/server.py, a test
 double for vLLM) in this process; compose documents are also validated by the
@@ -20,7 +20,8 @@ import pytest
 from conftest import REPO, require
 from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, statement
 
-from qualify import deploy, targets
+from qualify.config import targets
+from qualify.deploy import plan as deploy
 
 TF = targets.load()
 SM120, SM121 = TF.get("sm120").runtime, TF.get("sm121").runtime

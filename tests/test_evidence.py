@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from qualify import manifest
+from qualify.core import manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "manifests" / "manifest.schema.json").read_text())

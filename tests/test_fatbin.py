@@ -1,4 +1,4 @@
-"""qualify.fatbin on real nvcc 13.0 output, against cuobjdump, and on damaged copies."""
+"""qualify.core.fatbin on real nvcc 13.0 output, against cuobjdump, and on damaged copies."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from conftest import REPO, require
 from cuda_fixtures import COMPRESSION_FLAGS, SO_GENCODES, built, cuobjdump_arches, deadline, find_cuobjdump
 from elftools.elf.elffile import ELFFile
 
-from qualify import fatbin
-from qualify.arch import Variant
+from qualify.core import fatbin
+from qualify.core.arch import Variant
 
 EXPECTED_CODE = {
     "plain": ["sm_100", "sm_120", "sm_121", "compute_121"],
@@ -197,8 +197,9 @@ def test_agrees_with_cuobjdump(fx, cuobjdump):
 
 
 def test_benchmark_comparison(fx, cuobjdump):
-    """The benchmark's reading of cuobjdump's listing (qualify.bench_inventory)."""
-    from qualify import bench_inventory, census
+    """The benchmark's reading of cuobjdump's listing (qualify.devtools.bench_inventory)."""
+    from qualify.core import census
+    from qualify.devtools import bench_inventory
 
     for path in (fx.lib("family"), fx.lib("plain", "lz4"), fx.files["cubin_120a"], fx.lib("rdc")):
         listings = [
@@ -406,7 +407,7 @@ def test_memory_stays_bounded(tmp_path):
     lib = tmp_path / "libbig.so"
     subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=120)
     code = (
-        "import resource, sys; from qualify import fatbin; "
+        "import resource, sys; from qualify.core import fatbin; "
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
         "scan = fatbin.read_file(sys.argv[1]); assert scan.ok and not scan.containers, scan.errors; "
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)"

@@ -4,7 +4,7 @@ The GPU facts below are written out by hand: they stand in for nvidia-smi's
 answers on hardware this machine lacks (real runs: manifests/evidence/h200/).
 """
 
-from qualify import arch
+from qualify.core import arch
 from qualify.probe import gpu
 
 H200 = {"index": "0", "name": "NVIDIA H200", "uuid": "GPU-x", "compute_cap": "9.0", "driver_version": "580.159.04",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from qualify import pin, targets
-from qualify.errors import RegistryError
-from qualify.imageref import ImageRef
+from qualify.config import pin, targets
+from qualify.config.imageref import ImageRef
+from qualify.core.errors import RegistryError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ from typing import Dict, Optional
 
 import pytest
 
-from qualify.arch import Capability
+from qualify.core.arch import Capability
 from qualify.probe import providers as P
 from qualify.probe.model import FAIL, NOT_RUN, PASS, WARN
 from qualify.probe.subproc import run_python, run_snippet
@@ -39,7 +39,7 @@ def lib(sass, ptx=(), worst: Optional[str] = None, cross: bool = False) -> Dict[
 
 
 def census(cap: str, **override) -> Dict[str, Dict[str, object]]:
-    """What vLLM 0.33.0's x86_64 wheel carries (measured with qualify.census): FA2 sm_80 +
+    """What vLLM 0.33.0's x86_64 wheel carries (measured with qualify.core.census): FA2 sm_80 +
     compute_80, FA3 sm_90a only, FlashMLA sm_90a + sm_100f, _C up to sm_120f."""
     c = Capability.parse(cap)
     fa2_class = "ptx-jit"

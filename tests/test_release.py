@@ -28,8 +28,9 @@ from signing_helpers import (
     write_script,
 )
 
-from qualify import release, signer, verify
-from qualify.errors import ReleaseError, VerificationError
+from qualify.core.errors import ReleaseError, VerificationError
+from qualify.release import release, verify
+from qualify.signing import formats, signer
 
 TAG = "v2026.11.0"
 DIGESTS = {"sm100": DIGEST_A, "sm120": DIGEST_B, "sm121": DIGEST_C}
@@ -239,9 +240,9 @@ class RandomisedSigner:
     def sign_file(self, blob, signature_out, bundle_out):
         data = blob.read_bytes()
         sig = self.inner.private_key.sign(data, ec.ECDSA(hashes.SHA256()))
-        signature_out.write_bytes(signer.encode_signature(sig))
-        bundle_out.write_bytes(signer.bundle_bytes(signer.make_bundle(data, sig, self.inner.public_key)))
-        return signer.SignedFiles(blob, signature_out, bundle_out, self.name)
+        signature_out.write_bytes(formats.encode_signature(sig))
+        bundle_out.write_bytes(formats.bundle_bytes(formats.make_bundle(data, sig, self.inner.public_key)))
+        return formats.SignedFiles(blob, signature_out, bundle_out, self.name)
 
 
 def test_rerun_keeps_signatures_a_randomised_signer_made(repo, keys, monkeypatch):

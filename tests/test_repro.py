@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, require
 
-from qualify import repro
-from qualify.engine import BuildRequest, Engine
-from qualify.errors import EngineError, ParseError
+from qualify.build.engine import BuildRequest, Engine
+from qualify.core.errors import EngineError, ParseError
+from qualify.repro import archive
+from qualify.repro import compare as explain
+from qualify.repro import double as repro
 
 EPOCH = 1764374400
 
@@ -94,7 +96,7 @@ def edited(members, name, **changes):
 def compare(tmp_path, layers_a, layers_b, **kw):
     a = image_tar(tmp_path / "a.tar", layers_a, **kw)
     b = image_tar(tmp_path / "b.tar", layers_b, **kw)
-    return repro.compare_archives(a, b)
+    return explain.compare_archives(a, b)
 
 
 def only_layer(result):
@@ -145,13 +147,13 @@ def test_extra_layer_lists_its_files_as_added(tmp_path):
     result = compare(tmp_path, [BASE], [BASE, APP])
     layer = only_layer(result)
     assert layer.a is None and layer.b and {f.kind for f in layer.files} == {"added"}
-    assert "(only in build 2)" in "\n".join(repro.render(result))
+    assert "(only in build 2)" in "\n".join(explain.render(result))
 
 
 def test_contents_are_hashed_only_where_sizes_match(tmp_path, monkeypatch):
     wanted = []
-    real = repro.hash_members
-    monkeypatch.setattr(repro, "hash_members", lambda stream, names: wanted.append(set(names)) or real(stream, names))
+    real = archive.hash_members
+    monkeypatch.setattr(explain, "hash_members", lambda stream, names: wanted.append(set(names)) or real(stream, names))
     changed = edited(edited(APP, "app/a.py", data=b"print(3)\n"), "app/b.bin", data=b"\x00" * 65)
     layer = only_layer(compare(tmp_path, [APP], [changed]))
     assert wanted == [{"app/a.py"}, {"app/a.py"}]  # b.bin differs in size: no hashing
@@ -165,7 +167,7 @@ def test_nvcc_temporary_names_are_named_as_the_cause(tmp_path):
     result = compare(tmp_path, [[member("lib.so", so)]], [[member("lib.so", other)]])
     (diff,) = only_layer(result).files
     assert diff.kind == "content" and "tmpxft_0000776d_00000000" in diff.a and "tmpxft_0000776e_00000000" in diff.b
-    assert "-Xlinker --discard-all" in "\n".join(repro.render(result))
+    assert "-Xlinker --discard-all" in "\n".join(explain.render(result))
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -179,20 +181,20 @@ def test_oci_layout_gives_the_same_report(tmp_path, gz):
 def test_config_differences_and_the_rendered_report(tmp_path):
     a = image_tar(tmp_path / "a.tar", [BASE, APP])
     b = image_tar(tmp_path / "b.tar", [BASE, edited(APP, "app/a.py", mtime=EPOCH + 5)], created="2026-01-02T00:00:00Z")
-    result = repro.compare_archives(a, b)
+    result = explain.compare_archives(a, b)
     assert [d.path for d in result.config] == [".created"]
-    text = "\n".join(repro.render(result))
+    text = "\n".join(explain.render(result))
     assert "layers: 1 of 2 differ" in text and "layer 1: RUN step 1" in text
     assert "mtime    app/a.py: 2025-11-29T00:00:00Z | 2025-11-29T00:00:05Z" in text
     assert "why: file time from the build clock" in text and "image creation time" in text
-    data = repro.comparison_json(result)
+    data = explain.comparison_json(result)
     assert data["layers"][0]["counts"] == {"mtime": 1} and not data["identical"]
 
 
 def test_one_field_across_history_entries_is_one_line():
-    diffs = [repro.ConfigDiff(f".history[{i}].created", f"t{i}", f"u{i}") for i in range(5)]
-    result = repro.Comparison("sha256:a", "sha256:b", 1, 1, config=diffs + [repro.ConfigDiff(".container", "x", "y")])
-    text = repro.render(result)
+    diffs = [explain.ConfigDiff(f".history[{i}].created", f"t{i}", f"u{i}") for i in range(5)]
+    result = explain.Comparison("sha256:a", "sha256:b", 1, 1, config=diffs + [explain.ConfigDiff(".container", "x", "y")])
+    text = explain.render(result)
     assert text[:3] == ["config: 6 field(s) differ",
                         "  .history[*].created: 5 entries differ, e.g. .history[0].created: t0 | u0   [build step time]",
                         "  .container: x | y   [random id of the build container (docker-format config): "
@@ -204,14 +206,15 @@ def test_not_an_image_tarball_is_a_clear_error(tmp_path):
     with tarfile.open(path, "w") as tar:
         _add(tar, "hello", b"hi")
     with pytest.raises(ParseError, match="neither manifest.json"):
-        repro.open_archive(path)
+        archive.open_archive(path)
 
 
 # --- the driver's bookkeeping, with a fake engine -------------------------------------------
 
 
-class FakeEngine:
-    """image id -> (parent, tags, layers); what `images -a` and `inspect` would say."""
+class FakeEngine(Engine):
+    """image id -> (parent, tags, layers); what `images -a` and `inspect` would say. The engine's own
+    clean-up logic runs over these three low-level calls."""
 
     def __init__(self, images):
         self.images = dict(images)
@@ -256,9 +259,9 @@ def test_only_this_builds_images_are_chosen_and_removed():
         sid("n"): (other_base, [], ["O0", "N"]),  # someone else's concurrent build
         sid("t"): (base, ["someone/else:1"], ["L0", "T"]),  # new, but someone else's name
     })
-    created = repro.created_images(engine, before, sid("f"), "reg/x:smoke-repro", base)
+    created = engine.created_images(before, sid("f"), "reg/x:smoke-repro", base)
     assert sorted(created) == sorted([sid("1"), sid("2"), sid("f"), sid("s")])
-    assert repro.remove_created(engine, created) == ""
+    assert engine.remove_created(created) == ""
     assert engine.image_ids() == {base, other_base, sid("p"), sid("l"), sid("n"), sid("t")}
     assert set(engine.removed) <= set(created)
 
@@ -266,7 +269,7 @@ def test_only_this_builds_images_are_chosen_and_removed():
 def test_from_scratch_steps_are_found_by_their_layers():
     engine = FakeEngine({sid("a"): ("", [], ["R"]), sid("c"): (sid("x"), [], ["R", "C"]),
                          sid("f"): (sid("c"), ["reg/base:t"], ["R", "C"]), sid("x"): ("", [], ["R"])})
-    created = repro.created_images(engine, {sid("x")}, sid("f"), "reg/base:t", "")
+    created = engine.created_images({sid("x")}, sid("f"), "reg/base:t", "")
     assert sorted(created) == sorted([sid("a"), sid("c"), sid("f")])
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qualify.arch import Capability
+from qualify.core.arch import Capability
 from qualify.probe import selfsufficiency as S
 from qualify.probe.model import FAIL, PASS, WARN
 

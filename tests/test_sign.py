@@ -29,8 +29,9 @@ from signing_helpers import (
     write_manifest,
 )
 
-from qualify import cosign, cosign_keys, signer
-from qualify.errors import ConfigError
+from qualify.core.errors import ConfigError
+from qualify.signing import cosign, formats, signer
+from qualify.signing import keys as cosign_keys
 
 # Known-answer vectors: keys made by cosign itself, password "hello", from
 # sigstore/cosign pkg/cosign/keys_test.go (commit b36644f, Apache-2.0), where
@@ -96,7 +97,7 @@ def test_known_answer_cosign_generated_keys_decrypt_and_sign(pem, tmp_path):
     blob = tmp_path / "blob"
     blob.write_bytes(b"signed with a key cosign made\n")
     sig = tmp_path / "blob.sig"
-    sig.write_bytes(signer.encode_signature(signer.sign_bytes(key, blob.read_bytes())))
+    sig.write_bytes(formats.encode_signature(formats.sign_bytes(key, blob.read_bytes())))
     pub = tmp_path / "pub.pem"
     pub.write_bytes(cosign_keys.public_key_pem(key.public_key()))
     assert openssl_verify(pub, sig, blob, tmp_path).stdout.strip() == "Verified OK"
@@ -164,7 +165,7 @@ def test_builtin_signature_verifies_with_openssl_and_bundle_layout(tmp_path):
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm120.json", "sm120", DIGEST_A)
     done = signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
     assert done.signature.name == "sm120.json.sig" and done.bundle.name == "sm120.json.sigstore.json"
     assert not done.signature.read_bytes().endswith(b"\n")  # cosign writes no newline either
     assert openssl_verify(pub, done.signature, manifest, tmp_path).stdout.strip() == "Verified OK"
@@ -186,7 +187,7 @@ def test_builtin_signature_verifies_with_openssl_and_bundle_layout(tmp_path):
 def test_builtin_signatures_are_deterministic(tmp_path):
     key_file, _ = make_key_pair(tmp_path)
     s = signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode())
-    assert signer.sign_bytes(s.private_key, b"x") == signer.sign_bytes(s.private_key, b"x")
+    assert formats.sign_bytes(s.private_key, b"x") == formats.sign_bytes(s.private_key, b"x")
 
 
 def test_builtin_refuses_non_p256_keys(tmp_path):
@@ -207,7 +208,7 @@ def test_cli_generate_key_sign_and_openssl_verify_leaks_nothing(tmp_path):
     signed = run_qualify(["sign", str(manifest), "--key", str(tmp_path / "release.key")], tmp_path, env)
     assert signed.returncode == 0, signed.stderr
     assert "with builtin" in signed.stdout
-    result = openssl_verify(tmp_path / "release.pub", signer.signature_path(manifest), manifest, tmp_path)
+    result = openssl_verify(tmp_path / "release.pub", formats.signature_path(manifest), manifest, tmp_path)
     assert result.stdout.strip() == "Verified OK"
     secrets = secrets_of(tmp_path / "release.key")
     written = [p.read_text() for p in tmp_path.iterdir() if p.name != "release.key" and p.suffix != ".der"]
@@ -309,7 +310,7 @@ def test_cosign_key_signing_through_double(version, tmp_path, cosign_double, mon
     manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A)
     sign, public_key = signer.key_signer("auto", key_file, PASSWORD.encode())
     assert sign.name == "cosign"
-    done = sign.sign_file(manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+    done = sign.sign_file(manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
     assert done.signer == f"cosign {version}"
     calls = read_log(cosign_double)
     assert [c["argv"][0] for c in calls] == ["version", "sign-blob"]
@@ -319,7 +320,7 @@ def test_cosign_key_signing_through_double(version, tmp_path, cosign_double, mon
     assert ("--use-signing-config=false" in sign_call["argv"]) == version.startswith("v3")
     # Whatever the version wrote, both files end up in place and verify.
     assert openssl_verify(pub, done.signature, manifest, tmp_path).stdout.strip() == "Verified OK"
-    assert signer.load_bundle(done.bundle.read_bytes())["messageSignature"]["signature"] == done.signature.read_text()
+    assert formats.load_bundle(done.bundle.read_bytes())["messageSignature"]["signature"] == done.signature.read_text()
     out = capsys.readouterr()
     assert "sign-blob" in out.err and PASSWORD not in out.err + out.out  # echoed command, no secret
 
@@ -330,7 +331,7 @@ def test_cosign_errors_name_the_command(tmp_path, cosign_double, monkeypatch):
     key_file, _ = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "m.json", "sm120", DIGEST_A)
     sign, _ = signer.key_signer("cosign", key_file, PASSWORD.encode())
-    from qualify.errors import ExternalCommandError
+    from qualify.core.errors import ExternalCommandError
 
     with pytest.raises(ExternalCommandError) as err:
         sign.sign_file(manifest, tmp_path / "m.sig", tmp_path / "m.bundle")
@@ -372,7 +373,7 @@ def test_auto_signer_is_builtin_without_cosign(tmp_path, monkeypatch):
 def test_cosign_interop_session_refuses_clearly_without_cosign(monkeypatch):
     """The real-cosign checks live in `nox -s cosign-interop` (cosign cannot be installed here);
     without cosign it must say so and fail, not pretend."""
-    from qualify import cosign_interop
+    from qualify.devtools import cosign_interop
 
     monkeypatch.setenv("PATH", "/nonexistent")
     assert cosign_interop.main() == 7

@@ -37,8 +37,9 @@ import pytest
 from conftest import REPO, require
 from signing_helpers import DIGEST_A, DIGEST_B, statement
 
-from qualify import cosign_keys, targets
-from qualify import manifest as mf
+from qualify.config import targets
+from qualify.core import manifest as mf
+from qualify.signing import keys as cosign_keys
 
 RTX5090 = "12.0|NVIDIA GeForce RTX 5090|32607 MiB|GPU-5090-0000"
 H200 = "9.0|NVIDIA H200|143771 MiB|GPU-h200-0000"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from signing_helpers import run_qualify
 
-from qualify import sums
-from qualify.errors import ConfigError, VerificationError
+from qualify.core.errors import ConfigError, VerificationError
+from qualify.release import sums
 
 INPUTS = [
     ".env.example",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qualify import targets
-from qualify.errors import ConfigError
+from qualify.config import targets
+from qualify.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 FILE = REPO / "images" / "targets.toml"

@@ -21,8 +21,9 @@ from signing_helpers import (
     write_manifest,
 )
 
-from qualify import signer, verify
-from qualify.errors import ConfigError, VerificationError
+from qualify.core.errors import ConfigError, VerificationError
+from qualify.release import verify
+from qualify.signing import formats, signer
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def signed(tmp_path):
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm120.json", "sm120", DIGEST_A)
     signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
     return manifest, pub
 
 
@@ -65,9 +66,9 @@ def test_another_key_fails_the_signature_check(signed, tmp_path):
 
 def test_missing_signature_fails_the_signature_check(signed):
     manifest, pub = signed
-    signer.signature_path(manifest).unlink()
+    formats.signature_path(manifest).unlink()
     assert verify.verify(verify.VerifyOptions(manifest, key=pub)).verdict == "pass"  # the bundle carries it
-    signer.bundle_path(manifest).unlink()
+    formats.bundle_path(manifest).unlink()
     with pytest.raises(VerificationError, match=r"^signature check failed: no signature"):
         verify.verify(verify.VerifyOptions(manifest, key=pub))
 
@@ -99,7 +100,7 @@ def test_require_pass_refuses_failing_checks(tmp_path):
     manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A, level="unsupported",
                               statuses={"fatbin-arch": "pass", "triton-compile": "fail"})
     signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
     result = verify.verify(verify.VerifyOptions(manifest, key=pub))  # reported, not refused
     assert result.verdict == "fail" and result.failing_checks == ["triton-compile"]
     with pytest.raises(VerificationError, match=r"^verdict check failed: verdict is fail; failing checks: "
@@ -112,7 +113,7 @@ def test_an_unverified_incomplete_manifest_passes_require_pass(tmp_path):
     manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A, level="unverified",
                               statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"})
     signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, signer.signature_path(manifest), signer.bundle_path(manifest))
+        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
     result = verify.verify(verify.VerifyOptions(manifest, key=pub, require_pass=True))
     assert (result.verdict, result.support_level) == ("incomplete", "unverified")
 
@@ -150,7 +151,7 @@ def test_image_digest_through_the_engine(docker_engine, debian_python_image, loo
     image_id = subprocess.run([docker_engine, "image", "inspect", "--format", "{{.Id}}", local], check=True,
                               capture_output=True, text=True).stdout.strip()
     assert verify.image_digest(local) == image_id  # never pushed under that name: the image id
-    from qualify.errors import EngineError
+    from qualify.core.errors import EngineError
 
     with pytest.raises(EngineError, match="No such image"):
         verify.image_digest("qualify-test/missing:tag")
@@ -168,7 +169,7 @@ def test_keyless_verification_goes_through_cosign(signed, tmp_path, monkeypatch)
     argv = read_log(tmp_path / "log.jsonl")[-1]["argv"]
     assert argv[:-1] == [
         "verify-blob", "--certificate-identity", "rel@example.com", "--certificate-oidc-issuer",
-        "https://accounts.example.com", "--bundle", str(signer.bundle_path(manifest))]
+        "https://accounts.example.com", "--bundle", str(formats.bundle_path(manifest))]
     assert Path(argv[-1]).name == manifest.name  # a private copy of the bytes verify parses
     monkeypatch.setenv("COSIGN_DOUBLE_FAIL", "none of the expected identities matched")
     with pytest.raises(VerificationError, match=r"^signature check failed: command failed .*cosign verify-blob"):

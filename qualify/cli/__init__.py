@@ -11,7 +11,7 @@ import importlib
 import sys
 from typing import List, Optional
 
-from ..errors import QualifyError
+from qualify.core.errors import QualifyError
 
 # name -> (module, one-line help)
 COMMANDS = {

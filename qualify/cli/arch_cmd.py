@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from .. import arch
-from ..errors import ConfigError
+from qualify.core import arch
+from qualify.core.errors import ConfigError
 
 
 def configure_parser(parser) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import build, targets
+from qualify.build import image as build
+from qualify.build.engine import Engine
+from qualify.config import targets
 
 
 def add_image_options(parser) -> None:
@@ -25,15 +27,18 @@ def configure_parser(parser) -> None:
 
 
 def execute(args) -> int:
+    """Composes the build stage and, unless --no-qualify, the qualification stage."""
     tf = targets.load(args.file)
     opts = build.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine,
-                              no_cache=args.no_cache, dry_run=args.dry_run)
-    record = build.build(tf, opts)
-    if record is None:
+                              no_cache=args.no_cache)
+    if args.dry_run:
+        print(build.plan(tf, opts).to_json())
         return 0
+    engine = Engine(args.engine).check()
+    record = build.build(tf, opts, engine)
     print(record.image_reference)
     if args.no_qualify:
         return 0
-    from .. import qualification
+    from qualify.qualification import stage as qualification
 
-    return qualification.run_after_build(tf, record, engine_name=args.engine, file=sys.stdout)
+    return qualification.report(qualification.qualify(tf, record, engine), sys.stdout)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import deploy, targets
-from .. import manifest as mf
-from ..errors import ConfigError
+from qualify.config import targets
+from qualify.core import manifest as mf
+from qualify.core.errors import ConfigError
+from qualify.deploy import plan as deploy
 
 CHECKS = {
     "health": lambda url, model: deploy.health(url),

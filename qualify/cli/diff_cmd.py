@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import manifest, report
+from qualify.core import manifest
+from qualify.release import report
 
 
 def configure_parser(parser) -> None:

@@ -13,8 +13,8 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from .. import arch, census
-from ..errors import ConfigError
+from qualify.core import arch, census
+from qualify.core.errors import ConfigError
 
 _MAX_NO_CODE_LISTED = 10
 

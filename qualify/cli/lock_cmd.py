@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .. import locks, targets
+from qualify.build import locks
+from qualify.config import targets
 
 
 def configure_parser(parser) -> None:

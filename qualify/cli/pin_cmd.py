@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import pin, targets
+from qualify.config import pin, targets
 
 
 def configure_parser(parser) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import cmd, release, signer
-from ..manifest import LEVEL_RANK
+from qualify import cmd
+from qualify.core.manifest import LEVEL_RANK
+from qualify.release import release
+from qualify.signing import signer
 
 
 def configure_parser(parser) -> None:

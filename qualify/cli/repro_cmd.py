@@ -12,11 +12,13 @@ import json
 import shutil
 import sys
 
-from .. import build, repro, targets
-from ..engine import Engine
-from ..errors import ConfigError
-from ..registry import Registry
-from .build_cmd import add_image_options
+from qualify.build import image as build
+from qualify.build.engine import Engine
+from qualify.build.registry import Registry
+from qualify.cli.build_cmd import add_image_options
+from qualify.config import targets
+from qualify.core.errors import ConfigError
+from qualify.repro import double as repro
 
 
 def configure_parser(parser) -> None:

@@ -6,9 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-from .. import cmd, cosign_keys, signer
-from ..errors import ConfigError, ExternalCommandError, VerificationError
-from ..fsutil import write_atomic
+from qualify import cmd
+from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
+from qualify.core.fsutil import write_atomic
+from qualify.signing import formats, signer
+from qualify.signing import keys as cosign_keys
 
 GENERATE = "generate-key"
 
@@ -52,7 +54,7 @@ def generate_key(args) -> int:
     existing = [str(p) for p in (key_file, pub_file) if p.exists()]
     if existing and not args.force:
         raise ConfigError(f"{', '.join(existing)} already exist(s)", hint="pass --force to replace the key pair")
-    pair = cosign_keys.generate_key_pair(signer.read_password(confirm=True))
+    pair = cosign_keys.generate_key_pair(formats.read_password(confirm=True))
     write_atomic(key_file, pair.private_pem, mode=0o600)
     write_atomic(pub_file, pair.public_pem)
     fingerprint = cosign_keys.fingerprint(cosign_keys.load_public_key(pair.public_pem))
@@ -71,7 +73,7 @@ def _signer_for(args):
         if args.identity_token is None and "SIGSTORE_ID_TOKEN" not in os.environ:
             print("note: no SIGSTORE_ID_TOKEN or --identity-token; cosign will look for an ambient identity",
                   file=sys.stderr)
-        from ..cosign import CosignKeylessSigner
+        from qualify.signing.cosign import CosignKeylessSigner
 
         return CosignKeylessSigner(args.identity_token), None
     return signer.key_signer(args.signer, args.key)
@@ -84,12 +86,12 @@ def execute(args) -> int:
     if not blob.is_file():
         raise ConfigError(f"{blob}: no such manifest")
     sign, public_key = _signer_for(args)
-    sig_out = args.signature or signer.signature_path(blob)
-    bundle_out = args.bundle or signer.bundle_path(blob)
+    sig_out = args.signature or formats.signature_path(blob)
+    bundle_out = args.bundle or formats.bundle_path(blob)
     done = sign.sign_file(blob, sig_out, bundle_out)
     if public_key is not None:
-        sig = signer.decode_signature(done.signature.read_bytes())
-        if not signer.verify_bytes(public_key, blob.read_bytes(), sig):
+        sig = formats.decode_signature(done.signature.read_bytes())
+        if not formats.verify_bytes(public_key, blob.read_bytes(), sig):
             raise VerificationError(f"{done.signer} made a signature that does not verify with {args.key}")
         print(f"Signed {blob} with {done.signer} (key {cosign_keys.fingerprint(public_key)})")
     else:

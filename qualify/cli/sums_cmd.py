@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import sums
-from ..errors import VerificationError
+from qualify.core.errors import VerificationError
+from qualify.release import sums
 
 
 def configure_parser(parser) -> None:

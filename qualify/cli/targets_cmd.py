@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import arch, targets
+from qualify.config import targets
+from qualify.core import arch
 
 
 def configure_parser(parser) -> None:

@@ -16,8 +16,8 @@ import sys
 import sysconfig
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from .. import arch, census
-from .model import FAIL, PASS, WARN, CheckResult, not_run
+from qualify.core import arch, census
+from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 
 # Libraries the serving path cannot do without. A library that is only optional
 # (FA3, FlashMLA, a Marlin kernel) is reported, not failed: vLLM falls back when

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .. import arch
-from .model import FAIL, PASS, WARN, CheckResult, not_run
-from .subproc import run_snippet
+from qualify.core import arch
+from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
+from qualify.probe.subproc import run_snippet
 
 NO_ALLOCATOR = "no allocator was set"
 

@@ -41,7 +41,7 @@ relative path):
 A record may carry "worst" (and "best") as well; "worst" then wins over "class"
 (qualify/probe/runner.py passes class=best, worst=class).
 
-`census_index()` builds it from `qualify.census.CensusReport.to_json()`. An
+`census_index()` builds it from `qualify.core.census.CensusReport.to_json()`. An
 empty census means "not examined": library-backed providers are then reported
 available but unverified.
 
@@ -59,11 +59,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .. import arch
-from ..arch import Capability, CodeTarget, Compat
-from .model import FAIL, PASS, WARN, CheckResult, not_run
-from .selfsufficiency import norm_dist
-from .subproc import ChildResult, run_snippet
+from qualify.core import arch
+from qualify.core.arch import Capability, CodeTarget, Compat
+from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
+from qualify.probe.selfsufficiency import norm_dist
+from qualify.probe.subproc import ChildResult, run_snippet
 
 VLLM_TARGET = "0.33.0"
 NOT_INSTALLED = "vLLM is not installed in this image"
@@ -423,7 +423,7 @@ def census_under(census: Mapping[str, Any], folder: str) -> List[Mapping[str, An
 
 
 def census_index(report: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """predict()'s census shape from qualify.census.CensusReport.to_json() (for one target)."""
+    """predict()'s census shape from qualify.core.census.CensusReport.to_json() (for one target)."""
     out: Dict[str, Dict[str, Any]] = {}
     for lib in report.get("libraries", []):
         verdict = lib.get("verdict") or {}

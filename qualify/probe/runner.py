@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .. import __version__, arch, manifest
-from . import census_check, gpu, providers, selfsufficiency, triton_checks, versions
-from .model import CheckResult
+from qualify import __version__
+from qualify.core import arch, manifest
+from qualify.probe import census_check, gpu, providers, selfsufficiency, triton_checks, versions
+from qualify.probe.model import CheckResult
 
 SCOPES = ("all", "static", "gpu")
 

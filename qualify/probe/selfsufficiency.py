@@ -31,8 +31,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..arch import ArchError, Capability, CodeKind, CodeTarget
-from .model import FAIL, PASS, WARN, CheckResult
+from qualify.core.arch import ArchError, Capability, CodeKind, CodeTarget
+from qualify.probe.model import FAIL, PASS, WARN, CheckResult
 
 FI, FI_CUBIN, FI_JIT_CACHE = "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"
 # flashinfer/jit/cubin_loader.py and vllm/utils/flashinfer.py (FLASHINFER_CUBINS_REPOSITORY)

@@ -12,11 +12,11 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-from .. import arch
-from ..fatbin import read_file
-from .model import FAIL, PASS, WARN, CheckResult, not_run
-from .subproc import run_command, run_snippet
-from .versions import tool_version
+from qualify.core import arch
+from qualify.core.fatbin import read_file
+from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
+from qualify.probe.subproc import run_command, run_snippet
+from qualify.probe.versions import tool_version
 
 # A minimal PTX module; .version 8.8 is the first to know sm_121a/sm_103a (CUDA 12.9).
 _PTX = """.version 8.8

@@ -14,8 +14,8 @@ import subprocess
 from importlib import metadata
 from typing import Any, Dict, List, Optional
 
-from .model import NOT_RUN, PASS, WARN, CheckResult
-from .subproc import run_snippet
+from qualify.probe.model import NOT_RUN, PASS, WARN, CheckResult
+from qualify.probe.subproc import run_snippet
 
 # Packages whose versions a release engineer looks for first.
 KEY_PACKAGES = ("torch", "triton", "vllm", "flashinfer-python", "flashinfer-cubin", "transformers",

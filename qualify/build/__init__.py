@@ -1,0 +1,1 @@
+"""Stage 1, build: engine, hermetic base, wheelhouses and locks, image builds, the loopback registry."""

@@ -1,0 +1,150 @@
+"""The hermetic base: Debian (debootstrap) + CUDA 13 toolchain wheels, pushed
+to the loopback registry and used by its real repo digest.
+
+For hosts that cannot pull nvidia/cuda. Nothing runs inside the image while
+it is built: the wheels are unpacked on the host into the /usr/local/cuda
+layout and added as a tar, so arm64 needs no emulation and the result is
+reproducible (normalised times, sorted entries, numeric owners).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Iterable
+
+from qualify.build import locks, rootfs, wheelhouse
+from qualify.build.engine import BuildRequest, Engine
+from qualify.build.registry import STATE_DIR, Registry
+from qualify.config.imageref import ImageRef
+from qualify.config.targets import REPO_ROOT, Target, TargetsFile
+from qualify.core import fsutil
+
+DOCKERFILE = REPO_ROOT / "images" / "hermetic" / "Dockerfile"
+# What the base needs beyond minbase: Python for the payload, a host compiler
+# for nvcc, CA certificates for anyone who later fetches over TLS.
+PACKAGES = ("python3", "python3-venv", "g++", "libc6-dev", "ca-certificates")
+LAYOUT_VERSION = "1"
+_WHEEL_PREFIX = "nvidia/cu13/"
+_TARGET_DIR = {"amd64": "x86_64-linux", "arm64": "sbsa-linux"}
+# The wheels ship only versioned sonames; builds link against the plain names.
+_LIB_LINKS = {"libcudart.so": "libcudart.so.13", "libnvvm.so": "libnvvm.so.4"}
+
+
+def _tarinfo(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, size: int = 0,
+             link: str = "", epoch: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.size = size
+    info.linkname = link
+    info.mtime = epoch
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def cuda_layout_tar(wheels: Iterable[Path], arch: str, cuda: str, out: Path, epoch: int) -> Path:
+    """Unpack `nvidia/cu13/*` of each wheel into `cuda-<ver>/` inside a deterministic tar."""
+    root = f"cuda-{cuda}"
+    files = {}
+    for wheel in sorted(wheels):
+        with zipfile.ZipFile(wheel) as zf:
+            for item in zf.infolist():
+                if item.is_dir() or not item.filename.startswith(_WHEEL_PREFIX):
+                    continue
+                rel = item.filename[len(_WHEEL_PREFIX):]
+                if rel.startswith(".metadata/"):
+                    continue
+                unix_mode = (item.external_attr >> 16) & 0o777
+                files[f"{root}/{rel}"] = (wheel, item.filename, 0o755 if unix_mode & 0o111 else 0o644)
+    dirs = set()
+    for name in files:
+        parts = name.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            dirs.add("/".join(parts[:i]))
+    links = {
+        "cuda": root,
+        f"{root}/lib64": "lib",
+        f"{root}/targets/{_TARGET_DIR[arch]}/include": "../../include",
+        f"{root}/targets/{_TARGET_DIR[arch]}/lib": "../../lib",
+    }
+    links.update({f"{root}/lib/{k}": v for k, v in _LIB_LINKS.items() if f"{root}/lib/{v}" in files})
+    dirs.update({f"{root}/targets", f"{root}/targets/{_TARGET_DIR[arch]}"})
+    tmp = out.with_suffix(".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        entries = sorted(list(dirs) + list(files) + list(links))
+        for name in entries:
+            if name in links:
+                tar.addfile(_tarinfo(name, kind=tarfile.SYMTYPE, mode=0o777, link=links[name], epoch=epoch))
+            elif name in dirs:
+                tar.addfile(_tarinfo(name, kind=tarfile.DIRTYPE, mode=0o755, epoch=epoch))
+            else:
+                wheel, member, mode = files[name]
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    data = src.read()
+                tar.addfile(_tarinfo(name, mode=mode, size=len(data), epoch=epoch), io.BytesIO(data))
+    os.replace(tmp, out)
+    return out
+
+
+def _key(tf: TargetsFile, target: Target, lock: Path) -> str:
+    h = hashlib.sha256()
+    for part in (LAYOUT_VERSION, tf.hermetic.suite, tf.hermetic.mirror, ",".join(PACKAGES), target.cuda,
+                 rootfs.source_date_epoch(), rootfs.SCRIPT.read_text(), DOCKERFILE.read_text(),
+                 lock.read_text(), Path(__file__).read_text()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def base_tag(tf: TargetsFile, target: Target, registry: Registry) -> str:
+    lock = locks.hermetic_lock_path(target.platform)
+    return (f"{registry.ref(tf.hermetic.repository)}:"
+            f"{target.cuda}-{tf.hermetic.suite}-{target.arch_tag}-{_key(tf, target, lock)}")
+
+
+def ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Registry) -> ImageRef:
+    """The hermetic base for the target's platform, by repo digest; built only when missing."""
+    registry.ensure()
+    tag = base_tag(tf, target, registry)
+    ref = ImageRef.parse(tag)
+    repository = ref.name.split("/", 1)[1]
+    digest = registry.manifest_digest(repository, ref.tag)
+    if digest:
+        print(f"[hermetic] {tag} is in the registry ({digest[:19]}...)", file=sys.stderr, flush=True)
+        return ref.with_digest(digest)
+    lock = locks.hermetic_lock_path(target.platform)
+    wheels_dir = wheelhouse.prepare(lock, target.platform, None)
+    epoch = int(rootfs.source_date_epoch())
+    rootfs_tar = rootfs.debian_rootfs(target.arch_tag, tf.hermetic.suite, tf.hermetic.mirror, PACKAGES)
+    with tempfile.TemporaryDirectory(dir=STATE_DIR) as tmp:
+        ctx = Path(tmp)
+        shutil.copy2(DOCKERFILE, ctx / "Dockerfile")
+        os.link(rootfs_tar, ctx / "rootfs.tar")
+        print("[hermetic] unpacking the CUDA wheels into the /usr/local/cuda layout", file=sys.stderr, flush=True)
+        cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
+        labels = {
+            "org.opencontainers.image.title": "blackwell-qualify hermetic CUDA base",
+            "org.opencontainers.image.created": _iso(epoch),
+            "org.opencontainers.image.base.name": f"debian:{tf.hermetic.suite} (debootstrap, {tf.hermetic.mirror})",
+            "dev.blackwell-qualify.cuda": target.cuda,
+            "dev.blackwell-qualify.cuda-lock.sha256": fsutil.sha256_file(lock),
+        }
+        engine.build(BuildRequest(context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
+                                  labels=labels, source_date_epoch=str(epoch)))
+    digest = engine.push(tag)
+    print(f"[hermetic] pushed {tag} as {digest}", file=sys.stderr, flush=True)
+    return ref.with_digest(digest)
+
+
+def _iso(epoch: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,238 @@
+"""Build one target's image: base by digest, hash-locked payload, wiring, labels.
+
+Steps (each small and testable): resolve the base -> prepare the wheelhouse
+-> stage the build context -> build -> push to the loopback registry -> write
+the build record. Qualification runs afterwards (qualify/qualification/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from qualify.build import hermetic, provenance, wheelhouse
+from qualify.build.engine import BuildRequest, Engine
+from qualify.build.registry import STATE_DIR, Registry
+from qualify.config.imageref import ImageRef
+from qualify.config.targets import REPO_ROOT, Target, TargetsFile
+from qualify.core import arch, fsutil
+from qualify.core.errors import BuildError, ConfigError
+from qualify.core.fsutil import write_json
+
+IMAGES_DIR = REPO_ROOT / "images"
+BUILD_DIR = REPO_ROOT / "build"
+LABEL_PREFIX = "dev.blackwell-qualify"
+# Files of images/ that go into every build context.
+_CONTEXT_FILES = ("Dockerfile", "ensure-python.sh", "smoke/smoke_ext.cu",
+                  "triton-allocator/blackwell_triton_allocator.py", "triton-allocator/blackwell_triton_allocator.pth")
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    target: str
+    base: str = "pinned"
+    profile: str = "vllm"
+    engine: str = "docker"
+    no_cache: bool = False
+    # Both builds of a repro run get the same epoch, whatever happens to HEAD meanwhile.
+    source_date_epoch: Optional[str] = None
+    # A scratch build (repro): tag `<profile>-<base>-<suffix>`, its own context, no build record.
+    tag_suffix: str = ""
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    target: str
+    profile: str
+    base_kind: str
+    platform: str
+    base_image: str  # name@sha256:...
+    image_reference: str  # registry/name@sha256:... (what manifests and start.sh use)
+    image_tag: str
+    image_id: str
+    engine: str
+    builder: str
+    labels: Dict[str, str]
+    build_seconds: float
+
+    @property
+    def digest(self) -> str:
+        return self.image_reference.split("@", 1)[1]
+
+
+def record_path(target: str, profile: str, base_kind: str) -> Path:
+    return BUILD_DIR / "images" / f"{target}-{profile}-{base_kind}.json"
+
+
+def load_record(target: str, profile: str, base_kind: str) -> Optional[BuildRecord]:
+    path = record_path(target, profile, base_kind)
+    if not path.exists():
+        return None
+    return BuildRecord(**json.loads(path.read_text()))
+
+
+def image_repository(target: Target) -> str:
+    return f"blackwell/{target.name}"
+
+
+def build_args(target: Target, base: ImageRef, epoch: str) -> Dict[str, str]:
+    return {
+        "BASE_IMAGE": base.by_digest,
+        "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
+        "NVCC_GENCODE": " ".join(arch.gencode_flags(target.torch_cuda_arch_list)),
+        "SOURCE_DATE_EPOCH": epoch,
+        **target.triton.env(),
+    }
+
+
+def labels(target: Target, opts: BuildOptions, base: ImageRef, lock: Path, epoch: str) -> Dict[str, str]:
+    return {
+        "org.opencontainers.image.title": f"blackwell-{target.name}-{opts.profile}",
+        "org.opencontainers.image.description": f"{target.description}: {opts.profile} profile",
+        "org.opencontainers.image.source": provenance.source_url(),
+        "org.opencontainers.image.revision": provenance.revision(),
+        "org.opencontainers.image.version": provenance.toolkit_version(),
+        "org.opencontainers.image.created": provenance.iso(epoch),
+        "org.opencontainers.image.base.name": base.tagged,
+        "org.opencontainers.image.base.digest": base.digest or "",
+        f"{LABEL_PREFIX}.target": target.name,
+        f"{LABEL_PREFIX}.capability": str(target.capability),
+        f"{LABEL_PREFIX}.platform": target.platform,
+        f"{LABEL_PREFIX}.torch-cuda-arch-list": target.torch_cuda_arch_list,
+        f"{LABEL_PREFIX}.profile": opts.profile,
+        f"{LABEL_PREFIX}.base-kind": opts.base,
+        f"{LABEL_PREFIX}.intended-support-level": target.support_level,
+        f"{LABEL_PREFIX}.lock.sha256": fsutil.sha256_file(lock),
+        f"{LABEL_PREFIX}.sha256sums": provenance.sha256sums_digest(),
+    }
+
+
+def resolve_base(engine: Engine, tf: TargetsFile, target: Target, opts: BuildOptions, registry: Registry) -> ImageRef:
+    if opts.base == "hermetic":
+        return hermetic.ensure_base(engine, tf, target, registry)
+    engine.ensure_base(target.base.image, target.platform)
+    return target.base.image
+
+
+def stage_context(name: str, lock: Path, wheels: Path) -> Path:
+    """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs)."""
+    ctx = STATE_DIR / "contexts" / name
+    if ctx.exists():
+        shutil.rmtree(ctx)
+    (ctx / "wheelhouse").mkdir(parents=True)
+    for rel in _CONTEXT_FILES:
+        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(IMAGES_DIR / rel, ctx / rel)
+    shutil.copy2(lock, ctx / "requirements.txt")
+    for wheel in sorted(wheels.glob("*.whl")):
+        _link_or_copy(wheel, ctx / "wheelhouse" / wheel.name)
+    return ctx
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What a build would do, resolved without building (`--dry-run` prints it, like `bake --print`)."""
+
+    target: str
+    profile: str
+    base_kind: str
+    platform: str
+    base: str  # name@sha256:..., or what a hermetic base not built yet will be
+    lock: str
+    build_args: Dict[str, str]
+    labels: Dict[str, str]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class _UnbuiltBase:
+    """The hermetic base before it exists: its name is known, its digest is not."""
+
+    tagged: str
+    digest: str = ""
+
+    @property
+    def by_digest(self) -> str:
+        return f"{self.tagged.rsplit(':', 1)[0]}@<digest once built>"
+
+
+def _checked_lock(tf: TargetsFile, target: Target, opts: BuildOptions) -> Path:
+    if opts.profile not in ("smoke", "vllm"):
+        raise ConfigError(f"unknown profile {opts.profile!r}", hint="use --profile smoke or --profile vllm")
+    lock = target.lock_path(opts.profile, target.python_for(opts.base, tf.hermetic))
+    wheelhouse.parse_lock(lock)  # refuse a missing or unhashed lock before any engine call
+    return lock
+
+
+def plan(tf: TargetsFile, opts: BuildOptions) -> BuildPlan:
+    """The build's arguments and labels, with no engine, registry or network call."""
+    target = tf.get(opts.target)
+    lock = _checked_lock(tf, target, opts)
+    if opts.base == "pinned":
+        base = target.base.image
+    else:
+        base = _UnbuiltBase(hermetic.base_tag(tf, target, Registry.from_env()))
+    epoch = opts.source_date_epoch or provenance.source_date_epoch()
+    return BuildPlan(target=target.name, profile=opts.profile, base_kind=opts.base, platform=target.platform,
+                     base=base.by_digest, lock=str(lock.relative_to(REPO_ROOT)),
+                     build_args=build_args(target, base, epoch), labels=labels(target, opts, base, lock, epoch))
+
+
+def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
+          registry: Optional[Registry] = None) -> BuildRecord:
+    target = tf.get(opts.target)
+    lock = _checked_lock(tf, target, opts)
+    python = target.python_for(opts.base, tf.hermetic)
+    engine = (engine or Engine(opts.engine)).check()
+    registry = (registry or Registry.from_env()).ensure()
+    start = time.monotonic()
+    print(f"[build] {target.name} ({target.description}), profile {opts.profile}, {opts.base} base, "
+          f"{target.platform}", file=sys.stderr, flush=True)
+    base = resolve_base(engine, tf, target, opts, registry)
+    wheels = wheelhouse.prepare(lock, target.platform, python)
+    epoch = opts.source_date_epoch or provenance.source_date_epoch()
+    suffix = f"-{opts.tag_suffix}" if opts.tag_suffix else ""
+    ctx = stage_context(f"{target.name}-{opts.profile}-{opts.base}{suffix}", lock, wheels)
+    tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}{suffix}"
+    image_labels = labels(target, opts, base, lock, epoch)
+    image_id = engine.build(BuildRequest(
+        context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
+        build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,
+        no_cache=opts.no_cache, source_date_epoch=epoch,
+    ))
+    shutil.rmtree(ctx, ignore_errors=True)  # links into the wheelhouse; kept only when the build failed
+    _check_platform(engine, tag, target)
+    digest = engine.push(tag)
+    record = BuildRecord(
+        target=target.name, profile=opts.profile, base_kind=opts.base, platform=target.platform,
+        base_image=base.by_digest, image_reference=f"{tag.rsplit(':', 1)[0]}@{digest}", image_tag=tag,
+        image_id=image_id, engine=engine.name, builder=engine.builder, labels=image_labels,
+        build_seconds=round(time.monotonic() - start, 1),
+    )
+    if not opts.tag_suffix:
+        write_json(record_path(target.name, opts.profile, opts.base), asdict(record))
+    print(f"[build] {record.image_reference}  ({record.build_seconds:.1f} s)", file=sys.stderr, flush=True)
+    return record
+
+
+def _check_platform(engine: Engine, ref: str, target: Target) -> None:
+    info = engine.inspect(ref)
+    want = target.arch_tag
+    if info is None or info.architecture != want:
+        raise BuildError(f"built image {ref} is {info.architecture if info else 'missing'}, not {want}",
+                         hint="the engine ignored --platform; use Debian's docker client with BuildKit or podman")

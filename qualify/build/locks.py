@@ -1,0 +1,90 @@
+"""Hash-locked requirements per profile, platform and Python, made with uv.
+
+Inputs are `images/requirements/<profile>.in`; outputs are the lock files
+`images/locks/<profile>-<os>-<arch>-py<python>.txt` (targets.lock_path).
+Regenerating shows what changed, pin by pin, and writes atomically.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from qualify import cmd
+from qualify.build.wheelhouse import PYPI, parse_lock
+from qualify.config.targets import LOCKS_DIR, REPO_ROOT
+from qualify.core.errors import ConfigError
+from qualify.core.fsutil import write_atomic
+
+REQUIREMENTS_DIR = REPO_ROOT / "images" / "requirements"
+_UV_PLATFORM = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
+
+
+@dataclass(frozen=True)
+class LockChange:
+    name: str
+    old: Optional[str]
+    new: Optional[str]
+
+
+def input_path(profile: str) -> Path:
+    path = REQUIREMENTS_DIR / f"{profile}.in"
+    if not path.exists():
+        raise ConfigError(f"{path}: requirements input for profile {profile!r} not found")
+    return path
+
+
+def hermetic_lock_path(platform: str) -> Path:
+    return LOCKS_DIR / f"hermetic-cuda-{platform.replace('/', '-')}.txt"
+
+
+def uv_binary() -> str:
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.exists() else shutil.which("uv")
+    if not found:
+        raise ConfigError("uv is not installed", hint="it is a dependency of this package: pip install -e .")
+    return found
+
+
+def compile_lock(profile: str, platform: str, python: str, out: Path, command_hint: str) -> List[LockChange]:
+    """Resolve `profile` for platform/python into `out`; return what changed."""
+    source = input_path(profile)
+    with tempfile.TemporaryDirectory() as tmp:
+        new = Path(tmp) / out.name
+        cmd.call(
+            [uv_binary(), "pip", "compile", str(source.relative_to(REPO_ROOT)), "--python-version", python,
+             "--python-platform", _UV_PLATFORM[platform], "--generate-hashes", "--index-url", PYPI,
+             "--no-annotate", "--custom-compile-command", command_hint, "--quiet", "-o", str(new)],
+            cwd=str(REPO_ROOT),
+            timeout=900,
+            echo=True,
+        )
+        changes = diff(out, new)
+        write_atomic(out, new.read_bytes())
+    return changes
+
+
+def diff(old: Path, new: Path) -> List[LockChange]:
+    before: Dict[str, str] = {p.name: p.version for p in parse_lock(old)} if old.exists() else {}
+    after: Dict[str, str] = {p.name: p.version for p in parse_lock(new)}
+    names = sorted(set(before) | set(after))
+    return [LockChange(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
+
+
+def print_changes(path: Path, changes: List[LockChange]) -> None:
+    rel = path.relative_to(REPO_ROOT)
+    if not changes:
+        print(f"{rel}: no version changes")
+        return
+    print(f"{rel}: {len(changes)} change(s)")
+    for c in changes:
+        if c.old is None:
+            print(f"  + {c.name}=={c.new}")
+        elif c.new is None:
+            print(f"  - {c.name}=={c.old}")
+        else:
+            print(f"  ~ {c.name}: {c.old} -> {c.new}")

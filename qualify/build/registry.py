@@ -1,0 +1,133 @@
+"""A real image registry on loopback (Debian's `docker-registry`), so that
+locally made bases and built images get true repo digests.
+
+The packaged service wants basic auth on :5000; we run our own instance with
+our own config, bound to 127.0.0.1 (the engine accepts plain HTTP there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from qualify.core.errors import RegistryError
+
+DEFAULT_ADDRESS = "127.0.0.1:5555"
+STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify"))
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ]
+)
+
+_CONFIG = """version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {root}
+  delete:
+    enabled: true
+http:
+  addr: {address}
+"""
+
+
+@dataclass(frozen=True)
+class Registry:
+    address: str = DEFAULT_ADDRESS
+
+    @classmethod
+    def from_env(cls) -> Registry:
+        return cls(os.environ.get("QUALIFY_REGISTRY", DEFAULT_ADDRESS))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def answers(self, timeout: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/", timeout=timeout) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def ensure(self, state_dir: Path = STATE_DIR, wait_s: float = 20.0) -> Registry:
+        """Start our registry if nothing answers at the address yet."""
+        if self.answers():
+            return self
+        if not self.address.startswith("127.0.0.1:"):
+            raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
+        binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+        if not os.path.exists(binary):
+            raise RegistryError(
+                "Debian's docker-registry is not installed", hint="run scripts/setup-host.sh (apt-get install docker-registry)"
+            )
+        port = self.address.rsplit(":", 1)[1]
+        root = state_dir / f"registry-{port}"
+        root.mkdir(parents=True, exist_ok=True)
+        config = root / "config.yml"
+        config.write_text(_CONFIG.format(root=root / "data", address=self.address))
+        log = open(root / "registry.log", "ab")
+        # A new session: the registry outlives the command that started it.
+        subprocess.Popen(
+            [binary, "serve", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.answers():
+                return self
+            time.sleep(0.2)
+        raise RegistryError(f"registry on {self.address} did not start within {wait_s:.0f} s; see {root / 'registry.log'}")
+
+    def ref(self, repository: str) -> str:
+        return f"{self.address}/{repository}"
+
+    def manifest_digest(self, repository: str, reference: str, timeout: float = 10.0) -> Optional[str]:
+        """Digest the registry serves for `repository:reference` (tag or digest); None if absent."""
+        req = urllib.request.Request(
+            f"{self.url}/v2/{repository}/manifests/{reference}", method="HEAD", headers={"Accept": MANIFEST_TYPES}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.headers.get("Docker-Content-Digest")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise RegistryError(f"registry {self.address}: HEAD {repository}:{reference} gave HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise RegistryError(f"registry {self.address} cannot be reached: {exc}") from None
+
+    def delete_tag(self, ref: str) -> None:
+        """Drop a tag's manifest from its repository (other repositories keep their links).
+        A scratch tag only: a registry keeps no record of who made a manifest."""
+        name, _, tag = ref.rpartition(":")
+        repository = name.split("/", 1)[1]
+        digest = self.manifest_digest(repository, tag or "latest")
+        if not digest:
+            return
+        req = urllib.request.Request(f"{self.url}/v2/{repository}/manifests/{digest}", method="DELETE")
+        try:
+            urllib.request.urlopen(req, timeout=10).close()
+        except (urllib.error.URLError, OSError) as exc:
+            raise RegistryError(f"registry {self.address}: could not delete {ref}: {exc}") from None
+
+    def tags(self, repository: str) -> List[str]:
+        try:
+            with urllib.request.urlopen(f"{self.url}/v2/{repository}/tags/list", timeout=10) as resp:
+                return json.loads(resp.read()).get("tags") or []
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            raise RegistryError(f"registry {self.address}: tags of {repository} gave HTTP {exc.code}") from None

@@ -1,0 +1,44 @@
+"""Debian root filesystems made with debootstrap (scripts/debian-rootfs.sh),
+cached by everything that goes into them, so a rerun costs nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from qualify import cmd
+from qualify.build.registry import STATE_DIR
+from qualify.config.targets import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "debian-rootfs.sh"
+# Fixed so that two hosts make the same tarball from the same mirror state.
+DEFAULT_EPOCH = "1764374400"  # 2025-11-29T00:00:00Z
+
+
+def source_date_epoch() -> str:
+    return os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)
+
+
+def debian_rootfs(arch: str, suite: str, mirror: str, packages: Sequence[str], cache_dir: Path = STATE_DIR) -> Path:
+    """Path of a normalised rootfs tarball for `arch` holding `packages`."""
+    key = hashlib.sha256(
+        "\n".join([SCRIPT.read_text(), arch, suite, mirror, ",".join(sorted(packages)), source_date_epoch()]).encode()
+    ).hexdigest()[:16]
+    out = cache_dir / "rootfs" / f"debian-{suite}-{arch}-{key}.tar"
+    if out.exists():
+        return out
+    print(f"[rootfs] debootstrap {suite} {arch} (+{len(packages)} packages); about 1 min, more under qemu",
+          file=sys.stderr, flush=True)
+    start = time.monotonic()
+    cmd.call(
+        ["bash", str(SCRIPT), "--arch", arch, "--suite", suite, "--mirror", mirror, "--out", str(out),
+         "--include", ",".join(sorted(packages))],
+        env={"SOURCE_DATE_EPOCH": source_date_epoch()},
+        timeout=1800,
+    )
+    print(f"[rootfs] {out.name} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+    return out

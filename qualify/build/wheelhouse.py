@@ -1,0 +1,149 @@
+"""Hash-locked wheelhouses prepared on the host, for any target platform.
+
+pip resolves and downloads wheels for another platform without emulation
+(`--platform ... --only-binary=:all:`), so an arm64 image's packages are
+prepared natively; RUN steps then install with `--no-index` and take no
+network. Every file is checked against the lock's hashes before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+from qualify import cmd
+from qualify.build.registry import STATE_DIR
+from qualify.core import fsutil
+from qualify.core.errors import LockError
+
+PYPI = "https://pypi.org/simple"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    version: str
+    hashes: frozenset
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_lock(path: Path) -> List[Pin]:
+    """Pins of a `--generate-hashes` requirements file; refuses unhashed or loose lines."""
+    if not path.exists():
+        raise LockError(f"{path}: lock file not found", hint=f"generate it: nox -s lock-<target> (writes {path.name})")
+    text = path.read_text(encoding="utf-8").replace("\\\n", " ")
+    pins = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = _REQ.match(line)
+        if not m:
+            raise LockError(f"{path}: line {lineno}: not an exact pin ('name==version --hash=...'): {line[:80]!r}")
+        hashes = frozenset(_HASH.findall(line))
+        if not hashes:
+            raise LockError(f"{path}: {m.group(1)}=={m.group(3)} has no --hash", hint="regenerate with nox -s lock-<target>")
+        pins.append(Pin(normalise(m.group(1)), m.group(3), hashes))
+    if not pins:
+        raise LockError(f"{path}: lock file has no requirements")
+    return pins
+
+
+def platform_tags(platform: str) -> List[str]:
+    arch = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
+    tags = [f"manylinux_2_{n}_{arch}" for n in range(39, 16, -1)]
+    tags += [f"manylinux2014_{arch}", f"linux_{arch}"]
+    if arch == "x86_64":  # the oldest tags exist only for x86_64
+        tags += [f"manylinux2010_{arch}", f"manylinux1_{arch}", f"manylinux_2_12_{arch}", f"manylinux_2_5_{arch}"]
+    return tags
+
+
+def _wheel_name(filename: str) -> str:
+    return normalise(filename.split("-", 1)[0])
+
+
+def wheelhouse_dir(lock: Path, platform: str, python: Optional[str]) -> Path:
+    key = hashlib.sha256(lock.read_bytes()).hexdigest()[:12]
+    return STATE_DIR / "wheelhouse" / f"{lock.stem}-{platform.replace('/', '-')}-{key}"
+
+
+def prepare(lock: Path, platform: str, python: Optional[str]) -> Path:
+    """Download (once) and verify the wheels a lock names for a platform."""
+    pins = parse_lock(lock)
+    dest = wheelhouse_dir(lock, platform, python)
+    stamp = dest / ".verified.json"
+    if _stamp_valid(stamp, dest):
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "--isolated", "--quiet", "--no-deps", "--require-hashes",
+            "--only-binary=:all:", "--index-url", PYPI, "--cert", CA_BUNDLE, "--dest", str(dest), "-r", str(lock)]
+    for tag in platform_tags(platform):
+        argv += ["--platform", tag]
+    if python:
+        argv += ["--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
+                 "--abi", "abi3", "--abi", "none"]
+    print(f"[wheelhouse] {lock.name} for {platform}: downloading {len(pins)} wheels into {dest}", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    try:
+        cmd.call(argv, timeout=3600)
+    except Exception as exc:  # pip's message names the package and the hash
+        raise LockError(f"{lock}: wheels for {platform} could not be fetched or did not match their hashes:\n{exc}") from None
+    verify(dest, pins, lock)
+    size = sum(p.stat().st_size for p in dest.glob("*.whl"))
+    print(f"[wheelhouse] {len(pins)} wheels, {size / 1e6:.0f} MB, verified in {time.monotonic() - start:.0f} s",
+          file=sys.stderr, flush=True)
+    _write_stamp(stamp, dest)
+    return dest
+
+
+def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
+    """Every pinned package has exactly one wheel here whose hash the lock lists."""
+    by_name: Dict[str, List[Path]] = {}
+    for wheel in dest.glob("*.whl"):
+        by_name.setdefault(_wheel_name(wheel.name), []).append(wheel)
+    for pin in pins:
+        wheels = by_name.get(pin.name, [])
+        if not wheels:
+            raise LockError(f"{lock}: no wheel for {pin.name}=={pin.version} in {dest}")
+        for wheel in wheels:
+            digest = fsutil.sha256_file(wheel)
+            if digest not in pin.hashes:
+                raise LockError(
+                    f"{lock}: {wheel.name} has sha256 {digest}, which the lock does not list for {pin.name}",
+                    hint="the wheel changed or the lock is stale: delete the wheelhouse and rerun, or regenerate the lock",
+                )
+    extra: Set[str] = set(by_name) - {p.name for p in pins}
+    for name in extra:  # left over from an older lock in the same directory
+        for wheel in by_name[name]:
+            wheel.unlink()
+
+
+def _stamp_valid(stamp: Path, dest: Path) -> bool:
+    """Skip re-hashing gigabytes when nothing changed since the last verification."""
+    if not stamp.exists():
+        return False
+    try:
+        recorded = json.loads(stamp.read_text())
+    except ValueError:
+        return False
+    return recorded == _listing(dest)
+
+
+def _write_stamp(stamp: Path, dest: Path) -> None:
+    stamp.write_text(json.dumps(_listing(dest), sort_keys=True))
+
+
+def _listing(dest: Path) -> Dict[str, List[int]]:
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(dest.glob("*.whl"))}

@@ -1,0 +1,142 @@
+"""`nox -s pin`: re-resolve each base tag to its current digest and rewrite
+images/targets.toml with tomlkit (comments, order and layout are kept).
+
+Resolution asks the registry itself (OCI distribution API: HEAD on the
+manifest, index digest preferred, anonymous bearer token when asked for).
+Every tag is resolved before anything is written: one unreachable registry
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import tomlkit
+
+from qualify.build.registry import MANIFEST_TYPES
+from qualify.config.imageref import ImageRef
+from qualify.config.targets import DEFAULT_TARGETS_FILE, load
+from qualify.core.errors import ConfigError, RegistryError
+from qualify.core.fsutil import write_atomic
+
+DOCKER_HUB = "registry-1.docker.io"
+
+
+@dataclass(frozen=True)
+class PinChange:
+    target: str
+    tag: str
+    old: str
+    new: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+
+def split_registry(name: str) -> tuple:
+    """(registry host, repository) of an image name, Docker Hub's defaults applied."""
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return DOCKER_HUB, name if "/" in name else f"library/{name}"
+
+
+def _scheme(host: str) -> str:
+    return "http" if host.startswith(("127.0.0.1", "localhost")) else "https"
+
+
+def _bearer_token(challenge: str, timeout: float) -> Optional[str]:
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    if "realm" not in params:
+        return None
+    query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
+    with urllib.request.urlopen(f"{params['realm']}?{query}", timeout=timeout) as resp:
+        body = json.loads(resp.read())
+    return body.get("token") or body.get("access_token")
+
+
+def resolve(ref: ImageRef, timeout: float = 20.0) -> str:
+    """The digest the registry serves now for `ref`'s tag."""
+    if not ref.tag:
+        raise ConfigError(f"{ref}: no tag to re-resolve (pin needs name:tag@sha256:...)")
+    host, repo = split_registry(ref.name)
+    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{ref.tag}"
+    headers = {"Accept": MANIFEST_TYPES}
+    for attempt in range(2):
+        req = urllib.request.Request(url, method="HEAD", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                digest = resp.headers.get("Docker-Content-Digest")
+                if not digest:
+                    raise RegistryError(f"{host} answered for {ref.tagged} without a Docker-Content-Digest header")
+                return digest
+        except urllib.error.HTTPError as exc:
+            challenge = exc.headers.get("WWW-Authenticate", "") if exc.headers else ""
+            if exc.code == 401 and attempt == 0 and challenge.lower().startswith("bearer"):
+                token = _bearer_token(challenge, timeout)
+                if token:
+                    headers["Authorization"] = f"Bearer {token}"
+                    continue
+            if exc.code == 404:
+                raise RegistryError(f"{host} has no tag {ref.tag!r} for {repo}") from None
+            raise RegistryError(f"{host} refused {ref.tagged}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise RegistryError(
+                f"cannot reach {host} to resolve {ref.tagged}: {getattr(exc, 'reason', exc)}",
+                hint="nothing was changed; run `nox -s pin` where the registry is reachable",
+            ) from None
+    raise RegistryError(f"{host} refused {ref.tagged} after authenticating")
+
+
+def plan(path: Path, names: Sequence[str], resolver=resolve) -> List[PinChange]:
+    tf = load(path)
+    chosen = list(names) or list(tf.targets)
+    changes = []
+    for name in chosen:
+        base = tf.get(name).base.image
+        new = resolver(base)
+        changes.append(PinChange(name, base.tagged, base.digest or "", new))
+    return changes
+
+
+def apply(path: Path, changes: Sequence[PinChange], today: Optional[str] = None) -> None:
+    """Rewrite only the changed digests and their dates."""
+    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    date = today or dt.date.today().isoformat()
+    for change in changes:
+        if not change.changed:
+            continue
+        base = doc["targets"][change.target]["base"]
+        base["image"] = f"{change.tag}@{change.new}"
+        base["pinned"] = date
+    write_atomic(path, tomlkit.dumps(doc))
+    load(path)  # what we wrote must still validate
+
+
+def pin(path: Path = DEFAULT_TARGETS_FILE, names: Sequence[str] = (), resolver=resolve,
+        today: Optional[str] = None) -> List[PinChange]:
+    changes = plan(path, names, resolver)
+    if any(c.changed for c in changes):
+        apply(path, changes, today)
+    return changes
+
+
+def table(changes: Sequence[PinChange]) -> str:
+    rows = [f"{'target':<13} {'tag':<45} {'old digest':<19} {'new digest':<19} status"]
+    for c in changes:
+        rows.append(f"{c.target:<13} {c.tag:<45} {c.old[:19]:<19} {c.new[:19]:<19} "
+                    f"{'CHANGED' if c.changed else 'unchanged'}")
+    return "\n".join(rows)
+
+
+def as_json(changes: Sequence[PinChange]) -> List[Dict[str, object]]:
+    return [{"target": c.target, "tag": c.tag, "old": c.old, "new": c.new, "changed": c.changed} for c in changes]

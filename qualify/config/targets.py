@@ -1,0 +1,309 @@
+"""Load and validate `images/targets.toml` into frozen dataclasses.
+
+The file is read once here; nothing else parses it. Every refusal names the
+file, the target and the key, and says what to do.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import tomllib
+
+from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.core import arch
+from qualify.core.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TARGETS_FILE = REPO_ROOT / "images" / "targets.toml"
+LOCKS_DIR = REPO_ROOT / "images" / "locks"
+
+PLATFORMS = ("linux/amd64", "linux/arm64")
+INTENDED_LEVELS = ("baseline", "optimized", "experimental")
+PROFILES = ("smoke", "vllm")
+BASE_KINDS = ("pinned", "hermetic")
+
+# Allowed keys per table, with their types. An unknown key is an error.
+_TOP_KEYS = {"schema": int, "hermetic": dict, "defaults": dict, "targets": dict}
+_HERMETIC_KEYS = {"suite": str, "mirror": str, "python": str, "repository": str}
+_DEFAULT_KEYS = {"cuda": str, "triton": dict, "runtime": dict}
+_TARGET_KEYS = {
+    "description": str,
+    "gpus": list,
+    "platform": str,
+    "capability": str,
+    "cuda": str,
+    "torch_cuda_arch_list": str,
+    "support_level": str,
+    "base": dict,
+    "triton": dict,
+    "runtime": dict,
+}
+_BASE_KEYS = {"image": str, "python": str, "source": str, "pinned": str}
+_TRITON_KEYS = {"ptxas": str, "ptxas_blackwell": str, "cuobjdump": str, "nvdisasm": str}
+_RUNTIME_KEYS = {"gpu_memory_utilization": float, "unified_memory": bool, "min_gpu_memory_gib": int}
+
+
+@dataclass(frozen=True)
+class BasePin:
+    image: ImageRef
+    python: str
+    source: str
+    pinned: str
+
+
+@dataclass(frozen=True)
+class TritonWiring:
+    ptxas: str
+    ptxas_blackwell: str
+    cuobjdump: str
+    nvdisasm: str
+
+    def env(self) -> Dict[str, str]:
+        """Triton reads TRITON_<TOOL>_PATH, with '-' in the tool name turned into '_'."""
+        return {
+            "TRITON_PTXAS_PATH": self.ptxas,
+            "TRITON_PTXAS_BLACKWELL_PATH": self.ptxas_blackwell,
+            "TRITON_CUOBJDUMP_PATH": self.cuobjdump,
+            "TRITON_NVDISASM_PATH": self.nvdisasm,
+        }
+
+
+@dataclass(frozen=True)
+class Runtime:
+    gpu_memory_utilization: float
+    unified_memory: bool
+    min_gpu_memory_gib: int
+
+
+@dataclass(frozen=True)
+class Hermetic:
+    suite: str
+    mirror: str
+    python: str
+    repository: str
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    gpus: Tuple[str, ...]
+    platform: str
+    capability: arch.Capability
+    cuda: str
+    torch_cuda_arch_list: str
+    support_level: str
+    base: BasePin
+    triton: TritonWiring
+    runtime: Runtime
+
+    @property
+    def arch_tag(self) -> str:
+        """`amd64` or `arm64`."""
+        return self.platform.split("/", 1)[1]
+
+    @property
+    def uname_machine(self) -> str:
+        return {"amd64": "x86_64", "arm64": "aarch64"}[self.arch_tag]
+
+    @property
+    def gpu_name(self) -> str:
+        """ptxas's --gpu-name for this target as Triton asks for it."""
+        return arch.triton_gpu_name(self.capability)
+
+    def python_for(self, base_kind: str, hermetic: Hermetic) -> str:
+        return hermetic.python if base_kind == "hermetic" else self.base.python
+
+    def lock_path(self, profile: str, python: str) -> Path:
+        return lock_path(profile, self.platform, python)
+
+
+@dataclass(frozen=True)
+class TargetsFile:
+    path: Path
+    schema: int
+    hermetic: Hermetic
+    targets: Mapping[str, Target] = field(default_factory=dict)
+
+    def get(self, name: str) -> Target:
+        if name not in self.targets:
+            raise ConfigError(
+                f"{self.path}: no target named {name!r}",
+                hint=_did_you_mean(name, self.targets) or f"known targets: {', '.join(self.targets)}",
+            )
+        return self.targets[name]
+
+    def for_capability(self, cap: arch.Capability, machine: Optional[str] = None) -> List[Target]:
+        """Targets whose capability is exactly `cap` (and, if given, whose platform fits `machine`)."""
+        found = [t for t in self.targets.values() if t.capability == cap]
+        if machine is not None:
+            found = [t for t in found if t.uname_machine == machine]
+        return found
+
+
+def lock_path(profile: str, platform: str, python: str) -> Path:
+    return LOCKS_DIR / f"{profile}-{platform.replace('/', '-')}-py{python}.txt"
+
+
+# --- loading -----------------------------------------------------------------
+
+
+def load(path: Optional[Path] = None) -> TargetsFile:
+    path = Path(path or DEFAULT_TARGETS_FILE)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: targets file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse(raw, path)
+
+
+def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
+    _check_keys(raw, _TOP_KEYS, path, "top level")
+    if raw.get("schema") != 1:
+        raise ConfigError(f"{path}: key 'schema' must be 1 (found {raw.get('schema')!r})")
+    hermetic = _parse_hermetic(_table(raw, "hermetic", path, "top level"), path)
+    defaults = _table(raw, "defaults", path, "top level")
+    _check_keys(defaults, _DEFAULT_KEYS, path, "[defaults]")
+    targets_raw = _table(raw, "targets", path, "top level")
+    if not targets_raw:
+        raise ConfigError(f"{path}: [targets] is empty")
+    targets = {}
+    for name, table in targets_raw.items():
+        where = f"target {name!r}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {where} must be a table")
+        targets[name] = _parse_target(name, table, defaults, path)
+    return TargetsFile(path, 1, hermetic, targets)
+
+
+def _parse_hermetic(table: Mapping[str, Any], path: Path) -> Hermetic:
+    _check_keys(table, _HERMETIC_KEYS, path, "[hermetic]", required=True)
+    return Hermetic(**{k: table[k] for k in _HERMETIC_KEYS})
+
+
+def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> Target:
+    where = f"target {name!r}"
+    merged = dict(table)
+    merged.setdefault("cuda", defaults.get("cuda"))
+    _check_keys(merged, _TARGET_KEYS, path, where, required=True, optional={"triton", "runtime"})
+
+    platform = merged["platform"]
+    if platform not in PLATFORMS:
+        raise ConfigError(
+            f"{path}: {where}: key 'platform': unknown platform {platform!r}",
+            hint=f"use one of {', '.join(PLATFORMS)}",
+        )
+    try:
+        cap = arch.Capability.parse(merged["capability"])
+    except arch.ArchError as exc:
+        raise ConfigError(f"{path}: {where}: key 'capability': {exc}") from None
+    problems = arch.arch_list_problems(merged["torch_cuda_arch_list"], cap)
+    if problems:
+        raise ConfigError(
+            f"{path}: {where}: key 'torch_cuda_arch_list' {merged['torch_cuda_arch_list']!r} "
+            f"does not match capability {cap}: " + "; ".join(problems)
+        )
+    level = merged["support_level"]
+    if level not in INTENDED_LEVELS:
+        raise ConfigError(
+            f"{path}: {where}: key 'support_level': {level!r} is not an intended level",
+            hint=f"use one of {', '.join(INTENDED_LEVELS)}",
+        )
+    gpus = merged["gpus"]
+    if not gpus or not all(isinstance(g, str) and g for g in gpus):
+        raise ConfigError(f"{path}: {where}: key 'gpus' must be a non-empty list of GPU names")
+
+    base = _parse_base(name, merged["base"], path)
+    triton_table = {**defaults.get("triton", {}), **merged.get("triton", {})}
+    _check_keys(triton_table, _TRITON_KEYS, path, f"{where} [triton] (with [defaults.triton])", required=True)
+    for key, value in triton_table.items():
+        if not value.startswith("/"):
+            raise ConfigError(f"{path}: {where}: key 'triton.{key}': {value!r} must be an absolute path")
+    runtime_table = {**defaults.get("runtime", {}), **merged.get("runtime", {})}
+    _check_keys(runtime_table, _RUNTIME_KEYS, path, f"{where} [runtime] (with [defaults.runtime])", required=True)
+    fraction = runtime_table["gpu_memory_utilization"]
+    if not 0.05 <= fraction <= 0.98:
+        raise ConfigError(f"{path}: {where}: key 'runtime.gpu_memory_utilization': {fraction} is outside 0.05..0.98")
+    return Target(
+        name=name,
+        description=merged["description"],
+        gpus=tuple(gpus),
+        platform=platform,
+        capability=cap,
+        cuda=merged["cuda"],
+        torch_cuda_arch_list=merged["torch_cuda_arch_list"],
+        support_level=level,
+        base=base,
+        triton=TritonWiring(**triton_table),
+        runtime=Runtime(**runtime_table),
+    )
+
+
+def _parse_base(name: str, table: Any, path: Path) -> BasePin:
+    where = f"target {name!r}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {where}: key 'base' must be a table")
+    _check_keys(table, _BASE_KEYS, path, f"{where} [base]", required=True)
+    text = table["image"]
+    try:
+        ref = ImageRef.parse(text)
+    except ImageRefError as exc:
+        raise ConfigError(f"{path}: {where}: key 'base.image': {exc}") from None
+    if not ref.pinned:
+        raise ConfigError(
+            f"{path}: {where}: key 'base.image': {text!r} is a floating tag, not pinned by digest",
+            hint=f"write it as {ref.tagged}@sha256:<digest>; `nox -s pin -- {name}` resolves it where a registry is reachable",
+        )
+    try:
+        _dt.date.fromisoformat(table["pinned"])
+    except ValueError:
+        raise ConfigError(f"{path}: {where}: key 'base.pinned': {table['pinned']!r} is not a date (YYYY-MM-DD)") from None
+    return BasePin(ref, table["python"], table["source"], table["pinned"])
+
+
+def _table(raw: Mapping[str, Any], key: str, path: Path, where: str) -> Mapping[str, Any]:
+    value = raw.get(key)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: {where}: key {key!r} must be a table")
+    return value
+
+
+def _check_keys(
+    table: Mapping[str, Any],
+    allowed: Mapping[str, type],
+    path: Path,
+    where: str,
+    *,
+    required: bool = False,
+    optional: frozenset = frozenset(),
+) -> None:
+    for key, value in table.items():
+        if key not in allowed:
+            raise ConfigError(
+                f"{path}: {where}: unknown key {key!r}",
+                hint=_did_you_mean(key, allowed) or f"allowed keys: {', '.join(allowed)}",
+            )
+        expected = allowed[key]
+        ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ConfigError(
+                f"{path}: {where}: key {key!r} must be {expected.__name__}, found {type(value).__name__} {value!r}"
+            )
+    if required:
+        missing = [k for k in allowed if k not in table and k not in optional]
+        if missing:
+            raise ConfigError(f"{path}: {where}: missing key(s): {', '.join(missing)}")
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f"did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,1 @@
+"""Image side, part 1: what runs inside images (standard library and pyelftools only)."""

@@ -1,0 +1,770 @@
+"""Which GPU code a binary carries, read from headers only.
+
+Reads ELF shared objects (any ELF file), standalone cubins and standalone
+fatbins. Nothing is decompressed and nothing large is copied: the file is
+mmapped and only container headers, entry headers and (for uncompressed
+cubins) the 64-byte ELF header of the payload are read. Every size taken
+from the file is checked against the bytes really there before it is used,
+and every loop advances by at least one header, so a truncated, bit-flipped
+or hostile file gives error strings in `FileScan.errors`, never an exception
+and never a hang.
+
+Fatbin layout (ARCHITECTURE.md, "The fatbinary format"; verified with nvcc 13.0):
+container header (16 bytes): u32 magic 0xBA55ED50, u16 version 1, u16 header
+size 0x10, u64 size of the entries that follow. Entry header: u16 kind at
+0x00, u32 header size at 0x04, u64 payload size at 0x08, u32 compressed size
+at 0x10, u32 arch number at 0x1C, u64 flags at 0x28, u64 uncompressed size at
+0x38. The next entry starts at entry start + header size + payload size.
+
+Where containers live in an ELF file:
+- `.nv_fatbin`: the containers registered with the CUDA runtime, back to
+  back. This is all that `cuobjdump` lists.
+- `__nv_relfatbin`: relocatable device code kept for later device linking;
+  not loaded at run time.
+- anywhere else (cuFFT's `.ldata`, cuBLASLt's `.cask_resource`, CUPTI's
+  `.rodata`): databases the library loads itself; found by scanning
+  allocated, non-executable data sections for the 8-byte container prefix.
+
+The ELF section table is read with `struct` rather than pyelftools: it is
+thirty lines, every bound is checked here, and importing pyelftools alone
+takes ~33 ms, a tenth of the whole census of torch 2.14.1's 22 CUDA
+libraries (~0.3 s).
+
+Pages of the mapping count in the resident set once touched, so they are
+given back (MADV_DONTNEED) as the walk moves on: peak memory stays near
+60 MB on 500 MB libraries instead of growing with the sections searched.
+
+Standard library only and Python 3.9 compatible: this module runs inside
+images with their own python3.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import re
+import stat
+import struct
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from qualify.core.arch import ArchError, Capability, CodeKind, CodeTarget, Variant
+
+FATBIN_MAGIC = 0xBA55ED50
+ELF_MAGIC = b"\x7fELF"
+MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+# magic + version 1 + header size 16: what a real container starts with.
+CONTAINER_PREFIX = MAGIC_BYTES + struct.pack("<HH", 1, 16)
+CONTAINER_HEADER = struct.Struct("<IHHQ")
+
+ENTRY_MIN_HEADER = 0x40  # must reach the uncompressed size at 0x38
+ENTRY_MAX_HEADER = 0x1000  # 0x40..0x80 seen; anything this large is corrupt
+ARCH_NUMBER_RANGE = (10, 999)  # sm_10 .. sm_999: anything else is a damaged header
+# Per file. cuFFT, the largest seen, has 24k containers and 24k entries: a
+# file with far more is hostile, and every record costs memory.
+MAX_CONTAINERS = 250_000
+MAX_ENTRIES = 500_000
+MAX_ERRORS = 100
+MAX_SECTIONS = 200_000  # relocatable objects built with -ffunction-sections have many
+
+KIND_PTX = 1
+KIND_CUBIN = 2
+KIND_LTO_IR = 8  # seen in cuFFT's callback kernels (nvcc `code=lto_XY`)
+
+FLAG_LZ4 = 0x2000
+FLAG_ZSTD = 0x8000
+FLAG_ARCH = 0x100000  # `a` variant
+FLAG_FAMILY = 0x200000  # `f` variant
+
+EM_CUDA = 190
+# Top byte of a cubin's e_flags (ELF ABI version >= 8): nvlink's device-link
+# stubs, which hold no kernels, carry 0x05; cubins with code carry 0x06.
+STUB_TOP_BYTE = 0x05
+CODE_TOP_BYTE = 0x06
+
+SECTION_REGISTERED = ".nv_fatbin"
+SECTION_RELOCATABLE = "__nv_relfatbin"
+
+_SHT_PROGBITS = 1
+_SHT_NOBITS = 8
+_SHF_ALLOC = 0x2
+_SHF_EXECINSTR = 0x4
+# Allocated data sections whose format is fixed by the toolchain (unwind
+# tables, GOT, TLS images): never a fatbin, and .eh_frame alone is MBs.
+_STRUCTURED_SECTIONS = frozenset({".eh_frame", ".eh_frame_hdr", ".gcc_except_table", ".got", ".got.plt", ".tdata", ".interp"})
+_ZERO_CHUNK = 1 << 20
+_NOTE_LIMIT = 1 << 16
+_NAME_LIMIT = 256
+
+# Link-stub status of an entry or container.
+STUB_YES = "yes"
+STUB_NO = "no"
+STUB_UNKNOWN = "unknown"  # compressed, or not a cubin whose header we understand
+_STUB_BY_TOP_BYTE = {STUB_TOP_BYTE: STUB_YES, CODE_TOP_BYTE: STUB_NO}
+
+
+class FormatError(Exception):
+    """Internal: the bytes do not follow the format (becomes an error string)."""
+
+
+class _LimitReached(Exception):
+    """Internal: a file holds more than any real library does; stop reading it."""
+
+
+# --- data -------------------------------------------------------------------
+
+
+@functools.cache
+def code_target_of(kind_code: int, arch_number: int, variant: Variant) -> Optional[CodeTarget]:
+    """SASS or PTX target the driver can load; None for LTO IR and unknown kinds.
+    Cached: a library has tens of thousands of entries but a dozen distinct targets."""
+    kind = {KIND_CUBIN: CodeKind.SASS, KIND_PTX: CodeKind.PTX}.get(kind_code)
+    if kind is None:
+        return None
+    try:
+        return CodeTarget(kind, Capability.from_number(arch_number), variant)
+    except ArchError:
+        return None
+
+
+def entry_name(kind_code: int, arch_number: int, variant: Variant) -> str:
+    """`sm_120a`, `compute_121`, `lto_75` (nvcc's `code=lto_75`), or `kind<N>_<arch>`."""
+    target = code_target_of(kind_code, arch_number, variant)
+    if target is not None:
+        return str(target)
+    prefix = "lto" if kind_code == KIND_LTO_IR else f"kind{kind_code}"
+    return f"{prefix}_{arch_number}{variant.value}"
+
+
+@dataclass
+class Entry:
+    """One code object inside a fatbin container (or a standalone cubin)."""
+
+    # __slots__ (written out: dataclass(slots=True) needs Python 3.10): a
+    # library holds up to tens of thousands of entries, and a __dict__ each
+    # would triple their memory and the page faults that come with it.
+    __slots__ = (
+        "offset",
+        "kind_code",
+        "arch_number",
+        "variant",
+        "flags",
+        "compression",
+        "header_size",
+        "payload_size",
+        "compressed_size",
+        "uncompressed_size",
+        "link_stub",
+        "variant_known",
+    )
+
+    offset: int  # file offset of the entry header (0 for a standalone cubin)
+    kind_code: int  # 1 PTX, 2 ELF cubin, 8 LTO IR
+    arch_number: int  # 121 for 12.1
+    variant: Variant
+    flags: int
+    compression: str  # none | lz4 | zstd | unknown
+    header_size: int
+    payload_size: int
+    compressed_size: int
+    uncompressed_size: int
+    link_stub: str  # yes | no | unknown
+    variant_known: bool  # False for a standalone cubin without a tool note
+
+    @property
+    def kind(self) -> str:
+        return {KIND_PTX: "ptx", KIND_CUBIN: "cubin", KIND_LTO_IR: "lto-ir"}.get(self.kind_code, "unknown")
+
+    @property
+    def code_target(self) -> Optional[CodeTarget]:
+        return code_target_of(self.kind_code, self.arch_number, self.variant)
+
+    @property
+    def name(self) -> str:
+        return entry_name(self.kind_code, self.arch_number, self.variant)
+
+    @property
+    def compressed(self) -> bool:
+        return self.compression != "none"
+
+    def to_json(self) -> dict:
+        return {
+            "offset": self.offset,
+            "kind": self.kind,
+            "kind_code": self.kind_code,
+            "arch": self.name,
+            "arch_number": self.arch_number,
+            "variant": self.variant.value,
+            "variant_known": self.variant_known,
+            "flags": self.flags,
+            "compression": self.compression,
+            "header_size": self.header_size,
+            "payload_size": self.payload_size,
+            "compressed_size": self.compressed_size,
+            "uncompressed_size": self.uncompressed_size,
+            "link_stub": self.link_stub,
+        }
+
+
+@dataclass
+class Container:
+    """One fatbin container: roughly one compiled source file."""
+
+    __slots__ = ("offset", "size", "section", "entries", "error")  # see Entry
+
+    offset: int  # file offset of the container header
+    size: int  # header + entries, as declared
+    section: str  # ELF section name; "" for a standalone fatbin or cubin
+    entries: List[Entry]
+    error: Optional[str]  # set when the container could not be read to its end
+
+    @property
+    def relocatable(self) -> bool:
+        """Relocatable device code for later linking: never loaded at run time."""
+        return self.section == SECTION_RELOCATABLE
+
+    @property
+    def registered(self) -> bool:
+        """Registered with the CUDA runtime (what cuobjdump lists)."""
+        return self.section in (SECTION_REGISTERED, "")
+
+    @property
+    def link_stub(self) -> str:
+        """yes: nvlink device-link stub only; no: holds code; unknown: cannot tell."""
+        if not self.entries:
+            return STUB_UNKNOWN
+        statuses = {e.link_stub for e in self.entries}
+        if statuses == {STUB_YES}:
+            return STUB_YES
+        if STUB_NO in statuses:
+            return STUB_NO
+        return STUB_UNKNOWN
+
+    def to_json(self) -> dict:
+        return {
+            "offset": self.offset,
+            "size": self.size,
+            "section": self.section,
+            "relocatable": self.relocatable,
+            "link_stub": self.link_stub,
+            "error": self.error,
+            "entries": [e.to_json() for e in self.entries],
+        }
+
+
+@dataclass
+class FileScan:
+    """Everything read from one file."""
+
+    path: str
+    format: str  # elf | cubin | fatbin | unknown
+    size: int
+    containers: List[Container] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def entries(self) -> List[Entry]:
+        return [e for c in self.containers for e in c.entries]
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    type: int
+    flags: int
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+# --- public entry points -----------------------------------------------------
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor, refusing anything but a regular file. O_NONBLOCK:
+    opening a FIFO for reading would otherwise wait for a writer forever."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    return fd
+
+
+def sniff(path: str) -> Optional[str]:
+    """'elf' or 'fatbin' from the first four bytes; None for anything else."""
+    try:
+        fd = _open_regular(path)
+        try:
+            head = os.read(fd, 4)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    if head == ELF_MAGIC:
+        return "elf"
+    if head == MAGIC_BYTES:
+        return "fatbin"
+    return None
+
+
+def read_file(path: str, embedded: bool = True) -> FileScan:
+    """Read every fatbin container (or the cubin) in `path`. Never raises on bad
+    input: problems are recorded in the result's `errors`.
+
+    embedded=False reads `.nv_fatbin` only (what the CUDA runtime registers and
+    cuobjdump lists), skipping the search of data sections that takes most of
+    the time on large libraries."""
+    scan = FileScan(path=str(path), format="unknown", size=0)
+    try:
+        fd = _open_regular(path)
+        try:
+            scan.size = os.fstat(fd).st_size
+            if scan.size == 0:
+                scan.errors.append("empty file")
+                return scan
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+                try:
+                    _read_mapped(mm, scan, embedded)
+                except _LimitReached as exc:
+                    scan.errors.append(str(exc))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as exc:
+        scan.errors.append(f"cannot read: {exc}")
+    except Exception as exc:  # a bug here must not kill the census: record it
+        scan.errors.append(f"internal error while reading ({type(exc).__name__}: {exc})")
+    return scan
+
+
+def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool) -> None:
+    head = mm[:4]
+    if head == MAGIC_BYTES:
+        scan.format = "fatbin"
+        _ContainerReader(mm, scan).walk_registered(0, len(mm), "")
+    elif head == ELF_MAGIC:
+        try:
+            elf = _ElfHeader.parse(mm)
+        except FormatError as exc:
+            scan.format = "elf"
+            scan.errors.append(f"bad ELF header: {exc}")
+            return
+        if elf.machine == EM_CUDA:
+            scan.format = "cubin"
+            _read_cubin(mm, elf, scan)
+        else:
+            scan.format = "elf"
+            _read_elf(mm, elf, scan, embedded)
+    else:
+        scan.errors.append("neither an ELF file nor a fatbin (unknown magic)")
+
+
+# --- ELF ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ElfHeader:
+    is64: bool
+    abi_version: int
+    machine: int
+    flags: int
+    shoff: int
+    shentsize: int
+    shnum: int
+    shstrndx: int
+
+    @classmethod
+    def parse(cls, buf, base: int = 0, limit: Optional[int] = None) -> _ElfHeader:
+        """Parse the ELF header at buf[base:limit] (little-endian only)."""
+        limit = len(buf) if limit is None else limit
+        if limit - base < 52 or buf[base : base + 4] != ELF_MAGIC:
+            raise FormatError("not an ELF header")
+        ei_class, ei_data, abi_version = buf[base + 4], buf[base + 5], buf[base + 8]
+        if ei_data != 1:
+            raise FormatError(f"unsupported byte order (EI_DATA={ei_data})")
+        if ei_class == 2:
+            if limit - base < 64:
+                raise FormatError("ELF64 header truncated")
+            machine = struct.unpack_from("<H", buf, base + 18)[0]
+            shoff, flags = struct.unpack_from("<QI", buf, base + 40)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", buf, base + 58)
+            return cls(True, abi_version, machine, flags, shoff, shentsize, shnum, shstrndx)
+        if ei_class == 1:
+            machine = struct.unpack_from("<H", buf, base + 18)[0]
+            shoff, flags = struct.unpack_from("<II", buf, base + 32)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", buf, base + 46)
+            return cls(False, abi_version, machine, flags, shoff, shentsize, shnum, shstrndx)
+        raise FormatError(f"unknown ELF class {ei_class}")
+
+
+def _section_table(mm: mmap.mmap, elf: _ElfHeader) -> List[Section]:
+    """All section headers, bounds-checked against the file."""
+    if elf.shoff == 0:
+        return []
+    entsize = 64 if elf.is64 else 40
+    if elf.shentsize < entsize:
+        raise FormatError(f"section header size {elf.shentsize} is smaller than {entsize}")
+    if elf.shoff + elf.shentsize > len(mm):
+        raise FormatError(f"section table offset {elf.shoff:#x} is past the end of the file")
+    raw = [_raw_section(mm, elf, 0)]
+    count, strndx = elf.shnum, elf.shstrndx
+    if count == 0:  # extended numbering: the real count is in section 0
+        count = raw[0][4]
+    if strndx == 0xFFFF:
+        strndx = raw[0][5]
+    if count * elf.shentsize > len(mm) - elf.shoff:
+        raise FormatError(f"{count} section headers at {elf.shoff:#x} do not fit in the file")
+    if count > MAX_SECTIONS:
+        raise FormatError(f"{count} section headers: more than any real library has")
+    raw.extend(_raw_section(mm, elf, i) for i in range(1, count))
+    strtab = raw[strndx] if 0 < strndx < count else None
+    sections = []
+    for name_off, sh_type, sh_flags, sh_offset, sh_size, _link in raw:
+        name = _section_name(mm, strtab, name_off)
+        sections.append(Section(name, sh_type, sh_flags, sh_offset, sh_size))
+    return sections
+
+
+def _raw_section(mm: mmap.mmap, elf: _ElfHeader, index: int) -> Tuple[int, int, int, int, int, int]:
+    """(name, type, flags, offset, size, link) of one section header."""
+    pos = elf.shoff + index * elf.shentsize
+    if elf.is64:
+        name, sh_type, flags, _addr, offset, size, link = struct.unpack_from("<IIQQQQI", mm, pos)
+    else:
+        name, sh_type, flags, _addr, offset, size, link = struct.unpack_from("<IIIIIII", mm, pos)
+    return name, sh_type, flags, offset, size, link
+
+
+def _section_name(mm: mmap.mmap, strtab, name_off: int) -> str:
+    if strtab is None:
+        return ""
+    start, size = strtab[3], strtab[4]
+    if name_off >= size or start + size > len(mm):
+        return ""
+    end = min(start + size, start + name_off + _NAME_LIMIT)
+    raw = mm[start + name_off : end]
+    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+def _read_elf(mm: mmap.mmap, elf: _ElfHeader, scan: FileScan, embedded: bool) -> None:
+    reader = _ContainerReader(mm, scan)
+    try:
+        sections = _section_table(mm, elf)
+    except (FormatError, struct.error, IndexError) as exc:
+        scan.errors.append(f"bad ELF section table: {exc}")
+        return
+    covered = 0  # sections must not overlap: bounds the total work by the file size
+    for sec in sorted(sections, key=lambda s: (s.offset, s.size)):
+        if not _may_hold_fatbins(sec) or (not embedded and sec.name != SECTION_REGISTERED):
+            continue
+        if sec.end > len(mm):
+            reader.error(f"section {sec.name} ({sec.offset:#x}+{sec.size:#x}) extends past the end of the file ({len(mm):#x})")
+            continue
+        start = max(sec.offset, covered)
+        if start >= sec.end:
+            reader.error(f"section {sec.name} at {sec.offset:#x} lies inside another section")
+            continue
+        covered = sec.end
+        if sec.name == SECTION_REGISTERED:
+            reader.walk_registered(start, sec.end, sec.name)
+        else:
+            reader.scan_embedded(start, sec.end, sec.name)
+
+
+def _may_hold_fatbins(sec: Section) -> bool:
+    if sec.size == 0 or sec.type == _SHT_NOBITS:
+        return False
+    if sec.name == SECTION_REGISTERED:
+        return True
+    if sec.name in _STRUCTURED_SECTIONS:
+        return False
+    return sec.type == _SHT_PROGBITS and bool(sec.flags & _SHF_ALLOC) and not sec.flags & _SHF_EXECINSTR
+
+
+# --- standalone cubin ----------------------------------------------------------
+
+
+def _read_cubin(mm: mmap.mmap, elf: _ElfHeader, scan: FileScan) -> None:
+    number = _cubin_sm(elf)
+    if not ARCH_NUMBER_RANGE[0] <= number <= ARCH_NUMBER_RANGE[1]:
+        scan.errors.append(f"cubin e_flags {elf.flags:#x} name no plausible SM ({number})")
+        return
+    variant, known = _cubin_variant(mm, elf, scan)
+    entry = Entry(
+        offset=0,
+        kind_code=KIND_CUBIN,
+        arch_number=number,
+        variant=variant,
+        flags=0,
+        compression="none",
+        header_size=0,
+        payload_size=len(mm),
+        compressed_size=0,
+        uncompressed_size=len(mm),
+        link_stub=_stub_status(elf),
+        variant_known=known,
+    )
+    scan.containers.append(Container(offset=0, size=len(mm), section="", entries=[entry], error=None))
+
+
+def _cubin_sm(elf: _ElfHeader) -> int:
+    # ABI version 8 (CUDA 12.8+) keeps the SM in bits 8-15; older cubins in bits 0-7.
+    return (elf.flags >> 8) & 0xFF if elf.abi_version >= 8 else elf.flags & 0xFF
+
+
+def _stub_status(elf: _ElfHeader) -> str:
+    return _stub_from_flags(elf.abi_version, elf.flags)
+
+
+def _stub_from_flags(abi_version: int, e_flags: int) -> str:
+    if abi_version < 8:  # older cubins keep other bits there
+        return STUB_UNKNOWN
+    return _STUB_BY_TOP_BYTE.get(e_flags >> 24, STUB_UNKNOWN)
+
+
+def _cubin_variant(mm: mmap.mmap, elf: _ElfHeader, scan: FileScan) -> Tuple[Variant, bool]:
+    """The a/f suffix is not in e_flags; ptxas records `-arch sm_XYa` in the
+    `.note.nv.tkinfo` note, which is what cuobjdump reads too."""
+    try:
+        sections = _section_table(mm, elf)
+    except (FormatError, struct.error, IndexError) as exc:
+        scan.errors.append(f"bad ELF section table: {exc}")
+        return Variant.PLAIN, False
+    for sec in sections:
+        if sec.name != ".note.nv.tkinfo" or sec.end > len(mm):
+            continue
+        note = mm[sec.offset : sec.offset + min(sec.size, _NOTE_LIMIT)]
+        match = re.search(rb"-arch\s+([A-Za-z0-9_]+)", note)
+        if match:
+            try:
+                return CodeTarget.parse(match.group(1).decode("ascii")).variant, True
+            except ArchError:
+                pass
+    return Variant.PLAIN, False
+
+
+# --- fatbin containers --------------------------------------------------------
+
+_NEAR = 64  # containers in a database are back to back or a little padding apart
+_ENTRY_HEADER = struct.Struct("<HxxIQI8xI8xQ8xQ")  # the 0x40 bytes every entry header has
+_RELEASE_EVERY = 16 << 20
+_CUBIN_IDENT = ELF_MAGIC + bytes([2, 1])  # ELF64, little-endian
+_CUBIN_FIELDS = struct.Struct("<18xH28xI")  # e_machine at 18, e_flags at 48
+_FIRST_WINDOW = 64 << 10
+_SCAN_WINDOW = 16 << 20  # one search touches at most this much before pages are given back
+
+
+class _ContainerReader:
+    """Walks containers in one mapped file, giving back mapped pages as it goes:
+    pages of a file mapping count in the resident set, and a census touches
+    hundreds of MB of them in one library (cuBLASLt, cuFFT)."""
+
+    def __init__(self, mm: mmap.mmap, scan: FileScan) -> None:
+        self.mm = mm
+        self.scan = scan
+        self.released = 0
+        self.entries_left = MAX_ENTRIES
+
+    def release_below(self, pos: int) -> None:
+        if pos - self.released < _RELEASE_EVERY or not hasattr(self.mm, "madvise"):
+            return
+        start = self.released - self.released % mmap.PAGESIZE
+        end = pos - pos % mmap.PAGESIZE
+        if end > start:
+            self.mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        self.released = pos
+
+    def next_match(self, needle: bytes, pos: int, end: int) -> int:
+        """Where `needle` next starts in [pos, end), or `end`.
+
+        Looked for just ahead first (containers in a database sit back to back),
+        then window by window, growing windows up to _SCAN_WINDOW and giving
+        pages back in between (one search over a 100 MB section would map all
+        of it at once). Each window is searched backwards: CPython's reverse
+        search anchors on the needle's first byte (0x50) rather than its last
+        (0x00, everywhere in binaries) and runs ~1.5x faster than `re` and ~2x
+        faster than a forward find here.
+        """
+        mm = self.mm
+        near = mm[pos : min(end, pos + _NEAR)].find(needle)
+        if near >= 0:
+            return pos + near
+        size = min(_FIRST_WINDOW, _SCAN_WINDOW)
+        while pos < end:
+            window_end = min(end, pos + size)
+            # A match may start anywhere before window_end, so search a needle further.
+            hi = min(end, window_end + len(needle) - 1)
+            first = -1
+            while True:
+                found = mm.rfind(needle, pos, hi)
+                if found < 0:
+                    break
+                first, hi = found, found + len(needle) - 1
+            if first >= 0:
+                return first
+            pos = window_end
+            self.release_below(pos)
+            size = min(size * 2, _SCAN_WINDOW)
+        return end
+
+    def add(self, container: Container) -> None:
+        self.scan.containers.append(container)
+        self.entries_left -= len(container.entries)
+        if container.error:
+            self.error(container.error)
+        if len(self.scan.containers) >= MAX_CONTAINERS:
+            raise _LimitReached(f"stopped after {MAX_CONTAINERS} containers: more than any real library holds")
+
+    def error(self, message: str) -> None:
+        if len(self.scan.errors) >= MAX_ERRORS:
+            raise _LimitReached(f"stopped after {MAX_ERRORS} errors: the file is badly damaged")
+        self.scan.errors.append(message)
+
+    def walk_registered(self, start: int, end: int, section: str) -> None:
+        """Containers back to back (zero padding allowed between them). Anything
+        else in between is reported, then the walk resynchronises on the next
+        container magic."""
+        mm, pos = self.mm, start
+        while pos < end:
+            self.release_below(pos)
+            if mm[pos : pos + 4] == MAGIC_BYTES:
+                container, next_pos = _parse_container(mm, pos, end, section, self.entries_left)
+                self.add(container)
+                pos = next_pos if next_pos is not None else self.next_match(MAGIC_BYTES, pos + 4, end)
+                continue
+            found = self.next_match(MAGIC_BYTES, pos, end)
+            if not _all_zero(mm, pos, found):
+                where = f"section {section} " if section else ""
+                self.error(f"{where}offset {pos:#x}: {found - pos} bytes that are not a fatbin container")
+            pos = found
+
+    def scan_embedded(self, start: int, end: int, section: str) -> None:
+        """Containers found by their 8-byte prefix in a data section. A prefix
+        whose container does not hold up is reported: the prefix is too
+        specific to occur by chance, so it is a damaged container."""
+        mm, pos = self.mm, start
+        while pos < end:
+            self.release_below(pos)
+            pos = self.next_match(CONTAINER_PREFIX, pos, end)
+            if pos >= end:
+                return
+            container, next_pos = _parse_container(mm, pos, end, section, self.entries_left)
+            self.add(container)
+            pos = next_pos if next_pos is not None else pos + len(CONTAINER_PREFIX)
+
+
+def _parse_container(
+    mm: mmap.mmap, pos: int, limit: int, section: str, max_entries: int = MAX_ENTRIES
+) -> Tuple[Container, Optional[int]]:
+    """The container at `pos`, and where the next one may start (None when the
+    header itself cannot be trusted)."""
+    container = Container(offset=pos, size=0, section=section, entries=[], error=None)
+    if limit - pos < CONTAINER_HEADER.size:
+        container.error = f"{_where(section, pos)}: header truncated ({limit - pos} bytes left)"
+        return container, None
+    _magic, version, header_size, body = CONTAINER_HEADER.unpack_from(mm, pos)
+    container.size = header_size + body
+    problem = None
+    if version != 1:
+        problem = f"unsupported version {version}"
+    elif header_size != CONTAINER_HEADER.size:
+        problem = f"header size {header_size:#x} (expected 0x10)"
+    elif body > limit - pos - header_size:
+        problem = f"declares {body:#x} bytes but only {limit - pos - header_size:#x} remain"
+    if problem:
+        container.error = f"{_where(section, pos)}: {problem}"
+        return container, None
+    body_end = pos + header_size + body
+    try:
+        _parse_entries(mm, pos + header_size, body_end, container, max_entries)
+    except FormatError as exc:
+        container.error = f"{_where(section, pos)}: {exc}"
+    return container, body_end
+
+
+def _where(section: str, pos: int) -> str:
+    return f"{section} container at {pos:#x}" if section else f"container at {pos:#x}"
+
+
+def _parse_entries(mm: mmap.mmap, pos: int, end: int, container: Container, max_entries: int) -> None:
+    while pos < end:
+        if len(container.entries) >= max_entries:
+            raise _LimitReached(f"stopped after {MAX_ENTRIES} entries: more than any real library holds")
+        left = end - pos
+        if left < ENTRY_MIN_HEADER:
+            if not _all_zero(mm, pos, end):
+                raise FormatError(f"{left} trailing bytes at {pos:#x} are not an entry")
+            return
+        entry = _parse_entry(mm, pos, left)
+        container.entries.append(entry)
+        pos += entry.header_size + entry.payload_size
+
+
+def _parse_entry(mm: mmap.mmap, pos: int, left: int) -> Entry:
+    kind, header_size, payload_size, compressed_size, arch_number, flags, uncompressed_size = _ENTRY_HEADER.unpack_from(mm, pos)
+    if header_size < ENTRY_MIN_HEADER or header_size > ENTRY_MAX_HEADER or header_size > left:
+        raise FormatError(f"entry at {pos:#x}: header size {header_size:#x} is invalid")
+    if payload_size > left - header_size:
+        raise FormatError(
+            f"entry at {pos:#x}: payload size {payload_size:#x} runs past the container ({left - header_size:#x} bytes left)"
+        )
+    if not ARCH_NUMBER_RANGE[0] <= arch_number <= ARCH_NUMBER_RANGE[1]:
+        raise FormatError(f"entry at {pos:#x}: arch number {arch_number} is implausible")
+    if flags & FLAG_ARCH and flags & FLAG_FAMILY:
+        raise FormatError(f"entry at {pos:#x}: flags {flags:#x} mark it both `a` and `f`")
+    compression = _compression(flags, compressed_size)
+    link_stub = STUB_NO if kind == KIND_PTX else STUB_UNKNOWN
+    if kind == KIND_CUBIN and compression == "none":
+        link_stub = _payload_stub_status(mm, pos + header_size, payload_size)
+    variant = Variant.ARCH if flags & FLAG_ARCH else Variant.FAMILY if flags & FLAG_FAMILY else Variant.PLAIN
+    return Entry(
+        pos,
+        kind,
+        arch_number,
+        variant,
+        flags,
+        compression,
+        header_size,
+        payload_size,
+        compressed_size,
+        uncompressed_size,
+        link_stub,
+        True,
+    )
+
+
+def _compression(flags: int, compressed_size: int) -> str:
+    if flags & FLAG_ZSTD:
+        return "zstd"
+    if flags & FLAG_LZ4:
+        return "lz4"
+    return "unknown" if compressed_size else "none"
+
+
+def _payload_stub_status(mm: mmap.mmap, start: int, size: int) -> str:
+    """From the ELF64 header of an uncompressed cubin payload (read directly:
+    this runs for tens of thousands of entries)."""
+    if size < 64 or mm[start : start + 6] != _CUBIN_IDENT:
+        return STUB_UNKNOWN
+    machine, e_flags = _CUBIN_FIELDS.unpack_from(mm, start)
+    if machine != EM_CUDA:
+        return STUB_UNKNOWN
+    return _stub_from_flags(mm[start + 8], e_flags)
+
+
+def _all_zero(mm: mmap.mmap, start: int, end: int) -> bool:
+    """True when mm[start:end] is all zero bytes, read in bounded chunks."""
+    pos = start
+    while pos < end:
+        chunk = mm[pos : min(end, pos + _ZERO_CHUNK)]
+        if chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True

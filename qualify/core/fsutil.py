@@ -1,0 +1,56 @@
+"""Atomic file writes and canonical JSON. Standard library only (used in images too)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, UTF-8, two-space indent, newline at end: the same bytes every time."""
+    return (json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+
+
+def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> Path:
+    """Write to a temporary file beside `path`, fsync, then rename over it.
+
+    A reader sees the old file or the new one, never half of either.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def write_json(path: PathLike, obj: Any) -> Path:
+    return write_atomic(path, canonical_json(obj))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (the one file-hash helper)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()

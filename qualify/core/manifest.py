@@ -1,0 +1,121 @@
+"""The release manifest: an in-toto Statement v1 whose subject is the image.
+
+Layout (the JSON Schema is manifests/manifest.schema.json):
+
+    {
+      "_type": "https://in-toto.io/Statement/v1",
+      "subject": [{"name": "<image repository>", "digest": {"sha256": "<hex>"}}],
+      "predicateType": PREDICATE_TYPE,
+      "predicate": {
+        "schema_version": 1,
+        "target": {...}, "image": {...}, "base": {...}, "toolkit": {...},
+        "checks": [{"id", "title", "status", "required", "reason", "evidence"}],
+        "verdict": "pass" | "warn" | "fail" | "incomplete",
+        "support_level": "baseline" | "optimized" | "experimental" | "unsupported" | "unverified",
+        ...
+      }
+    }
+
+The file is canonical JSON (fsutil.canonical_json), so its bytes, and so its
+signature, depend only on its content.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from qualify.core.errors import VerificationError
+from qualify.core.fsutil import canonical_json, write_atomic
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://blackwell-qualify.dev/qualification/v1"
+SCHEMA_VERSION = 1
+
+STATUSES = ("pass", "fail", "warn", "not-run")
+VERDICTS = ("pass", "warn", "fail", "incomplete")
+LEVELS = ("baseline", "optimized", "experimental", "unsupported", "unverified")
+# Order for --min-level comparisons: higher is stronger evidence.
+LEVEL_RANK = {"unsupported": 0, "unverified": 1, "experimental": 2, "baseline": 3, "optimized": 4}
+
+
+def verdict(checks: Iterable[Mapping[str, Any]]) -> str:
+    """fail if a required check failed; incomplete if a required check did not run
+    (not-run never counts as a pass); warn if anything warned; else pass."""
+    checks = list(checks)
+    if any(c["status"] == "fail" and c.get("required", True) for c in checks):
+        return "fail"
+    if any(c["status"] == "not-run" and c.get("required", True) for c in checks):
+        return "incomplete"
+    if any(c["status"] in ("warn", "fail") for c in checks):
+        return "warn"
+    return "pass"
+
+
+def support_level(verdict_: str, intended: str, gpu_evidence_on_target: bool, recognised: bool = True) -> str:
+    """A level above `unverified` needs GPU evidence on the target's own architecture."""
+    if verdict_ == "fail" or not recognised:
+        return "unsupported"
+    if not gpu_evidence_on_target or verdict_ == "incomplete":
+        return "unverified"
+    return intended
+
+
+def statement(image_name: str, image_digest: str, predicate: Mapping[str, Any]) -> Dict[str, Any]:
+    if not image_digest.startswith("sha256:"):
+        raise ValueError(f"image digest must start with sha256: ({image_digest!r})")
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": image_name, "digest": {"sha256": image_digest.split(":", 1)[1]}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": dict(predicate),
+    }
+
+
+def dumps(stmt: Mapping[str, Any]) -> bytes:
+    return canonical_json(stmt)
+
+
+def write(path: Path, stmt: Mapping[str, Any]) -> Path:
+    return write_atomic(path, dumps(stmt))
+
+
+def load(path: Path) -> Dict[str, Any]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise VerificationError(f"{path}: manifest not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise VerificationError(f"{path}: not a JSON manifest: {exc}") from None
+    if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or data.get("predicateType") != PREDICATE_TYPE:
+        raise VerificationError(f"{path}: not a qualification manifest (in-toto Statement v1 with {PREDICATE_TYPE})")
+    return data
+
+
+def subject_digest(stmt: Mapping[str, Any]) -> str:
+    """`sha256:<hex>` of the image the manifest is about."""
+    try:
+        return "sha256:" + stmt["subject"][0]["digest"]["sha256"]
+    except (KeyError, IndexError, TypeError):
+        raise VerificationError("manifest has no subject digest") from None
+
+
+def subject_name(stmt: Mapping[str, Any]) -> str:
+    return stmt["subject"][0]["name"]
+
+
+def predicate(stmt: Mapping[str, Any]) -> Dict[str, Any]:
+    return stmt["predicate"]
+
+
+def failing_checks(stmt: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    return [c for c in predicate(stmt).get("checks", []) if c.get("status") == "fail"]
+
+
+def check(stmt: Mapping[str, Any], check_id: str) -> Optional[Mapping[str, Any]]:
+    for c in predicate(stmt).get("checks", []):
+        if c.get("id") == check_id:
+            return c
+    return None

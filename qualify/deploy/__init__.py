@@ -1,0 +1,1 @@
+"""Stage 5, deploy: the trust gate, the compose project, the health wait and canary."""

@@ -1,0 +1,1 @@
+"""Developer tools (benchmarks, rule checks, interop) behind the same CLI registry."""

@@ -1,0 +1,340 @@
+"""Benchmark the fatbin census against NVIDIA cuobjdump (`nox -s bench-inventory`).
+
+    python -m qualify.devtools.bench_inventory [--venv DIR] [--cuobjdump PATH] [--runs N]
+
+1. Makes (or reuses) a scratch venv, `.cache/bench-venv`, holding
+   torch==2.14.1 (a CUDA 13 build: ~5 GB of nvidia-* wheels) and the
+   cuobjdump of nvidia-cuda-cuobjdump==13.2.51.
+2. Finds every library in it with a `.nv_fatbin` section, and reads each file
+   once, untimed, so that both tools run with a warm page cache.
+3. Times `python -m qualify inspect --json` over all of them in one fresh
+   subprocess (five times; the median is reported), the same with
+   `--registered-only` (`.nv_fatbin` only: cuobjdump's coverage, without the
+   search of data sections for kernel databases), then cuobjdump
+   `--list-elf` and `--list-ptx`, one call per file and listing, as
+   cuobjdump takes one file per call. Each tool runs
+   under a fresh helper process that reports its wall time and
+   `getrusage(RUSAGE_CHILDREN).ru_maxrss`, so neither tool's peak memory is
+   mixed with the other's (or with pip's).
+4. Checks per library that the architecture sets agree. cuobjdump lists only
+   `.nv_fatbin` and prints `f` cubins without their suffix (and PTX as
+   `sm_XY.ptx`), so the comparison is of the `.nv_fatbin` entries, by
+   `CodeTarget.without_variant()`. Containers the census finds elsewhere
+   (cuFFT's `.ldata`, cuBLASLt's `.cask_resource`) are counted in a column of
+   their own.
+
+Exit status: 0 when every library agrees, 1 when one does not. The speed and
+memory targets (>= 100x faster than cuobjdump, < 200 MB peak) are reported,
+not enforced: they depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+from qualify.core import census, fatbin
+from qualify.core.arch import ArchError, CodeKind, CodeTarget
+from qualify.core.errors import ExternalCommandError, QualifyError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_VENV = REPO / ".cache" / "bench-venv"
+REQUIREMENTS = ["torch==2.14.1", "nvidia-cuda-cuobjdump==13.2.51"]
+TARGET_SPEEDUP = 100.0
+TARGET_PEAK_MB = 200.0
+_LISTING = re.compile(r"^(ELF|PTX) file\s+\d+: .*\.((?:sm|compute)_\d+[af]?)\.(?:cubin|ptx)$")
+_CHUNK = 16 << 20
+
+
+@dataclass
+class Measurement:
+    wall_s: float
+    peak_mb: float
+    returncodes: List[int]
+
+
+@dataclass
+class Comparison:
+    path: Path
+    size: int
+    containers: int
+    outside: int  # containers outside .nv_fatbin (cuobjdump does not list them)
+    ours: Set[str]  # .nv_fatbin arches with a/f
+    agree: bool
+    only_ours: Set[str]
+    only_theirs: Set[str]
+
+
+# --- the venv -----------------------------------------------------------------------
+
+
+def ensure_venv(path: Path) -> Path:
+    """Site-packages of the scratch venv, installing the requirements once."""
+    python = path / "bin" / "python"
+    stamp = path / ".bench-requirements"
+    wanted = "\n".join(REQUIREMENTS)
+    if not python.exists():
+        print(f"[bench] creating {path}", file=sys.stderr, flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(str(path))
+    if not stamp.exists() or stamp.read_text() != wanted:
+        print(f"[bench] pip install {' '.join(REQUIREMENTS)} (about 5 GB, once)", file=sys.stderr, flush=True)
+        proc = subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS])
+        if proc.returncode != 0:
+            raise ExternalCommandError(
+                f"pip install into {path} failed ({proc.returncode})",
+                hint="see pip's output above; delete the venv to start again",
+            )
+        stamp.write_text(wanted)
+    found = sorted((path / "lib").glob("python*/site-packages"))
+    if not found:
+        raise QualifyError(f"no site-packages under {path}", hint=f"delete {path} and run again")
+    return found[0]
+
+
+def find_cuobjdump(site: Path, given: Optional[str]) -> Path:
+    candidate = Path(given) if given else site / "nvidia" / "cu13" / "bin" / "cuobjdump"
+    if not os.access(candidate, os.X_OK):
+        raise QualifyError(f"cuobjdump not found at {candidate}", hint="pass --cuobjdump PATH")
+    return candidate
+
+
+def find_libraries(site: Path) -> List[Path]:
+    """Every file whose `.nv_fatbin` holds a container (what cuobjdump can list)."""
+    report = census.scan([str(site)])
+    return [
+        Path(lib.path) for lib in report.libraries if any(c.section == fatbin.SECTION_REGISTERED for c in lib.scan.containers)
+    ]
+
+
+def warm_page_cache(paths: List[Path]) -> None:
+    for path in paths:
+        with open(path, "rb") as fh:
+            while fh.read(_CHUNK):
+                pass
+
+
+# --- measuring -------------------------------------------------------------------------
+
+
+def measure(commands: List[List[str]], outputs: List[Path]) -> Measurement:
+    """Run `commands` one after another in a fresh helper process."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"commands": commands, "outputs": [str(p) for p in outputs]}, fh)
+        plan = fh.name
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "qualify.devtools.bench_inventory", "--measure", plan],
+            capture_output=True, text=True, env=_env(),
+        )
+    finally:
+        os.unlink(plan)
+    if proc.returncode != 0:
+        raise ExternalCommandError(f"measuring helper failed: {proc.stderr.strip()}")
+    data = json.loads(proc.stdout)
+    return Measurement(data["wall_s"], data["peak_kb"] / 1024.0, data["returncodes"])
+
+
+def measure_census(libraries: List[Path], output: Path, runs: int, options: List[str]) -> Measurement:
+    """The census, `runs` times, each in a fresh process: the median wall time
+    (a shared machine is noisy) and the highest peak."""
+    argv = [sys.executable, "-m", "qualify", "inspect", "--json", *options, *map(str, libraries)]
+    results = [measure([argv], [output]) for _ in range(runs)]
+    for r in results:
+        if r.returncodes != [0]:
+            raise ExternalCommandError(f"python -m qualify inspect {' '.join(options)} failed ({r.returncodes[0]})")
+    walls = [r.wall_s for r in results]
+    label = " ".join(["inspect", *options])
+    print(f"{label} wall times (s): " + " ".join(f"{w:.3f}" for w in walls), flush=True)
+    return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0])
+
+
+def _env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def _measure_helper(plan_path: str) -> int:
+    """Inside the helper: run the plan, print wall time and the children's peak RSS."""
+    plan = json.loads(Path(plan_path).read_text())
+    codes = []
+    start = time.perf_counter()
+    for argv, output in zip(plan["commands"], plan["outputs"]):
+        with open(output, "wb") as out:
+            codes.append(subprocess.run(argv, stdout=out, stderr=subprocess.DEVNULL).returncode)
+    wall = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    print(json.dumps({"wall_s": wall, "peak_kb": peak_kb, "returncodes": codes}))
+    return 0
+
+
+# --- comparing ----------------------------------------------------------------------------
+
+
+def cuobjdump_arches(listing: str, kind: CodeKind) -> Set[str]:
+    """`ELF file    1: libfoo.1.sm_90.cubin` / `PTX file    1: libfoo.1.sm_90.ptx`."""
+    found = set()
+    for line in listing.splitlines():
+        m = _LISTING.match(line.strip())
+        if not m:
+            continue
+        try:
+            listed = CodeTarget.parse(m.group(2))
+        except ArchError:
+            continue
+        found.add(CodeTarget(kind, listed.capability, listed.variant).without_variant())
+    return found
+
+
+def compare(lib: dict, elf_listing: str, ptx_listing: str) -> Comparison:
+    """What cuobjdump lists: the registered containers (`.nv_fatbin`, or a
+    standalone cubin or fatbin)."""
+    registered = [sec for sec in lib["sections"].values() if sec["role"] == census.ROLE_REGISTERED]
+    ours = {name for sec in registered for name in sec["sass"] + sec["ptx"]}
+    ours_plain = {CodeTarget.parse(name).without_variant() for name in ours}
+    theirs = cuobjdump_arches(elf_listing, CodeKind.SASS) | cuobjdump_arches(ptx_listing, CodeKind.PTX)
+    return Comparison(
+        path=Path(lib["path"]),
+        size=lib["size"],
+        containers=lib["containers"],
+        outside=lib["containers"] - sum(sec["containers"] for sec in registered),
+        ours=ours,
+        agree=ours_plain == theirs,
+        only_ours=ours_plain - theirs,
+        only_theirs=theirs - ours_plain,
+    )
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def _table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header] + rows)
+
+
+def _arch_key(name: str):
+    target = CodeTarget.parse(name)
+    return (target.kind is CodeKind.PTX, target.capability.number, target.variant.value)
+
+
+def library_table(rows: List[Comparison], site: Path) -> str:
+    body = [
+        [
+            str(c.path.relative_to(site)) if c.path.is_relative_to(site) else str(c.path),
+            f"{c.size / 1e6:.1f}",
+            str(c.containers),
+            str(c.outside),
+            " ".join(sorted(c.ours, key=_arch_key)),
+            "yes" if c.agree else "NO",
+        ]
+        for c in rows
+    ]
+    header = ["LIBRARY", "SIZE MB", "CONTAINERS", "NOT IN .nv_fatbin", "ARCHES IN .nv_fatbin (ours)", "AGREE"]
+    return _table(header, body)
+
+
+def summary_table(tools: List[Tuple[str, Measurement]], theirs: Measurement) -> str:
+    rows = [
+        [name, f"{m.wall_s:.3f}", f"{m.peak_mb:.0f}", f"{theirs.wall_s / m.wall_s:.0f}x" if m.wall_s else "-"]
+        for name, m in tools
+    ]
+    return _table(["TOOL", "WALL S", "PEAK MB", "SPEED-UP"], rows)
+
+
+def target_lines(full: Measurement, registered: Measurement, theirs: Measurement) -> List[str]:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    lines = []
+    for name, m in (("same coverage as cuobjdump (--registered-only)", registered), ("full census", full)):
+        speedup = theirs.wall_s / m.wall_s if m.wall_s else float("inf")
+        lines.append(
+            f"target >= {TARGET_SPEEDUP:.0f}x faster than cuobjdump, {name}: "
+            f"{verdict(speedup >= TARGET_SPEEDUP)} ({speedup:.0f}x)"
+        )
+    peak = max(full.peak_mb, registered.peak_mb)
+    lines.append(f"target peak memory < {TARGET_PEAK_MB:.0f} MB: {verdict(peak < TARGET_PEAK_MB)} ({peak:.0f} MB)")
+    return lines
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optional[str] = None) -> int:
+    # --site compares against an existing install (a GPU host's torch) instead of the scratch venv
+    site = Path(site_arg) if site_arg else ensure_venv(venv_dir)
+    cuobjdump = find_cuobjdump(site, cuobjdump_arg)
+    libraries = find_libraries(site)
+    if not libraries:
+        raise QualifyError(f"no library with a .nv_fatbin section under {site}")
+    total = sum(p.stat().st_size for p in libraries)
+    print(f"{len(libraries)} libraries with a .nv_fatbin section under {site} ({total / 1e9:.2f} GB)", flush=True)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    warm_page_cache(libraries)
+    with tempfile.TemporaryDirectory(prefix="bench-inventory-") as tmp:
+        out = Path(tmp)
+        full = measure_census(libraries, out / "census.json", runs, [])
+        registered = measure_census(libraries, out / "registered.json", runs, ["--registered-only"])
+        commands, outputs = [], []
+        for i, path in enumerate(libraries):
+            for flag in ("--list-elf", "--list-ptx"):
+                commands.append([str(cuobjdump), flag, str(path)])
+                outputs.append(out / f"{i}{flag}.txt")
+        print(f"running cuobjdump {len(commands)} times (slow: it decompresses everything)", flush=True)
+        theirs = measure(commands, outputs)
+        report = json.loads((out / "census.json").read_text())
+        by_path = {lib["path"]: lib for lib in report["libraries"]}
+        rows = [
+            compare(by_path[str(p)], outputs[2 * i].read_text(errors="replace"), outputs[2 * i + 1].read_text(errors="replace"))
+            for i, p in enumerate(libraries)
+        ]
+    print()
+    print(library_table(rows, site))
+    print()
+    tools = [
+        (f"qualify inspect (median of {runs})", full),
+        (f"qualify inspect --registered-only (median of {runs})", registered),
+        (f"cuobjdump --list-elf/--list-ptx ({len(commands)} calls)", theirs),
+    ]
+    print(summary_table(tools, theirs))
+    print()
+    for line in target_lines(full, registered, theirs):
+        print(line)
+    for c in rows:
+        if not c.agree:
+            print(f"DISAGREE {c.path}: only ours {sorted(c.only_ours)}, only cuobjdump {sorted(c.only_theirs)}")
+    return 0 if all(c.agree for c in rows) else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qualify.devtools.bench_inventory", description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", default=str(DEFAULT_VENV), help=f"scratch venv (default {DEFAULT_VENV})")
+    parser.add_argument("--cuobjdump", help="cuobjdump binary (default: the one pip put in the venv)")
+    parser.add_argument("--site", help="an existing site-packages to census instead of the scratch venv")
+    parser.add_argument("--runs", type=int, default=5, help="census runs; the median wall time is reported")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the measuring helper
+    args = parser.parse_args(argv)
+    if args.measure:
+        return _measure_helper(args.measure)
+    try:
+        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site)
+    except QualifyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`nox -s vllm-rules`: are the provider tables still vLLM's own rules?
+
+Runs vLLM's selector functions inside the built vLLM image, once per
+capability, with vLLM's CUDA platform made to report that capability
+(the snippet's `--assume-capability`, mode `evaluated`), and compares each
+choice with `providers.VLLM_0_33_SELECTIONS`. No GPU is needed: a stand-in
+libcuda (every driver call answers 'no device'), compiled inside the image,
+lets vLLM import; nothing is launched. Prints a table; exit 1 on a mismatch.
+
+    python -m qualify.devtools.vllm_rules [--image REF] [--target sm120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Dict, List, Optional
+
+from qualify.build import image as build
+from qualify.build.engine import Engine
+from qualify.config import targets
+from qualify.core.errors import ConfigError, QualifyError
+from qualify.probe import providers
+from qualify.qualification import container
+from qualify.release import report
+
+# A STAND-IN for the NVIDIA driver (none on a build host): enough symbols for vLLM to import.
+_STUB = " ".join(f"int {name}(void){{return 100;}}" for name in (
+    "cuInit", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain",
+    "cuDriverGetVersion", "cuGetErrorString", "cuGetProcAddress_v2", "cuGetProcAddress", "cuMemAddressFree",
+    "cuMemAddressReserve", "cuMemCreate", "cuMemGetAllocationGranularity", "cuMemMap", "cuMemRelease",
+    "cuMemSetAccess", "cuMemUnmap", "cuPointerGetAttribute", "cuTensorMapEncodeTiled"))
+
+
+def _script(cap: str) -> str:
+    return (f"mkdir -p /tmp/stub && printf '%s\\n' '{_STUB}' > /tmp/stub/stub.c "
+            "&& gcc -shared -fPIC -o /tmp/stub/libcuda.so.1 /tmp/stub/stub.c "
+            f"&& LD_LIBRARY_PATH=/tmp/stub python3 {container.CONTAINER_ROOT}/qualify/probe/snippets/vllm_providers.py "
+            f"--assume-capability {cap}")
+
+
+def evaluate(engine: Engine, image: str, platform: str, cap: str) -> Dict[str, Optional[str]]:
+    mount = container.stage_probe(container.probe_sources_digest())
+    proc = engine.run_container(image, ["bash", "-c", _script(cap)],
+                                mounts=[(str(mount), container.CONTAINER_ROOT, "ro")],
+                                env={"PYTHONPATH": container.CONTAINER_ROOT}, platform=platform, timeout=900)
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise QualifyError(f"vLLM's selectors did not answer for {cap} (exit {proc.returncode}):\n"
+                           + "\n".join(proc.stderr.strip().splitlines()[-15:]))
+    data = json.loads(lines[-1])
+    if data.get("status") != "ok":
+        raise QualifyError(f"vLLM's selectors for {cap}: {data.get('status')}: {data.get('reason')}")
+    return {key: providers._observed_name(key, section) for key, section in data.get("sections", {}).items()}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m qualify.devtools.vllm_rules", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="sm120", help="whose built vLLM image to use (default sm120)")
+    parser.add_argument("--base", default="hermetic", choices=targets.BASE_KINDS)
+    parser.add_argument("--image", help="a vLLM image reference (default: the target's built vLLM image)")
+    args = parser.parse_args(argv)
+    try:
+        t = targets.load().get(args.target)
+        image = args.image
+        if not image:
+            record = build.load_record(args.target, "vllm", args.base)
+            if record is None:
+                raise ConfigError(f"no built vLLM image for {args.target}",
+                                  hint=f"nox -s build-{args.target} -- --base {args.base} --profile vllm, or --image REF")
+            image = record.image_reference
+        engine = Engine("docker").check()
+        rows, mismatches = [], 0
+        for cap, expected in sorted(providers.VLLM_0_33_SELECTIONS.items()):
+            print(f"[vllm-rules] evaluating vLLM's selectors for {cap} in {image}", file=sys.stderr, flush=True)
+            got = evaluate(engine, image, t.platform, cap)
+            for key, want in sorted(expected.items()):
+                ok = got.get(key) == want
+                mismatches += not ok
+                rows.append([cap, key, want, str(got.get(key)), "yes" if ok else "NO"])
+        print(report.table(rows, ["capability", "provider", "table", "vLLM", "agree"]))
+        print(f"{len(rows) - mismatches} of {len(rows)} choices agree")
+        return 1 if mismatches else 0
+    except QualifyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

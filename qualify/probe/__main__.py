@@ -1,0 +1,5 @@
+import sys
+
+from qualify.probe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,125 @@
+"""The probe in a container: the one way the host runs the image-side probe.
+
+Qualification (build host, no GPU) and the deploy's GPU gate (a Blackwell
+host) both come here. Only the image side is staged and mounted: the package
+root's `__init__.py`, `qualify/core` and `qualify/probe`, plus pyelftools; the
+target is passed as JSON, so nothing in the image reads the targets file.
+The container gets no network and one writable directory for its output,
+and runs the image's own python3, so it qualifies what users will run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
+
+from qualify.build.registry import STATE_DIR
+from qualify.config.targets import Target
+from qualify.core.errors import EngineError
+from qualify.probe.runner import ProbeTarget
+
+if TYPE_CHECKING:  # the engine (python-on-whales) is not needed to describe a target on a GPU host
+    from qualify.build.engine import Engine
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+IMAGE_SIDE = ("__init__.py", "core", "probe")  # what goes into images; nothing else is hashed or mounted
+CONTAINER_ROOT = "/opt/qualify"
+PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
+
+
+def probe_target(target: Target, profile: Optional[str], emulated: bool = False) -> ProbeTarget:
+    """What the probe needs to know about a target of the targets file."""
+    return ProbeTarget(
+        name=target.name, capability=str(target.capability), platform=target.platform,
+        torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton.env(),
+        intended_support_level=target.support_level, profile=profile,
+        unified_memory=target.runtime.unified_memory,
+        gpu_memory_utilization=target.runtime.gpu_memory_utilization,
+        min_gpu_memory_gib=target.runtime.min_gpu_memory_gib, emulated=emulated,
+    )
+
+
+def _image_side_files(root: Path) -> Iterator[Path]:
+    """Every file that goes into images (code and the rule data beside it), no byte-code."""
+    for name in IMAGE_SIDE:
+        path = root / name
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                              and p.suffix not in (".pyc", ".pyo"))
+        else:
+            yield path
+
+
+def probe_sources_digest(root: Path = PACKAGE_ROOT) -> str:
+    """What the probe is made of: a manifest from other probe code is not reused.
+
+    Only the image side counts, so editing host-side code (release, deploy)
+    keeps every cached qualification valid.
+    """
+    h = hashlib.sha256()
+    for path in _image_side_files(root):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return "sha256:" + h.hexdigest()
+
+
+def stage_probe(digest: str) -> Path:
+    """A read-only copy of the image side + pyelftools to mount into images."""
+    import elftools
+
+    dest = STATE_DIR / "probe" / digest.split(":", 1)[1][:16]
+    if (dest / "qualify" / "probe" / "__main__.py").exists():
+        return dest
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="probe-", dir=STATE_DIR))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    (tmp / "qualify").mkdir()
+    for name in IMAGE_SIDE:
+        src = PACKAGE_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, tmp / "qualify" / name, ignore=ignore)
+        else:
+            shutil.copy2(src, tmp / "qualify" / name)
+    shutil.copytree(Path(elftools.__file__).parent, tmp / "elftools", ignore=ignore)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process staged the same digest first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
+              timeout: float = 900) -> Dict[str, Any]:
+    """The probe's predicate, from a throw-away container of `image`."""
+    mount = stage_probe(probe_sources_digest())
+    with tempfile.TemporaryDirectory(prefix="qualify-out-") as out:
+        out_dir = Path(out)
+        out_dir.chmod(0o777)
+        where = f"with GPUs {gpus}" if gpus else "no GPU"
+        print(f"[qualify] probing {image} in a container (no network, {where}, checks: {scope})",
+              file=sys.stderr, flush=True)
+        proc = engine.run_container(
+            image,
+            ["python3", "-m", "qualify.probe", "--target-json", json.dumps(asdict(target), sort_keys=True),
+             "--only", scope, "--predicate-only", "--out", "/out/predicate.json"],
+            mounts=[(str(mount), CONTAINER_ROOT, "ro"), (str(out_dir), "/out", "rw")],
+            env={"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"},
+            network="none", platform=target.platform, timeout=timeout, gpus=gpus,
+        )
+        for line in proc.stderr.splitlines():
+            if line.startswith("[probe]"):
+                print("  " + line, file=sys.stderr, flush=True)
+        result = out_dir / "predicate.json"
+        if proc.returncode not in PROBE_EXITS or not result.exists():
+            raise EngineError(
+                f"the probe did not complete in {image} (exit {proc.returncode}):\n"
+                + "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:]),
+                hint="the image needs a python3 (3.9+); see the output above",
+            )
+        return json.loads(result.read_text())

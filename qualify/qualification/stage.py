@@ -1,0 +1,100 @@
+"""Qualify a built image: run the probe in a container (container.py), wrap
+its predicate into the manifest, validate it against the schema, write it
+once, atomically. Building is not this stage's business: the CLI composes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, TextIO
+
+from qualify.build import image as build_mod
+from qualify.build import provenance
+from qualify.build.engine import Engine
+from qualify.config.targets import REPO_ROOT, TargetsFile
+from qualify.core import manifest
+from qualify.core.errors import QualifyError
+from qualify.core.fsutil import write_atomic
+from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
+
+SCHEMA = REPO_ROOT / "manifests" / "manifest.schema.json"
+MANIFEST_DIR = build_mod.BUILD_DIR / "manifests"  # release input: <target>.json, the latest qualified
+QUALIFIED_DIR = build_mod.BUILD_DIR / "qualified"  # one per target, profile and base
+
+
+def validate(doc: Dict[str, Any]) -> None:
+    import jsonschema
+
+    schema = json.loads(SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+    if errors:
+        first = errors[0]
+        where = "/".join(str(p) for p in first.absolute_path)
+        raise QualifyError(f"manifest does not match {SCHEMA.name} at /{where}: {first.message}")
+
+
+def assemble(record: build_mod.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
+    predicate = dict(predicate)
+    predicate["image"] = {"reference": record.image_reference, "digest": record.digest, "id": record.image_id,
+                          "tag": record.image_tag, "labels": record.labels}
+    predicate["base"] = {"kind": record.base_kind, "image": record.base_image}
+    predicate["build"] = {"engine": record.engine, "builder": record.builder, "seconds": record.build_seconds}
+    predicate["toolkit"] = {**predicate.get("toolkit", {}), "source_revision": provenance.revision(),
+                            "probe_sha256": probe_sources_digest()}
+    doc = manifest.statement(record.image_reference.split("@", 1)[0], record.digest, predicate)
+    validate(doc)
+    return doc
+
+
+def qualified_path(record: build_mod.BuildRecord) -> Path:
+    return QUALIFIED_DIR / f"{record.target}-{record.profile}-{record.base_kind}.json"
+
+
+def already_qualified(record: build_mod.BuildRecord) -> Optional[Path]:
+    path = qualified_path(record)
+    if not path.exists():
+        return None
+    try:
+        doc = manifest.load(path)
+    except QualifyError:
+        return None
+    same_image = manifest.subject_digest(doc) == record.digest
+    same_probe = manifest.predicate(doc).get("toolkit", {}).get("probe_sha256") == probe_sources_digest()
+    return path if same_image and same_probe else None
+
+
+def qualify(tf: TargetsFile, record: build_mod.BuildRecord, engine: Engine, force: bool = False) -> Path:
+    target = tf.get(record.target)
+    existing = None if force else already_qualified(record)
+    if existing:
+        print(f"[qualify] {record.image_reference} already qualified by this probe: {existing}", file=sys.stderr)
+        return existing
+    start = time.monotonic()
+    emulated = target.platform != engine.native_platform()
+    predicate = run_probe(engine, record.image_reference, probe_target(target, record.profile, emulated))
+    doc = assemble(record, predicate)
+    data = manifest.dumps(doc)
+    path = write_atomic(qualified_path(record), data)
+    write_atomic(MANIFEST_DIR / f"{record.target}.json", data)
+    print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
+    return path
+
+
+def summary_line(path: Path) -> str:
+    doc = manifest.load(path)
+    p = manifest.predicate(doc)
+    counts: Dict[str, int] = {}
+    for c in p["checks"]:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return f"{p['target']['name']}: verdict {p['verdict']}, support level {p['support_level']} ({parts})"
+
+
+def report(path: Path, file: TextIO) -> int:
+    """Summary for people; exit 1 when the verdict is fail."""
+    print(summary_line(path), file=file)
+    print(f"manifest: {path.relative_to(REPO_ROOT)}", file=file)
+    return 1 if manifest.predicate(manifest.load(path))["verdict"] == "fail" else 0

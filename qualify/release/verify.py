@@ -1,0 +1,219 @@
+"""Verify a signed manifest: signature, image digest, verdict, in that order.
+
+Each failure raises VerificationError whose message starts with the check that
+failed ("signature check failed", "image digest check failed", "verdict check
+failed"), so start.sh and people can tell which. The manifest's bytes are read
+once: the bytes whose signature is checked are the bytes that are parsed.
+
+Key-pair signatures are checked in-process (works without cosign); keyless
+ones need cosign, because they need Sigstore's trust root and transparency log.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.core import manifest as mf
+from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
+from qualify.signing import formats
+from qualify.signing import keys as cosign_keys
+
+ImageResolver = Callable[[str], str]
+
+
+def image_digest(ref: str) -> str:
+    """`sha256:...` of the local image that `ref` names (the engine's repo digest, else its id)."""
+    from qualify.build.engine import Engine  # python-on-whales: host side only
+
+    try:
+        return Engine("docker").repo_digest(ref)
+    except ImageRefError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _parse_ref(ref: str) -> ImageRef:
+    try:
+        return ImageRef.parse(ref)
+    except ImageRefError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    manifest: Path
+    key: Optional[Path] = None
+    identity: Optional[str] = None
+    issuer: Optional[str] = None
+    signature: Optional[Path] = None
+    bundle: Optional[Path] = None
+    image: Optional[str] = None
+    require_pass: bool = False
+
+    def validate(self) -> None:
+        if self.key is None and not (self.identity and self.issuer):
+            raise ConfigError("say whose signature to trust: --key PUB, or --identity ID with --issuer URL")
+        if self.key is not None and (self.identity or self.issuer):
+            raise ConfigError("--key and --identity/--issuer are exclusive")
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    manifest: str
+    target: Optional[str]
+    subject_digest: str
+    signature: str  # how it was verified
+    image: Optional[str]  # the --image checked, if any
+    image_digest: Optional[str]
+    verdict: Optional[str]
+    support_level: Optional[str]
+    failing_checks: List[str] = field(default_factory=list)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def parse_manifest(data: bytes, where: str) -> Dict[str, Any]:
+    """The statement in `data`, checked as manifest.load checks a file."""
+    try:
+        stmt = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise VerificationError(f"{where}: not a JSON manifest: {exc}") from None
+    kind = (stmt.get("_type"), stmt.get("predicateType")) if isinstance(stmt, dict) else None
+    if kind != (mf.STATEMENT_TYPE, mf.PREDICATE_TYPE):
+        raise VerificationError(f"{where}: not a qualification manifest "
+                                f"(in-toto Statement v1 with {mf.PREDICATE_TYPE})")
+    if not isinstance(stmt.get("predicate"), dict):
+        raise VerificationError(f"{where}: manifest has no predicate")
+    return stmt
+
+
+def target_name(stmt: Mapping[str, Any]) -> Optional[str]:
+    target = mf.predicate(stmt).get("target")
+    if isinstance(target, dict):
+        return target.get("name")
+    return target if isinstance(target, str) else None
+
+
+def _signature_bytes(opts: VerifyOptions) -> bytes:
+    sig_file = opts.signature or formats.signature_path(opts.manifest)
+    if sig_file.exists():
+        return formats.decode_signature(sig_file.read_bytes(), str(sig_file))
+    bundle_file = opts.bundle or formats.bundle_path(opts.manifest)
+    if bundle_file.exists():
+        bundle = formats.load_bundle(bundle_file.read_bytes(), str(bundle_file))
+        return formats.bundle_signature(bundle, str(bundle_file))
+    raise VerificationError(f"signature check failed: no signature for {opts.manifest}: "
+                            f"neither {sig_file} nor {bundle_file} exists")
+
+
+def check_signature(opts: VerifyOptions, data: bytes) -> str:
+    if opts.key is None:
+        return _check_keyless(opts, data)
+    public_key = formats.load_public_key_file(opts.key)
+    try:
+        sig = _signature_bytes(opts)
+    except VerificationError as exc:
+        if exc.message.startswith("signature check failed"):
+            raise
+        raise VerificationError(f"signature check failed: {exc.message}") from None
+    if not formats.verify_bytes(public_key, data, sig):
+        raise VerificationError(
+            f"signature check failed: {opts.manifest} does not match its signature under key {opts.key} "
+            f"({cosign_keys.fingerprint(public_key)})",
+            hint="the manifest was changed after signing, or it was signed with another key",
+        )
+    return f"key {cosign_keys.fingerprint(public_key)}"
+
+
+def _check_keyless(opts: VerifyOptions, data: bytes) -> str:
+    from qualify.signing import cosign
+
+    bundle_file = opts.bundle or formats.bundle_path(opts.manifest)
+    if not bundle_file.exists():
+        raise VerificationError(f"signature check failed: keyless verification needs the bundle {bundle_file}")
+    sig_file = opts.signature or formats.signature_path(opts.manifest)
+    with tempfile.TemporaryDirectory(prefix="qualify-verify-") as tmp:
+        # cosign checks a private copy of the bytes we parse afterwards, not a path that could change.
+        blob = Path(tmp) / opts.manifest.name
+        blob.write_bytes(data)
+        req = cosign.VerifyBlobRequest(
+            blob=blob,
+            signature=sig_file if sig_file.exists() else None,
+            bundle=bundle_file,
+            bundle_is_sigstore=formats.is_sigstore_bundle(bundle_file.read_bytes()),
+            identity=opts.identity,
+            issuer=opts.issuer,
+        )
+        how = cosign.verify_blob(req)
+    return f"{how}, identity {opts.identity} from {opts.issuer}"
+
+
+def check_subject(stmt: Mapping[str, Any]) -> str:
+    """The subject digest, after checking the predicate records the same one."""
+    subject = mf.subject_digest(stmt)
+    recorded = (mf.predicate(stmt).get("image") or {}).get("digest")
+    if recorded and recorded != subject:
+        raise VerificationError(f"image digest check failed: manifest is inconsistent: subject {subject}, "
+                                f"predicate image digest {recorded}")
+    return subject
+
+
+def match_digest(stmt: Mapping[str, Any], image: str, actual: str) -> str:
+    subject = check_subject(stmt)
+    if actual != subject:
+        raise VerificationError(f"image digest check failed: the manifest is for {subject}, but {image} is {actual}",
+                                hint="deploy the image the manifest was qualified for, or qualify this one")
+    return actual
+
+
+def check_image(stmt: Mapping[str, Any], image: Optional[str], resolve: ImageResolver) -> Optional[str]:
+    """The digest `image` has (a `name@sha256:` reference is taken as written), checked against the subject."""
+    check_subject(stmt)
+    if image is None:
+        return None
+    actual = _parse_ref(image).digest
+    if actual is None:
+        try:
+            actual = resolve(image)
+        except ExternalCommandError as exc:
+            raise VerificationError(f"image digest check failed: cannot resolve {image}: {exc.message}",
+                                    hint="pull or build the image first, or pass it as name@sha256:...") from None
+    return match_digest(stmt, image, actual)
+
+
+def check_verdict(stmt: Mapping[str, Any], require_pass: bool) -> List[str]:
+    failing = [str(c.get("id")) for c in mf.failing_checks(stmt)]
+    verdict = mf.predicate(stmt).get("verdict")
+    if require_pass and (verdict == "fail" or failing or verdict is None):
+        detail = f"; failing checks: {', '.join(failing)}" if failing else ""
+        raise VerificationError(f"verdict check failed: verdict is {verdict or 'missing'}{detail}")
+    return failing
+
+
+def verify(opts: VerifyOptions, resolve: ImageResolver = image_digest) -> VerifyResult:
+    opts.validate()
+    try:
+        data = Path(opts.manifest).read_bytes()
+    except FileNotFoundError:
+        raise VerificationError(f"{opts.manifest}: manifest not found") from None
+    how = check_signature(opts, data)
+    stmt = parse_manifest(data, str(opts.manifest))
+    actual = check_image(stmt, opts.image, resolve)
+    failing = check_verdict(stmt, opts.require_pass)
+    pred = mf.predicate(stmt)
+    return VerifyResult(
+        manifest=str(opts.manifest),
+        target=target_name(stmt),
+        subject_digest=mf.subject_digest(stmt),
+        signature=how,
+        image=opts.image,
+        image_digest=actual,
+        verdict=pred.get("verdict"),
+        support_level=pred.get("support_level"),
+        failing_checks=failing,
+    )

@@ -1,0 +1,1 @@
+"""Reproducibility: build twice, read both image archives, explain every difference."""

@@ -1,0 +1,134 @@
+"""The package layout keeps its promises: the image side stands alone, stages do not import each other
+in cycles, and the probe's identity depends on the image side only."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from qualify.qualification import container
+
+PACKAGE = REPO / "qualify"
+IMAGE_SIDE_DIRS = ("core", "probe")
+# What the image side may import besides the standard library and itself.
+IMAGE_SIDE_THIRD_PARTY = {"elftools"}
+
+
+def _modules(folder: Path):
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imports(path: Path):
+    """(module imported, line) for every import in the file, relative ones resolved."""
+    rel = path.relative_to(REPO).with_suffix("")
+    package = list(rel.parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            yield mod, node.lineno
+            for alias in node.names:  # `from qualify import x` imports the module qualify.x
+                yield f"{mod}.{alias.name}", node.lineno
+
+
+def _image_side_files():
+    return [p for d in IMAGE_SIDE_DIRS for p in _modules(PACKAGE / d)
+            if "snippets" not in p.relative_to(PACKAGE).parts]  # snippets run in child interpreters
+
+
+@pytest.mark.parametrize("path", _image_side_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_the_image_side_imports_nothing_from_the_host_side(path):
+    stdlib = set(sys.stdlib_module_names)
+    for mod, line in _imports(path):
+        top = mod.split(".")[0]
+        if top == "qualify":
+            parts = mod.split(".")
+            if len(parts) == 1 or parts[1] == "__version__":
+                continue
+            assert parts[1] in IMAGE_SIDE_DIRS, f"{path.relative_to(REPO)}:{line} imports host-side {mod}"
+        elif top not in stdlib and top != "__future__":
+            assert top in IMAGE_SIDE_THIRD_PARTY, f"{path.relative_to(REPO)}:{line} imports {mod} (not stdlib)"
+
+
+def test_no_import_cycle_between_modules():
+    graph = {}
+    names = {}
+    for path in _modules(PACKAGE):
+        rel = path.relative_to(REPO).with_suffix("")
+        mod = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        names[mod] = path
+    for mod, path in names.items():
+        # function-level imports count too: a late import only hides a cycle
+        graph[mod] = {dep for dep, _ in _imports(path) if dep in names and dep != mod}
+    state = {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(d):] + [d]))
+            if d not in state:
+                visit(d, stack + [d])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    dest = tmp_path / "qualify"
+    shutil.copytree(PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def test_editing_host_side_code_keeps_the_probe_identity(tmp_path):
+    root = _copy_package(tmp_path)
+    before = container.probe_sources_digest(root)
+    assert before == container.probe_sources_digest(PACKAGE)
+    for host_module in ("release/release.py", "deploy/plan.py", "build/engine.py", "cli/__init__.py"):
+        with open(root / host_module, "a") as fh:
+            fh.write("\n# an edit on the host side\n")
+    assert container.probe_sources_digest(root) == before
+
+
+@pytest.mark.parametrize("image_module", ["core/arch.py", "probe/runner.py", "__init__.py"])
+def test_editing_image_side_code_changes_the_probe_identity(tmp_path, image_module):
+    root = _copy_package(tmp_path)
+    before = container.probe_sources_digest(root)
+    with open(root / image_module, "a") as fh:
+        fh.write("\n# an edit on the image side\n")
+    assert container.probe_sources_digest(root) != before
+
+
+def test_stage_folders_read_as_the_data_flow():
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert folders == sorted(["core", "probe", "config", "build", "repro", "qualification", "signing", "release",
+                              "deploy", "devtools", "cli"])
+
+
+def test_the_host_probe_needs_no_host_only_dependency():
+    """scripts/gpu-evidence.sh runs `python -m qualify probe --target ...` on GPU hosts that have torch and
+    pyelftools but not python-on-whales, cryptography or jsonschema."""
+    import subprocess
+
+    code = ("import sys, json\n"
+            "for name in ('python_on_whales', 'cryptography', 'jsonschema', 'tomlkit', 'nacl'):\n"
+            "    sys.modules[name] = None  # importing any of them now fails\n"
+            "from qualify.cli import probe_cmd\n"
+            "from qualify.config import targets\n"
+            "from qualify.qualification.container import probe_target\n"
+            "print(json.dumps(probe_target(targets.load().get('sm120'), 'smoke').name))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == '"sm120"', out.stderr
