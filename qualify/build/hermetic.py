@@ -111,9 +111,14 @@ def base_tag(tf: TargetsFile, target: Target, registry: Registry) -> str:
 
 
 def ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Registry) -> ImageRef:
-    """The hermetic base for the target's platform, by repo digest; built only when missing."""
+    """The hermetic base for the target's platform, by repo digest; built only when missing, once."""
     registry.ensure()
     tag = base_tag(tf, target, registry)
+    with fsutil.file_lock(STATE_DIR / "locks" / f"hermetic-{target.arch_tag}.lock"):
+        return _ensure_base(engine, tf, target, registry, tag)
+
+
+def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Registry, tag: str) -> ImageRef:
     ref = ImageRef.parse(tag)
     repository = ref.name.split("/", 1)[1]
     digest = registry.manifest_digest(repository, ref.tag)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -121,11 +122,12 @@ def resolve_base(engine: Engine, tf: TargetsFile, target: Target, opts: BuildOpt
 
 
 def stage_context(name: str, lock: Path, wheels: Path) -> Path:
-    """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs)."""
-    ctx = STATE_DIR / "contexts" / name
-    if ctx.exists():
-        shutil.rmtree(ctx)
-    (ctx / "wheelhouse").mkdir(parents=True)
+    """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs).
+    Each build gets its own directory: two checkouts may build the same target at once."""
+    parent = STATE_DIR / "contexts"
+    parent.mkdir(parents=True, exist_ok=True)
+    ctx = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
+    (ctx / "wheelhouse").mkdir()
     for rel in _CONTEXT_FILES:
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(IMAGES_DIR / rel, ctx / rel)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from qualify.core.errors import RegistryError
+from qualify.core.fsutil import file_lock
 
 DEFAULT_ADDRESS = "127.0.0.1:5555"
 STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify"))
@@ -64,9 +65,15 @@ class Registry:
             return False
 
     def ensure(self, state_dir: Path = STATE_DIR, wait_s: float = 20.0) -> Registry:
-        """Start our registry if nothing answers at the address yet."""
+        """Start our registry if nothing answers at the address yet (one starter at a time)."""
         if self.answers():
             return self
+        if not self.address.startswith("127.0.0.1:"):
+            raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
+        with file_lock(state_dir / f"registry-{self.address.rsplit(':', 1)[1]}.lock"):
+            return self if self.answers() else self._start(state_dir, wait_s)
+
+    def _start(self, state_dir: Path, wait_s: float) -> Registry:
         if not self.address.startswith("127.0.0.1:"):
             raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"

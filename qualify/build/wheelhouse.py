@@ -80,9 +80,14 @@ def wheelhouse_dir(lock: Path, platform: str, python: Optional[str]) -> Path:
 
 
 def prepare(lock: Path, platform: str, python: Optional[str]) -> Path:
-    """Download (once) and verify the wheels a lock names for a platform."""
-    pins = parse_lock(lock)
+    """Download (once) and verify the wheels a lock names for a platform; one checkout at a time."""
     dest = wheelhouse_dir(lock, platform, python)
+    with fsutil.file_lock(dest.with_name(dest.name + ".lock")):
+        return _prepare(lock, platform, python, dest)
+
+
+def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Path:
+    pins = parse_lock(lock)
     stamp = dest / ".verified.json"
     if _stamp_valid(stamp, dest):
         return dest

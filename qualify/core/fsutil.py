@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -54,3 +55,19 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         for block in iter(lambda: fh.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def file_lock(path: PathLike) -> Iterator[None]:
+    """An exclusive advisory lock (flock) held for the block: checkouts on one host share build state
+    (wheelhouses, the registry, the hermetic base) and take turns at it. Released when the process dies."""
+    import fcntl  # POSIX only; imported here so the image side still loads anywhere
+
+    lock_path = Path(path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
