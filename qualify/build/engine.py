@@ -9,9 +9,20 @@ Abilities are detected, not assumed (measured on Debian 12 with docker.io 20.10 
 - `classic`: the legacy builder; no `--platform`, does not reproduce.
 - `podman`: buildah underneath; `--timestamp` makes builds reproducible.
 
-python-on-whales' `legacy_build` cannot pass `--platform`, `--timestamp` or
-`--iidfile`, and expects the classic builder's output, so the build command
-line is assembled here from the client's own command prefix and streamed.
+python-on-whales does every engine call it can express: `info`, `pull`,
+`push` (its log stream gives the progress lines), `image list`, `image rm`,
+`save`, `image inspect`. The command line is ours, in one place each, only where
+it cannot:
+- builds: `legacy_build` cannot pass `--platform`, `--timestamp` or
+  `--iidfile` and expects the classic builder's output (and buildx, which it
+  wraps, is not installable on Debian 12's docker.io);
+- podman against our plain-HTTP loopback registry: `--tls-verify=false` on
+  push/pull and `--digestfile` on push are not among its options, nor
+  `save --format docker-archive`;
+- throw-away containers: `container.run` has no timeout and does not return
+  the exit status and stderr of a successful run, which the probe protocol uses;
+- raw `image inspect` JSON for build clean-up: podman's `History`, which its
+  models leave out, orders removals.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,12 +104,10 @@ class Engine:
     def check(self) -> Engine:
         """Fail early, with what to do, when the engine does not answer."""
         try:
-            proc = subprocess.run([self.binary, "info"], capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            raise EngineError(f"{self.name} info did not answer within 60 s") from None
-        if proc.returncode != 0:
+            self.client.system.info()
+        except DockerException as exc:
             hint = "run scripts/setup-host.sh (starts dockerd)" if self.name == "docker" else "check `podman info`"
-            raise EngineError(f"no {self.name} engine answers: {proc.stderr.strip()[-300:]}", hint=hint)
+            raise EngineError(f"no {self.name} engine answers: {_tail(exc)}", hint=hint) from None
         return self
 
     @property
@@ -234,24 +244,36 @@ class Engine:
         return self.inspect(ref) is not None
 
     def push(self, ref: str) -> str:
-        """Push `name:tag` and return the registry's manifest digest."""
+        """Push `name:tag` and return the registry's manifest digest, saying how it goes."""
+        progress = PushProgress(ref, self.inspect(ref))
         if self.name == "podman":
             with _TempFile() as digestfile:
                 self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref], timeout=1800)
+                progress.done()
                 return digestfile.read_text().strip()
-        out = self._run([self.binary, "push", ref], timeout=1800)
-        for line in out.splitlines():
-            if "digest: sha256:" in line:
-                return line.split("digest: ", 1)[1].split()[0]
-        raise EngineError(f"push of {ref} printed no digest:\n{out[-500:]}")
+        digest = ""
+        try:
+            for _, raw in self.client.image.push(ref, stream_logs=True):
+                line = raw.decode("utf-8", "replace").strip()
+                progress.line(line)
+                if "digest: sha256:" in line:
+                    digest = line.split("digest: ", 1)[1].split()[0]
+        except DockerException as exc:
+            raise EngineError(f"push of {ref} failed: {_tail(exc)}") from None
+        if not digest:
+            raise EngineError(f"push of {ref} printed no digest")
+        progress.done()
+        return digest
 
     def pull(self, ref: str, platform: Optional[str] = None, timeout: float = 120) -> None:
-        argv = [self.binary, "pull"]
-        if platform:
-            argv += ["--platform", platform]
         if self.name == "podman":
-            argv.append("--tls-verify=false")
-        self._run(argv + [ref], timeout=timeout)
+            argv = [self.binary, "pull", "--tls-verify=false"] + (["--platform", platform] if platform else [])
+            self._run(argv + [ref], timeout=timeout)
+            return
+        try:
+            self.client.image.pull(ref, platform=platform, quiet=True)
+        except DockerException as exc:
+            raise EngineError(f"pull of {ref} failed: {_tail(exc)}") from None
 
     def ensure_base(self, ref: ImageRef, platform: str) -> None:
         """The base must be present or pullable by digest; refuse clearly otherwise."""
@@ -268,8 +290,10 @@ class Engine:
 
     def image_ids(self) -> Set[str]:
         """Full ids of every image in the store, intermediate (build cache) images included."""
-        out = self._stdout([self.binary, "images", "-a", "-q", "--no-trunc"])
-        return {i if i.startswith("sha256:") else f"sha256:{i}" for i in out.split()}
+        try:
+            return {_full_id(image.id) for image in self.client.image.list(all=True)}
+        except DockerException as exc:
+            raise EngineError(f"{self.name} image list failed: {_tail(exc)}") from None
 
     def inspect_raw(self, refs: Sequence[str]) -> List[dict]:
         """Inspect JSON of several images in one call (ids, parents, tags)."""
@@ -280,8 +304,11 @@ class Engine:
         --no-prune: untagged parents stay too (podman counts look-alike images from other builds as parents)."""
         if not ids:
             return ""
-        proc = subprocess.run([self.binary, "image", "rm", "--no-prune", *ids], capture_output=True, text=True)
-        return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()[-500:]
+        try:
+            self.client.image.remove(list(ids), prune=False)
+        except DockerException as exc:
+            return _tail(exc, 500)
+        return ""
 
     # --- what one build made, and removing exactly that ------------------------------
 
@@ -341,10 +368,13 @@ class Engine:
         return error
 
     def save(self, refs: Sequence[str], path: Path) -> Path:
-        argv = [self.binary, "save", "-o", str(path)]
         if self.name == "podman":
-            argv += ["--format", "docker-archive"]
-        self._run(argv + list(refs), timeout=1800)
+            self._run([self.binary, "save", "-o", str(path), "--format", "docker-archive", *refs], timeout=1800)
+            return path
+        try:
+            self.client.image.save(list(refs), output=path)
+        except DockerException as exc:
+            raise EngineError(f"{self.name} save failed: {_tail(exc)}") from None
         return path
 
     # --- containers ----------------------------------------------------------------
@@ -426,6 +456,50 @@ class _TempFile:
 
     def __exit__(self, *exc) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _tail(exc: DockerException, chars: int = 300) -> str:
+    """What the engine said, briefly (python-on-whales keeps its stderr)."""
+    said = (getattr(exc, "stderr", None) or getattr(exc, "stdout", None) or str(exc)).strip()
+    return said[-chars:]
+
+
+class PushProgress:
+    """Progress of one push from the engine's per-layer lines: layers done, time, and at the end the rate.
+    A 12 GB image takes minutes; a silent push looks hung."""
+
+    def __init__(self, ref: str, info: Optional[ImageInfo], every_s: float = 10.0) -> None:
+        self.ref, self.size = ref, info.size if info else 0
+        self.start = self.last = time.monotonic()
+        self.every_s = every_s
+        self.layers: Dict[str, str] = {}
+
+    def line(self, text: str) -> None:
+        layer, _, state = text.partition(": ")
+        if state in ("Preparing", "Waiting", "Pushing", "Pushed", "Layer already exists"):
+            self.layers[layer] = state
+        elif state.startswith("Mounted from"):
+            self.layers[layer] = "Layer already exists"
+        else:
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every_s or state in ("Pushed", "Layer already exists"):
+            self.last = now
+            print(f"[push] {self.ref}: {self._counts()}, {now - self.start:.0f} s", file=sys.stderr, flush=True)
+
+    def _counts(self) -> str:
+        pushed = sum(1 for s in self.layers.values() if s == "Pushed")
+        present = sum(1 for s in self.layers.values() if s == "Layer already exists")
+        return f"{pushed + present}/{len(self.layers)} layers done ({present} already in the registry)"
+
+    def done(self) -> None:
+        seconds = max(time.monotonic() - self.start, 1e-3)
+        present = sum(1 for s in self.layers.values() if s == "Layer already exists")
+        size = f"; image {self.size / 1e9:.2f} GB" if self.size else ""
+        # A rate means something only when every layer travelled (the engine reports no per-layer bytes).
+        rate = f", {self.size / seconds / 1e6:.0f} MB/s" if self.size and self.layers and not present else ""
+        counts = f": {self._counts()}" if self.layers else ""
+        print(f"[push] {self.ref}: done in {seconds:.1f} s{counts}{size}{rate}", file=sys.stderr, flush=True)
 
 
 def _full_id(image_id: str) -> str:

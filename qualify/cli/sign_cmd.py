@@ -8,7 +8,7 @@ from pathlib import Path
 
 from qualify import cmd
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
-from qualify.core.fsutil import write_atomic
+from qualify.core.fsutil import create_exclusive
 from qualify.signing import formats, signer
 from qualify.signing import keys as cosign_keys
 
@@ -55,13 +55,34 @@ def generate_key(args) -> int:
     if existing and not args.force:
         raise ConfigError(f"{', '.join(existing)} already exist(s)", hint="pass --force to replace the key pair")
     pair = cosign_keys.generate_key_pair(formats.read_password(confirm=True))
-    write_atomic(key_file, pair.private_pem, mode=0o600)
-    write_atomic(pub_file, pair.public_pem)
+    _write_pair(key_file, pub_file, pair, replace=args.force)
     fingerprint = cosign_keys.fingerprint(cosign_keys.load_public_key(pair.public_pem))
     print(f"Private key written to {key_file} (keep it secret)")
     print(f"Public key written to {pub_file} ({fingerprint})")
     _warn_if_tracked(key_file)
     return 0
+
+
+def _write_pair(key_file: Path, pub_file: Path, pair, replace: bool) -> None:
+    """Both files of one pair, or neither: each is created exclusively, so of two runs with one prefix
+    exactly one writes, and a failure on the public key takes the private key back out."""
+    if replace:
+        for path in (key_file, pub_file):
+            path.unlink(missing_ok=True)
+    written = []
+    try:
+        for path, data, mode in ((key_file, pair.private_pem, 0o600), (pub_file, pair.public_pem, 0o644)):
+            create_exclusive(path, data, mode)
+            written.append(path)
+    except FileExistsError as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise ConfigError(f"{exc.filename} already exists (another run made it meanwhile?)",
+                          hint="pass --force to replace the key pair") from None
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def _signer_for(args):

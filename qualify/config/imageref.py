@@ -64,6 +64,3 @@ class ImageRef:
             out += f"@{self.digest}"
         return out
 
-
-def is_digest(text: str) -> bool:
-    return bool(_DIGEST.fullmatch(text or ""))

@@ -27,7 +27,8 @@ def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         data = data.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=str(path.parent))
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -40,6 +41,48 @@ def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> 
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        raise
+    return path
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temp files of earlier writes to `path` whose writer died (killed before its rename): the pid is in
+    the name, so a live writer's file stays."""
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(path.parent / name)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def create_exclusive(path: PathLike, data: bytes, mode: int = 0o644) -> Path:
+    """Create `path` only if it does not exist (O_EXCL: of two racing writers exactly one wins)."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
         raise
     return path
 
