@@ -82,6 +82,12 @@ def sums(session: nox.Session) -> None:
     _qualify(session, "sums", "write")
 
 
+@nox.session(python=False)
+def clean(session: nox.Session) -> None:
+    """Remove what the toolkit made on this host and say how much it freed (-- [--all] [--dry-run])."""
+    _qualify(session, "clean")
+
+
 @nox.session(name="bench-inventory", python=False)
 def bench_inventory(session: nox.Session) -> None:
     """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""

@@ -21,7 +21,9 @@ def smoke(target: str) -> build.BuildRecord:
     """The smoke image of `target` on the hermetic base (built on first use)."""
     if target not in _CACHE:
         tf = targets.load()
-        opts = build.BuildOptions(target=target, base="hermetic", profile="smoke", engine="docker")
+        # The suite's many builds share their cache (a warm CI run takes minutes, not a quarter hour);
+        # the clean-up a user's build does by default has its own test.
+        opts = build.BuildOptions(target=target, base="hermetic", profile="smoke", engine="docker", keep_cache=True)
         _CACHE[target] = build.build(tf, opts, Engine("docker"), Registry.from_env())
     return _CACHE[target]
 
@@ -33,7 +35,7 @@ def variant(target: str, name: str, **changes) -> build.BuildRecord:
         tf = targets.load()
         t = dataclasses.replace(tf.get(target), name=name, **changes)
         tf2 = dataclasses.replace(tf, targets={**tf.targets, name: t})
-        opts = build.BuildOptions(target=name, base="hermetic", profile="smoke", engine="docker")
+        opts = build.BuildOptions(target=name, base="hermetic", profile="smoke", engine="docker", keep_cache=True)
         _CACHE[key] = build.build(tf2, opts, Engine("docker"), Registry.from_env())
     return _CACHE[key]
 

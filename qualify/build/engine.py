@@ -63,6 +63,16 @@ class BuildRequest:
 
 
 @dataclass(frozen=True)
+class CacheEntry:
+    """One BuildKit build-cache record (what `docker system df -v` lists)."""
+
+    id: str
+    size: int
+    in_use: bool
+    description: str
+
+
+@dataclass(frozen=True)
 class ImageInfo:
     id: str
     architecture: str
@@ -312,6 +322,39 @@ class Engine:
 
     # --- what one build made, and removing exactly that ------------------------------
 
+    def build_cache(self) -> Dict[str, CacheEntry]:
+        """BuildKit's cache records by id ({} where the builder keeps none apart from images).
+        `system df -v` is the only listing with ids (python-on-whales' disk_free has totals only)."""
+        if self.name != "docker" or self.builder == "classic":
+            return {}
+        raw = json.loads(self._stdout([self.binary, "system", "df", "-v", "--format", "{{json .BuildCache}}"]) or "[]")
+        entries = [CacheEntry(id=e["ID"].rstrip("*"), size=parse_size(e.get("Size", "0B")),
+                              in_use=str(e.get("InUse")).lower() == "true", description=e.get("Description", ""))
+                   for e in raw or []]
+        return {e.id: e for e in entries}
+
+    def remove_build_cache(self, ids: Sequence[str]) -> int:
+        """Remove exactly these cache records (`--all` lets a record go although images were made from it);
+        bytes reclaimed. A record with children stays until they are gone, so this works in rounds."""
+        reclaimed, remaining = 0, set(ids)
+        for _ in range(10):
+            for cache_id in sorted(remaining):  # BuildKit takes one value per filter key
+                out = self._run([self.binary, "builder", "prune", "--all", "--force", "--filter", f"id={cache_id}"])
+                total = [line for line in out.splitlines() if line.startswith("Total reclaimed space:")]
+                reclaimed += parse_size(total[-1].split(":", 1)[1].strip()) if total else 0
+            left = remaining & set(self.build_cache())
+            if not left or left == remaining:  # all gone, or no progress (in use by another build)
+                break
+            remaining = left
+        return reclaimed
+
+    def storage_root(self) -> Path:
+        """Where the engine keeps images and cache (for free-space reports)."""
+        fmt = "{{.DockerRootDir}}" if self.name == "docker" else "{{.Store.GraphRoot}}"
+        out = self._stdout([self.binary, "info", "--format", fmt]).strip()
+        return Path(out or ("/var/lib/docker" if self.name == "docker" else "/var/lib/containers/storage"))
+
+
     def inspect_existing(self, refs: Sequence[str]) -> List[dict]:
         """Inspect JSON of the refs that still exist (others may remove images meanwhile)."""
         try:
@@ -456,6 +499,21 @@ class _TempFile:
 
     def __exit__(self, *exc) -> None:
         self.path.unlink(missing_ok=True)
+
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from the engine's human sizes ('17B', '226MB', '1.2GB'); 0 when unreadable."""
+    text = text.strip().upper().replace(" ", "")
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * _UNITS[unit])
+            except ValueError:
+                return 0
+    return 0
 
 
 def _tail(exc: DockerException, chars: int = 300) -> str:

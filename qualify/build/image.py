@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from qualify.build import hermetic, provenance, wheelhouse
+from qualify.build import cleanup, hermetic, provenance, wheelhouse
 from qualify.build.engine import BuildRequest, Engine
 from qualify.build.registry import STATE_DIR, Registry
 from qualify.config.imageref import ImageRef
@@ -41,6 +41,7 @@ class BuildOptions:
     profile: str = "vllm"
     engine: str = "docker"
     no_cache: bool = False
+    keep_cache: bool = False  # keep the build cache and intermediate images this build makes
     # Both builds of a repro run get the same epoch, whatever happens to HEAD meanwhile.
     source_date_epoch: Optional[str] = None
     # A scratch build (repro): tag `<profile>-<base>-<suffix>`, its own context, no build record.
@@ -212,12 +213,15 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     ctx = stage_context(f"{target.name}-{opts.profile}-{opts.base}{suffix}", lock, wheels)
     tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}{suffix}"
     image_labels = labels(target, opts, base, lock, epoch)
+    before = None if opts.keep_cache else cleanup.footprint(engine)
     image_id = engine.build(BuildRequest(
         context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
         build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,
         no_cache=opts.no_cache, source_date_epoch=epoch,
     ))
     shutil.rmtree(ctx, ignore_errors=True)  # links into the wheelhouse; kept only when the build failed
+    if before is not None:  # a failed build keeps its cache: the rerun that fixes it starts from there
+        cleanup.report(cleanup.remove_what_the_build_made(engine, before, image_id, tag, engine.image_id(base.by_digest)))
     _check_platform(engine, tag, target)
     digest = engine.push(tag)
     record = BuildRecord(

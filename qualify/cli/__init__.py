@@ -30,6 +30,7 @@ COMMANDS = {
     "release": ("release_cmd", "sign manifests and release them to a git tag"),
     "sums": ("sums_cmd", "write or check SHA256SUMS of the release inputs"),
     "repro": ("repro_cmd", "build twice and compare image digests"),
+    "clean": ("clean_cmd", "remove what the toolkit made on this host (images, registry blobs, state) and nothing else"),
     "deploy": ("deploy_cmd", "helpers for start.sh (target for this GPU, compose file)"),
 }
 

@@ -22,6 +22,8 @@ def add_image_options(parser) -> None:
 def configure_parser(parser) -> None:
     add_image_options(parser)
     parser.add_argument("--no-cache", action="store_true", help="rebuild every layer")
+    parser.add_argument("--keep-cache", action="store_true",
+                        help="keep the build cache and intermediate images this build makes (default: removed)")
     parser.add_argument("--no-qualify", action="store_true", help="do not qualify the image after the build")
     parser.add_argument("--dry-run", action="store_true", help="print the build arguments and labels only")
 
@@ -30,7 +32,7 @@ def execute(args) -> int:
     """Composes the build stage and, unless --no-qualify, the qualification stage."""
     tf = targets.load(args.file)
     opts = build.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine,
-                              no_cache=args.no_cache)
+                              no_cache=args.no_cache, keep_cache=args.keep_cache)
     if args.dry_run:
         print(build.plan(tf, opts).to_json())
         return 0

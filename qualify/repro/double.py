@@ -143,7 +143,8 @@ def double_build(tf: TargetsFile, opts: build.BuildOptions, engine: Engine, regi
                  keep: bool = False) -> Outcome:
     """A target's image, built twice under a scratch tag (the build record and real tag are left alone)."""
     epoch = opts.source_date_epoch or provenance.source_date_epoch()
-    opts = dataclasses.replace(opts, no_cache=True, source_date_epoch=epoch, tag_suffix=SCRATCH_SUFFIX)
+    # keep_cache: the double build removes what each build made itself, by id, between the builds.
+    opts = dataclasses.replace(opts, no_cache=True, keep_cache=True, source_date_epoch=epoch, tag_suffix=SCRATCH_SUFFIX)
     target = tf.get(opts.target)
     base = build.resolve_base(engine, tf, target, opts, registry)  # an input: made once if missing
 

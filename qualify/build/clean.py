@@ -1,0 +1,246 @@
+"""`python -m qualify clean [--all]`: remove what the toolkit made on this host, and nothing else.
+
+What the toolkit made, by construction rather than by guess:
+- images in repositories of its own registry (`<QUALIFY_REGISTRY>/blackwell/...`): every build is tagged
+  there, so an image named anywhere else is not ours and stays;
+- manifests in that registry's `blackwell/` repositories, and the blobs only they referenced
+  (the registry's own garbage collector, run while our registry is stopped, as its documentation asks);
+- the state directory (QUALIFY_STATE_DIR): build contexts, repro scratch, staged probes, wheelhouses.
+
+Released images (digests named by a release's manifests under manifests/<tag>/) and the hermetic base
+stay unless --all; the debootstrap rootfs cache goes only with --all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Optional, Set, Tuple
+
+from qualify.build.engine import Engine
+from qualify.build.registry import STATE_DIR, Registry
+from qualify.core import manifest
+from qualify.core.errors import QualifyError, RegistryError
+from qualify.core.fsutil import file_lock
+
+NAMESPACE = "blackwell"
+HERMETIC_REPOSITORY = f"{NAMESPACE}/hermetic-cuda"
+ALWAYS_DIRS = ("contexts", "repro", "probe", "wheelhouse")  # rebuilt on demand
+ALL_DIRS = ("rootfs",)  # slow to remake (debootstrap): only with --all
+MAX_RELEASE_FILE = 8 << 20
+
+
+@dataclass
+class CleanReport:
+    """What was (or, in a dry run, would be) removed, and the space it freed."""
+
+    dry_run: bool
+    images: List[str] = field(default_factory=list)
+    kept_images: List[str] = field(default_factory=list)
+    registry_manifests: List[str] = field(default_factory=list)
+    directories: List[str] = field(default_factory=list)
+    freed_state_bytes: int = 0
+    freed_registry_bytes: int = 0
+    freed_engine_bytes: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        return self.freed_state_bytes + self.freed_registry_bytes + self.freed_engine_bytes
+
+    def lines(self) -> List[str]:
+        verb = "would remove" if self.dry_run else "removed"
+        gb = 1e9
+        out = [f"clean: {verb} {len(self.images)} image(s), {len(self.registry_manifests)} registry manifest(s), "
+               f"{len(self.directories)} state folder(s)"]
+        out += [f"  image {i}" for i in self.images]
+        out += [f"  registry {m}" for m in self.registry_manifests]
+        out += [f"  folder {d}" for d in self.directories]
+        out += [f"  kept (released or hermetic base; --all removes it): {k}" for k in self.kept_images]
+        if not self.dry_run:
+            out.append(f"freed {self.freed_bytes / gb:.2f} GB: engine {self.freed_engine_bytes / gb:.2f} GB, "
+                       f"registry {self.freed_registry_bytes / gb:.2f} GB, state {self.freed_state_bytes / gb:.2f} GB")
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "freed_bytes": self.freed_bytes}, indent=2, sort_keys=True)
+
+
+def released_digests(releases_dir: Path) -> Set[str]:
+    """Image digests named by the manifests of every release folder (manifests/<tag>/*.json)."""
+    found: Set[str] = set()
+    if not releases_dir.is_dir():
+        return found
+    for path in sorted(releases_dir.glob("*/*.json")):
+        if not path.is_file() or path.stat().st_size > MAX_RELEASE_FILE:
+            continue
+        try:
+            doc = manifest.load(path)
+            found.add(manifest.subject_digest(doc))
+        except (QualifyError, KeyError, TypeError, ValueError):
+            continue  # release.json, signatures' neighbours, evidence records: not Statements
+    return found
+
+
+def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bool = False, dry_run: bool = False,
+          state_dir: Path = STATE_DIR) -> CleanReport:
+    keep = set() if everything else released_digests(releases_dir)
+    report = CleanReport(dry_run=dry_run)
+    engine_free = _free(engine.storage_root())
+    _clean_images(engine, registry, keep, everything, report)
+    if registry.answers():
+        _clean_registry(registry, keep, everything, report, state_dir)
+    _clean_state(state_dir, everything, report)
+    if not dry_run:
+        report.freed_engine_bytes = max(0, _free(engine.storage_root()) - engine_free)
+    return report
+
+
+# --- images ---------------------------------------------------------------------------
+
+
+def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything: bool, report: CleanReport) -> None:
+    prefix = f"{registry.address}/{NAMESPACE}/"
+    doomed: List[str] = []
+    for info in engine.inspect_existing(sorted(engine.image_ids())):
+        names = [t for t in (info.get("RepoTags") or []) + (info.get("RepoDigests") or []) if t.startswith(prefix)]
+        if not names:
+            continue  # not named in our registry: not ours
+        foreign = [t for t in info.get("RepoTags") or [] if not t.startswith(prefix) and not t.endswith(":<none>")]
+        digests = {d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in d}
+        hermetic = any(n.startswith(f"{registry.address}/{HERMETIC_REPOSITORY}") for n in names)
+        if foreign or (not everything and (digests & keep or hermetic)):
+            report.kept_images.append(names[0] + (f" (also named {foreign[0]})" if foreign else ""))
+            continue
+        doomed.append(info["Id"])
+        report.images.append(names[0])
+    if doomed and not report.dry_run:
+        error = engine.remove_created(doomed)
+        if error:
+            raise QualifyError(f"some toolkit images could not be removed: {error}",
+                               hint="a container may still use them: `docker ps -a`, then run clean again")
+
+
+# --- registry -------------------------------------------------------------------------
+
+
+def _clean_registry(registry: Registry, keep: Set[str], everything: bool, report: CleanReport, state_dir: Path) -> None:
+    data = state_dir / f"registry-{registry.address.rsplit(':', 1)[1]}"
+    storage = data / "data" / "docker" / "registry" / "v2" / "repositories"
+    if not storage.is_dir():
+        return  # a registry we did not start: its storage is not ours to collect
+    for repository, digest in _stored_manifests(storage):
+        if not everything and (digest in keep or repository == HERMETIC_REPOSITORY):
+            continue
+        report.registry_manifests.append(f"{registry.address}/{repository}@{digest}")
+    if report.dry_run or not report.registry_manifests:
+        return
+    before = _size(data)
+    for ref in report.registry_manifests:
+        _skopeo_delete(ref)
+    _collect_garbage(registry, data, state_dir)
+    report.freed_registry_bytes = max(0, before - _size(data))
+
+
+def _stored_manifests(storage: Path) -> Iterator[tuple]:
+    """(repository, digest) of every manifest revision in our registry's `blackwell/` repositories, tagged
+    or not (the API lists tags only; older builds' manifests are untagged once the tag moves)."""
+    for revisions in sorted((storage / NAMESPACE).glob("*/_manifests/revisions/sha256")):
+        repository = f"{NAMESPACE}/{revisions.parents[2].name}"
+        for rev in sorted(revisions.iterdir()):
+            if (rev / "link").is_file():
+                yield repository, f"sha256:{rev.name}"
+
+
+def _skopeo_delete(ref: str) -> None:
+    proc = subprocess.run(["skopeo", "delete", "--tls-verify=false", f"docker://{ref}"], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0 and "manifest unknown" not in proc.stderr.lower():
+        raise RegistryError(f"could not delete {ref}: {proc.stderr.strip()[-300:]}")
+
+
+def _collect_garbage(registry: Registry, data: Path, state_dir: Path) -> None:
+    """The registry's garbage collector must not run while the registry serves pushes: stop ours, collect,
+    start it again, all under the lock that guards its start-up."""
+    config = data / "config.yml"
+    with file_lock(state_dir / f"registry-{registry.address.rsplit(':', 1)[1]}.lock"):
+        for pid in _serving(config):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while registry.answers(timeout=0.5) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+        proc = subprocess.run([binary, "garbage-collect", str(config)], capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise RegistryError(f"registry garbage-collect failed: {proc.stderr.strip()[-300:]}")
+    registry.ensure(state_dir)
+
+
+def _serving(config: Path) -> List[int]:
+    """Pids of `docker-registry serve <config>` (the registry we started)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and str(config).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+# --- state directory ------------------------------------------------------------------
+
+
+def _clean_state(state_dir: Path, everything: bool, report: CleanReport) -> None:
+    seen: Set[Tuple[int, int]] = set()  # contexts hard-link into wheelhouses: count each file once
+    for name in ALWAYS_DIRS + (ALL_DIRS if everything else ()):
+        folder = state_dir / name
+        if not folder.is_dir():
+            continue
+        size = _size(folder, seen)
+        report.directories.append(f"{folder} ({size / 1e9:.2f} GB)")
+        if not report.dry_run:
+            shutil.rmtree(folder)
+            report.freed_state_bytes += size
+
+
+def _size(path: Path, seen: Optional[Set[Tuple[int, int]]] = None) -> int:
+    """Bytes on disk under `path` (folders included, as du counts them), each inode once."""
+    seen = set() if seen is None else seen
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in [root, *(os.path.join(root, f) for f in files)]:
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _free(root: Path) -> int:
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return 0
+
+
+def print_report(report: CleanReport, as_json: bool, file=sys.stdout) -> None:
+    print(report.to_json() if as_json else "\n".join(report.lines()), file=file)
+
+
+def default_releases_dir() -> Path:
+    from qualify.config.targets import REPO_ROOT
+
+    return REPO_ROOT / "manifests"
