@@ -17,6 +17,7 @@ import sysconfig
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from qualify.core import arch, census
+from qualify.core.enums import Profile
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 
 # Libraries the serving path cannot do without. A library that is only optional
@@ -145,7 +146,7 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
-        profile: Optional[str], torch_missing: Optional[str] = None) -> Dict[str, Any]:
+        profile: Optional[Profile], torch_missing: Optional[str] = None) -> Dict[str, Any]:
     """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}."""
     import time
 
@@ -161,7 +162,7 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
         torch_arch_list(rows, torch_claimed, torch_missing),
         unreadable(rows),
     ]
-    if profile == "smoke":
+    if profile == Profile.SMOKE:
         checks.append(smoke_extension(rows, arch_list))
     return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3),
             "files_scanned": report["files_scanned"], "paths": list(paths)}
