@@ -170,10 +170,8 @@ def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
     paths = census["paths"]
     cuda_home = os.environ.get("CUDA_HOME")  # raw: FlashInfer and DeepGEMM search in their own order
     tools = selfsufficiency.toolchain(paths, cuda_home)
-    by_path = {row["path"]: {"class": row["best"], "worst": row["class"], "sass": row["sass"], "ptx": row["ptx"],
-                             "cross_generation_ptx": row["cross_generation_jit"]} for row in census["libraries"]}
-    found, results = providers.predict(cap, pkgs, by_path, predicate["gpu"] if has_gpu else None,
-                                       toolchain=tools, site_packages=paths)
+    found, results = providers.predict(cap, pkgs, providers.index_rows(census["libraries"]),
+                                       predicate["gpu"] if has_gpu else None, toolchain=tools, site_packages=paths)
     if has_gpu and "vllm" in pkgs:
         child = providers.observe(cap)
         why_not = providers.observation_failure(child)
@@ -181,7 +179,7 @@ def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
         if why_not is None:
             found = providers.merge(found, providers.observed_providers(child.data, found))
             results = providers.provider_checks(found, cap, pkgs["vllm"])
-    predicate["providers"] = found
+    predicate["providers"] = [entry.to_json() for entry in found]
     _record(checks, results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap))
 
 
