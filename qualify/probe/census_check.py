@@ -32,6 +32,8 @@ SERVING_PATH = tuple(re.compile(p) for p in (
     r"^/opt/blackwell/ext/libsmoke_ext\.so$",
 ))
 SMOKE_EXT = "/opt/blackwell/ext/libsmoke_ext.so"
+# The classes judged here; a census may report another for input it could not decode.
+DECIDED = tuple(c.value for c in (arch.Compat.NATIVE, arch.Compat.COMPATIBLE, arch.Compat.PTX_JIT, arch.Compat.NONE))
 
 
 def search_paths(extra: Iterable[str] = ()) -> List[str]:
@@ -179,6 +181,10 @@ def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckRe
                               for r in serving}}
     if bad:
         return CheckResult(cid, title, FAIL, "; ".join(bad), evidence=evidence)
+    undecided = [r for r in serving if r["best"] not in DECIDED]
+    if undecided:  # a class this probe does not know (damaged or undecodable input): never a pass
+        return CheckResult(cid, title, WARN, "the census could not judge " + ", ".join(
+            f"{r['short']} ({r['best']})" for r in undecided), evidence=evidence)
     return CheckResult(cid, title, PASS, f"{len(serving)} serving-path librar{'y' if len(serving) == 1 else 'ies'}: "
                        + ", ".join(f"{r['short']} {r['best']}" for r in serving), evidence=evidence)
 
