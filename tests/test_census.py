@@ -254,3 +254,13 @@ def test_registered_only(fx):
     # What cuobjdump sees is the same either way.
     for a, b in zip(full["libraries"], fast["libraries"]):
         assert a["sections"].get(".nv_fatbin") == b["sections"].get(".nv_fatbin")
+
+
+def test_serving_path_check_never_passes_a_class_it_does_not_know():
+    # A newer census reports damaged or undecodable libraries with a class of its own.
+    from qualify.core.arch import Capability
+    from qualify.probe import census_check
+
+    row = {"short": "vllm/_C.abi3.so", "class": "unknown", "best": "unknown", "sass": [], "ptx": [], "serving_path": True}
+    assert census_check.serving_path([row], Capability.parse("12.1")).status == "warn"
+    assert census_check.serving_path([dict(row, best="native")], Capability.parse("12.1")).status == "pass"

@@ -4,6 +4,7 @@ and the vllm_providers snippet in a child interpreter."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,14 +13,14 @@ from typing import Dict, Optional
 
 import pytest
 
-from qualify.core.arch import Capability
+from qualify.core.arch import Capability, Compat
 from qualify.probe import providers as P
 from qualify.probe.model import FAIL, NOT_RUN, PASS, WARN
 from qualify.probe.subproc import run_python, run_snippet
 
 REPO = Path(__file__).resolve().parent.parent
-MINE = [REPO / "qualify/probe/providers.py", REPO / "qualify/probe/selfsufficiency.py",
-        REPO / "qualify/probe/snippets/vllm_providers.py"]
+MINE = sorted((REPO / "qualify/probe/providers").glob("*.py")) + [
+    REPO / "qualify/probe/selfsufficiency.py", REPO / "qualify/probe/snippets/vllm_providers.py"]
 
 # vLLM 0.33.0's pins plus what its wheel pulls in (torch 2.14.0, triton 3.8.0, ...). The
 # PyPI-latest flashinfer-cubin (0.6.13) beside flashinfer-python 0.7.2.post1 is the mismatch
@@ -34,11 +35,12 @@ JIT_OK = {"nvcc": "/usr/local/cuda/bin/nvcc", "nvcc_version": "13.0", "ninja": "
 NO_JIT = {"nvcc": None, "nvcc_version": None, "nvcc_targets": None, "ninja": "/usr/bin/ninja"}
 
 
-def lib(sass, ptx=(), worst: Optional[str] = None, cross: bool = False) -> Dict[str, object]:
-    return {"class": worst, "sass": list(sass), "ptx": list(ptx), "cross_generation_ptx": cross}
+def lib(sass, ptx=(), worst: Optional[str] = None, cross: bool = False) -> P.CensusRecord:
+    return P.CensusRecord(worst=Compat(worst) if worst else None, sass=tuple(sass), ptx=tuple(ptx),
+                          cross_generation_ptx=cross)
 
 
-def census(cap: str, **override) -> Dict[str, Dict[str, object]]:
+def census(cap: str, **override) -> Dict[str, P.CensusRecord]:
     """What vLLM 0.33.0's x86_64 wheel carries (measured with qualify.core.census): FA2 sm_80 +
     compute_80, FA3 sm_90a only, FlashMLA sm_90a + sm_100f, _C up to sm_120f."""
     c = Capability.parse(cap)
@@ -60,7 +62,7 @@ def census(cap: str, **override) -> Dict[str, Dict[str, object]]:
 def run(cap: str, packages=PINS, cen=None, toolchain=JIT_OK, **kw):
     entries, checks = P.predict(Capability.parse(cap), packages, census(cap) if cen is None else cen, None,
                                 toolchain=toolchain, **kw)
-    return {f"{e['kind']}.{e['variant']}": e for e in entries}, {c.id: c for c in checks}
+    return {e.key: e.to_json() for e in entries}, {c.id: c for c in checks}
 
 
 VLLM_CHOICES = P.VLLM_0_33_SELECTIONS
@@ -255,13 +257,14 @@ def test_census_index_from_a_census_report():
               "without_device_code": ["/x/site-packages/vllm/_flashmla_C.abi3.so"]}
     idx = P.census_index(report)
     rec = P.census_entry(idx, "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so")
-    assert rec["worst"] == "ptx-jit" and rec["cross_generation_ptx"]
-    assert P.census_entry(idx, "vllm/_flashmla_C.abi3.so")["class"] == "none"
+    assert rec.worst == "ptx-jit" and rec.cross_generation_ptx
+    assert P.census_entry(idx, "vllm/_flashmla_C.abi3.so").worst == "none"
 
 
 def test_runner_shape_class_best_worst():
-    # qualify/probe/runner.py passes class=best and worst=class; worst must decide for "all".
-    rec = {"class": "native", "worst": "none", "sass": ["sm_80"], "ptx": [], "cross_generation_ptx": False}
+    # A census row carries the worst unit's class and the best one's; worst must decide for "all".
+    rec = P.CensusRecord.from_row({"class": "none", "best": "native", "sass": ["sm_80"], "ptx": [],
+                                   "cross_generation_jit": False})
     cen = census("12.1", **{"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": rec})
     entries, _ = run("12.1", cen=cen)
     assert not entries["attention.bf16"]["candidates"][0]["available"]
@@ -293,11 +296,11 @@ def test_observed_providers_use_vllm_names_and_census_judgement():
         "linear.fp8": {"selected": "CutlassFP8ScaledMMLinearKernel", "chosen_by_vllm": "CutlassFP8ScaledMMLinearKernel",
                        "order": ["CutlassFP8ScaledMMLinearKernel"], "rejected": {}}})
     observed = P.observed_providers(data, predicted)
-    by = {f"{o['kind']}.{o['variant']}": o for o in observed}
+    by = {o.key: o.to_json() for o in observed}
     assert by["attention.bf16"]["selected"] == "FLASH_ATTN(FA2)" and by["attention.bf16"]["mode"] == "observed"
     assert by["linear.fp8"]["selected"] == "CUTLASS"
     merged = P.merge(predicted, observed)
-    assert [m["mode"] for m in merged].count("observed") == 2
+    assert [m.to_json()["mode"] for m in merged].count("observed") == 2
     checks = {c.id: c for c in P.provider_checks(merged, Capability.parse("12.1"), "0.33.0")}
     assert checks["providers.attention"].status == WARN
     assert "vLLM selected FLASH_ATTN(FA2) but it cannot run" in checks["providers.attention"].reason
@@ -314,7 +317,7 @@ def test_no_observation_without_a_gpu(data):
 
 def test_snippet_reports_vllm_not_installed():
     # The dev venv has no vLLM: the snippet says so and exits 0.
-    child = run_python(["-S", str(Path(P.__file__).parent / "snippets/vllm_providers.py")], timeout=60)
+    child = run_python(["-S", str(Path(P.__file__).parent.parent / "snippets/vllm_providers.py")], timeout=60)
     assert child.ok, child.failure()
     assert child.data["status"] == "not-installed"
     assert child.data["reason"] == "vLLM is not installed in this image"
@@ -382,3 +385,61 @@ def test_cubin_package_without_code_for_the_target():
     fi = entries["attention.bf16"]["candidates"][0]
     assert not fi["available"] and "have no code for 10.0" in fi["reason"]
     assert entries["moe.bf16"]["selected"] == "FLASHINFER_CUTLASS"
+
+
+# --- census classes this probe does not know, and the rule data file -----------
+
+
+def test_an_undecided_census_class_is_never_a_pass():
+    # A newer census marks damaged or undecodable libraries with a class of its own.
+    rec = P.CensusRecord.from_row({"class": "unknown", "best": "unknown", "sass": [], "ptx": [],
+                                   "cross_generation_jit": False})
+    assert not rec.decided and rec.worst is None
+    entries, checks = run("9.0", cen=census("9.0", **{"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": rec}))
+    fa3 = entries["attention.bf16"]["candidates"][0]
+    assert fa3["name"] == "FLASH_ATTN(FA3)" and fa3["available"] and "could not" in fa3["warning"]
+    assert checks["providers.attention"].status == WARN
+
+
+def test_undecided_cubins_are_not_verified():
+    rec = P.CensusRecord.from_row({"class": "unknown", "best": None, "sass": [], "ptx": []})
+    entries, _ = run("10.0", packages=CUBIN_MATCH, cen=census("10.0", **{"flashinfer_cubin/cubins/fmha.cubin": rec}))
+    fi = entries["attention.bf16"]["candidates"][0]
+    assert fi["available"] and "not verified" in fi["warning"]
+
+
+def rules_json() -> dict:
+    return json.loads(Path(P.rules.DEFAULT_FILE).read_text())
+
+
+def test_rule_data_is_the_tables():
+    assert P.rules.parse(rules_json(), "x.json") == dataclasses.replace(P.RULES, path="x.json")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["tables"][0]["providers"][0].update(caps={"lo": "eight"}),
+     "tables[0].providers[0].caps.lo: expected a capability"),
+    (lambda d: d["tables"][1]["priority"]["*"].append("NO_SUCH"), "tables[1].priority.*[4]: \"NO_SUCH\" is not one of"),
+    (lambda d: d["tables"][2]["providers"][0].update(needs=["nvcc"]), "tables[2].providers[0].needs[0]"),
+    (lambda d: d["tables"][0]["providers"][0].update(libs=["fa9"]), "tables[0].providers[0].libs[0]"),
+    (lambda d: d["tables"][0]["providers"][0].update(colour="red"), "unknown key(s) colour"),
+    (lambda d: d["selections"]["by_capability"]["12.1"].update({"moe.bf16": "FA2"}),
+     "selections.by_capability.12.1.moe.bf16"),
+    (lambda d: d.update(schema_version=2), "schema_version: this probe reads version 1"),
+])
+def test_rule_data_errors_say_where(edit, message):
+    data = rules_json()
+    edit(data)
+    with pytest.raises(P.RulesError) as err:
+        P.rules.parse(data, "vllm-x.json")
+    assert str(err.value).startswith("vllm-x.json: ") and message in str(err.value), str(err.value)
+
+
+def test_rule_data_file_errors(tmp_path):
+    bad = tmp_path / "r.json"
+    bad.write_text('{"vllm": "1", "vllm": "2"}')
+    with pytest.raises(P.RulesError, match="appears twice"):
+        P.rules.load(str(bad))
+    bad.write_text("{")
+    with pytest.raises(P.RulesError, match="not JSON"):
+        P.rules.load(str(bad))

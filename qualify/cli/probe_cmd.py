@@ -7,9 +7,6 @@ file here on the host, and hands over.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
 from qualify.probe import cli as probe_cli
 
 
@@ -28,5 +25,5 @@ def execute(args) -> int:
         from qualify.config import targets
         from qualify.qualification.container import probe_target
 
-        args.target_json = json.dumps(asdict(probe_target(targets.load(args.file).get(args.target), args.profile)))
+        args.target_json = probe_target(targets.load(args.file).get(args.target), args.profile).to_json()
     return probe_cli.execute(args, probe_cli.probe_target(args))

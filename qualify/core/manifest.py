@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from qualify.core.enums import CheckStatus, SupportLevel, Verdict
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
 
@@ -33,33 +34,32 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://blackwell-qualify.dev/qualification/v1"
 SCHEMA_VERSION = 1
 
-STATUSES = ("pass", "fail", "warn", "not-run")
-VERDICTS = ("pass", "warn", "fail", "incomplete")
-LEVELS = ("baseline", "optimized", "experimental", "unsupported", "unverified")
+# The host side (release, deploy, CLI) reads these two; the enums are the source.
+LEVELS = SupportLevel.values()
 # Order for --min-level comparisons: higher is stronger evidence.
-LEVEL_RANK = {"unsupported": 0, "unverified": 1, "experimental": 2, "baseline": 3, "optimized": 4}
+LEVEL_RANK = {level.value: level.rank for level in sorted(SupportLevel, key=lambda lv: lv.rank)}
 
 
-def verdict(checks: Iterable[Mapping[str, Any]]) -> str:
+def verdict(checks: Iterable[Mapping[str, Any]]) -> Verdict:
     """fail if a required check failed; incomplete if a required check did not run
     (not-run never counts as a pass); warn if anything warned; else pass."""
     checks = list(checks)
-    if any(c["status"] == "fail" and c.get("required", True) for c in checks):
-        return "fail"
-    if any(c["status"] == "not-run" and c.get("required", True) for c in checks):
-        return "incomplete"
-    if any(c["status"] in ("warn", "fail") for c in checks):
-        return "warn"
-    return "pass"
+    if any(c["status"] == CheckStatus.FAIL and c.get("required", True) for c in checks):
+        return Verdict.FAIL
+    if any(c["status"] == CheckStatus.NOT_RUN and c.get("required", True) for c in checks):
+        return Verdict.INCOMPLETE
+    if any(c["status"] in (CheckStatus.WARN, CheckStatus.FAIL) for c in checks):
+        return Verdict.WARN
+    return Verdict.PASS
 
 
-def support_level(verdict_: str, intended: str, gpu_evidence_on_target: bool, recognised: bool = True) -> str:
+def support_level(verdict_: str, intended: str, gpu_evidence_on_target: bool, recognised: bool = True) -> SupportLevel:
     """A level above `unverified` needs GPU evidence on the target's own architecture."""
-    if verdict_ == "fail" or not recognised:
-        return "unsupported"
-    if not gpu_evidence_on_target or verdict_ == "incomplete":
-        return "unverified"
-    return intended
+    if verdict_ == Verdict.FAIL or not recognised:
+        return SupportLevel.UNSUPPORTED
+    if not gpu_evidence_on_target or verdict_ == Verdict.INCOMPLETE:
+        return SupportLevel.UNVERIFIED
+    return SupportLevel(intended)
 
 
 def statement(image_name: str, image_digest: str, predicate: Mapping[str, Any]) -> Dict[str, Any]:
@@ -111,7 +111,7 @@ def predicate(stmt: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def failing_checks(stmt: Mapping[str, Any]) -> List[Mapping[str, Any]]:
-    return [c for c in predicate(stmt).get("checks", []) if c.get("status") == "fail"]
+    return [c for c in predicate(stmt).get("checks", []) if c.get("status") == CheckStatus.FAIL]
 
 
 def check(stmt: Mapping[str, Any], check_id: str) -> Optional[Mapping[str, Any]]:

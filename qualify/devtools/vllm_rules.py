@@ -3,11 +3,12 @@
 Runs vLLM's selector functions inside the built vLLM image, once per
 capability, with vLLM's CUDA platform made to report that capability
 (the snippet's `--assume-capability`, mode `evaluated`), and compares each
-choice with `providers.VLLM_0_33_SELECTIONS`. No GPU is needed: a stand-in
-libcuda (every driver call answers 'no device'), compiled inside the image,
-lets vLLM import; nothing is launched. Prints a table; exit 1 on a mismatch.
+choice with the `selections` of the rule data (default
+qualify/probe/rules/vllm-0.33.json). No GPU is needed: a stand-in libcuda
+(every driver call answers 'no device'), compiled inside the image, lets
+vLLM import; nothing is launched. Prints a table; exit 1 on a mismatch.
 
-    python -m qualify.devtools.vllm_rules [--image REF] [--target sm120]
+    python -m qualify.devtools.vllm_rules [--image REF] [--target sm120] [--rules FILE]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from qualify.build import image as build
 from qualify.build.engine import Engine
 from qualify.config import targets
 from qualify.core.errors import ConfigError, QualifyError
-from qualify.probe import providers
+from qualify.probe.providers import observed_name, rules
 from qualify.qualification import container
 from qualify.release import report
 
@@ -40,7 +41,7 @@ def _script(cap: str) -> str:
             f"--assume-capability {cap}")
 
 
-def evaluate(engine: Engine, image: str, platform: str, cap: str) -> Dict[str, Optional[str]]:
+def evaluate(engine: Engine, image: str, platform: str, cap: str, names: Dict[str, str]) -> Dict[str, Optional[str]]:
     mount = container.stage_probe(container.probe_sources_digest())
     proc = engine.run_container(image, ["bash", "-c", _script(cap)],
                                 mounts=[(str(mount), container.CONTAINER_ROOT, "ro")],
@@ -52,7 +53,7 @@ def evaluate(engine: Engine, image: str, platform: str, cap: str) -> Dict[str, O
     data = json.loads(lines[-1])
     if data.get("status") != "ok":
         raise QualifyError(f"vLLM's selectors for {cap}: {data.get('status')}: {data.get('reason')}")
-    return {key: providers._observed_name(key, section) for key, section in data.get("sections", {}).items()}
+    return {key: observed_name(key, section, names) for key, section in data.get("sections", {}).items()}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -60,8 +61,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--target", default="sm120", help="whose built vLLM image to use (default sm120)")
     parser.add_argument("--base", default="hermetic", choices=targets.BASE_KINDS)
     parser.add_argument("--image", help="a vLLM image reference (default: the target's built vLLM image)")
+    parser.add_argument("--rules", default=rules.DEFAULT_FILE, help="the rule data to check (default: the probe's)")
     args = parser.parse_args(argv)
     try:
+        data = rules.load(args.rules)
         t = targets.load().get(args.target)
         image = args.image
         if not image:
@@ -72,9 +75,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             image = record.image_reference
         engine = Engine("docker").check()
         rows, mismatches = [], 0
-        for cap, expected in sorted(providers.VLLM_0_33_SELECTIONS.items()):
+        for cap, expected in sorted(data.selections.items()):
             print(f"[vllm-rules] evaluating vLLM's selectors for {cap} in {image}", file=sys.stderr, flush=True)
-            got = evaluate(engine, image, t.platform, cap)
+            got = evaluate(engine, image, t.platform, cap, data.observed_names)
             for key, want in sorted(expected.items()):
                 ok = got.get(key) == want
                 mismatches += not ok

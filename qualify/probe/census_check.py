@@ -17,6 +17,7 @@ import sysconfig
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from qualify.core import arch, census
+from qualify.core.enums import Profile
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 
 # Libraries the serving path cannot do without. A library that is only optional
@@ -31,6 +32,8 @@ SERVING_PATH = tuple(re.compile(p) for p in (
     r"^/opt/blackwell/ext/libsmoke_ext\.so$",
 ))
 SMOKE_EXT = "/opt/blackwell/ext/libsmoke_ext.so"
+# The classes judged here; a census may report another for input it could not decode.
+DECIDED = tuple(c.value for c in (arch.Compat.NATIVE, arch.Compat.COMPATIBLE, arch.Compat.PTX_JIT, arch.Compat.NONE))
 
 
 def search_paths(extra: Iterable[str] = ()) -> List[str]:
@@ -145,7 +148,7 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
-        profile: Optional[str], torch_missing: Optional[str] = None) -> Dict[str, Any]:
+        profile: Optional[Profile], torch_missing: Optional[str] = None) -> Dict[str, Any]:
     """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}."""
     import time
 
@@ -161,7 +164,7 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
         torch_arch_list(rows, torch_claimed, torch_missing),
         unreadable(rows),
     ]
-    if profile == "smoke":
+    if profile == Profile.SMOKE:
         checks.append(smoke_extension(rows, arch_list))
     return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3),
             "files_scanned": report["files_scanned"], "paths": list(paths)}
@@ -178,6 +181,10 @@ def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckRe
                               for r in serving}}
     if bad:
         return CheckResult(cid, title, FAIL, "; ".join(bad), evidence=evidence)
+    undecided = [r for r in serving if r["best"] not in DECIDED]
+    if undecided:  # a class this probe does not know (damaged or undecodable input): never a pass
+        return CheckResult(cid, title, WARN, "the census could not judge " + ", ".join(
+            f"{r['short']} ({r['best']})" for r in undecided), evidence=evidence)
     return CheckResult(cid, title, PASS, f"{len(serving)} serving-path librar{'y' if len(serving) == 1 else 'ies'}: "
                        + ", ".join(f"{r['short']} {r['best']}" for r in serving), evidence=evidence)
 

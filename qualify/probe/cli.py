@@ -11,6 +11,7 @@ required check did not run (incomplete), 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import socket
@@ -18,16 +19,17 @@ import sys
 from typing import List, Optional
 
 from qualify.core import fsutil, manifest
+from qualify.core.enums import Profile, Verdict
 from qualify.core.errors import QualifyError
 from qualify.probe import runner
 
-EXIT = {"pass": 0, "warn": 0, "fail": 1, "incomplete": 3}
+EXIT = {Verdict.PASS: 0, Verdict.WARN: 0, Verdict.FAIL: 1, Verdict.INCOMPLETE: 3}
 
 
 def configure_parser(parser: argparse.ArgumentParser, target_required: bool = True) -> None:
     parser.add_argument("--target-json", required=target_required,
                         help="the target as JSON (what the host passes into the container)")
-    parser.add_argument("--profile", choices=("smoke", "vllm"), default=None)
+    parser.add_argument("--profile", choices=Profile.values(), default=None)
     parser.add_argument("--only", choices=runner.SCOPES, default="all", help="static, gpu, or all checks")
     parser.add_argument("--cross-compile", default="", help="extra capabilities to compile a Triton kernel for, e.g. 10.0,12.1")
     parser.add_argument("--path", action="append", default=[], help="extra directory for the census (repeatable)")
@@ -39,9 +41,9 @@ def configure_parser(parser: argparse.ArgumentParser, target_required: bool = Tr
 def probe_target(args) -> runner.ProbeTarget:
     t = runner.ProbeTarget.from_json(args.target_json)
     if args.profile:
-        t.profile = args.profile
+        t = dataclasses.replace(t, profile=args.profile)
     if args.cross_compile:
-        t.cross_compile = [c.strip() for c in args.cross_compile.split(",") if c.strip()]
+        t = dataclasses.replace(t, cross_compile=[c.strip() for c in args.cross_compile.split(",") if c.strip()])
     return t
 
 

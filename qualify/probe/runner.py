@@ -13,41 +13,61 @@ import platform
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from qualify import __version__
 from qualify.core import arch, manifest
+from qualify.core.enums import CheckStatus, Profile, SupportLevel
 from qualify.probe import census_check, gpu, providers, selfsufficiency, triton_checks, versions
 from qualify.probe.model import CheckResult
 
 SCOPES = ("all", "static", "gpu")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProbeTarget:
-    """What the probe must know about the target (the host passes it as JSON)."""
+    """What the probe must know about the target (the host passes it as JSON).
+
+    Text from JSON or the command line is parsed once, here: the capability
+    into an arch.Capability, the level and profile into their enums.
+    """
 
     name: str
-    capability: str
+    capability: arch.Capability
     platform: str
     torch_cuda_arch_list: str
     triton_env: Dict[str, str]
-    intended_support_level: str
-    profile: Optional[str] = None
+    intended_support_level: SupportLevel
+    profile: Optional[Profile] = None
     unified_memory: bool = False
     gpu_memory_utilization: float = 0.9
     min_gpu_memory_gib: int = 16
-    cross_compile: List[str] = field(default_factory=list)  # extra capabilities to compile for
+    cross_compile: List[arch.Capability] = field(default_factory=list)  # extra capabilities to compile for
     emulated: bool = False  # the probe runs under qemu-user (image platform is not the host's)
+
+    def __post_init__(self) -> None:
+        def typed(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if not isinstance(self.capability, arch.Capability):
+            typed("capability", arch.Capability.parse(self.capability))
+        typed("intended_support_level", SupportLevel(self.intended_support_level))
+        typed("profile", Profile(self.profile) if self.profile else None)
+        typed("cross_compile", [c if isinstance(c, arch.Capability) else arch.Capability.parse(c)
+                                for c in self.cross_compile])
 
     @classmethod
     def from_json(cls, text: str) -> ProbeTarget:
         return cls(**json.loads(text))
 
-    @property
-    def cap(self) -> arch.Capability:
-        return arch.Capability.parse(self.capability)
+    def to_json(self) -> str:
+        """The wire form from_json reads: capabilities as text, enums as their values."""
+        data = asdict(self)
+        data.update(capability=str(self.capability), cross_compile=[str(c) for c in self.cross_compile],
+                    intended_support_level=self.intended_support_level.value,
+                    profile=self.profile.value if self.profile else None)
+        return json.dumps(data, sort_keys=True)
 
 
 def _progress(msg: str) -> None:
@@ -77,7 +97,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}")
     start = time.monotonic()
-    cap = t.cap
+    cap = t.capability
     checks: List[CheckResult] = []
     pkgs = versions.packages()
     triton_version = pkgs.get("triton")
@@ -86,9 +106,10 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     predicate: Dict[str, Any] = {
         "schema_version": manifest.SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "target": {"name": t.name, "capability": t.capability, "platform": t.platform,
-                   "torch_cuda_arch_list": t.torch_cuda_arch_list, "profile": t.profile,
-                   "intended_support_level": t.intended_support_level, "triton_env": t.triton_env},
+        "target": {"name": t.name, "capability": str(cap), "platform": t.platform,
+                   "torch_cuda_arch_list": t.torch_cuda_arch_list,
+                   "profile": t.profile.value if t.profile else None,
+                   "intended_support_level": t.intended_support_level.value, "triton_env": t.triton_env},
         "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "python": sys.version.split()[0],
                  "executable": sys.executable, "emulated": t.emulated},
         "toolkit": {"version": __version__},
@@ -124,11 +145,11 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     predicate["scope"] = "gpu" if has_gpu and scope != "static" else "static"
     verdict = manifest.verdict(predicate["checks"])
     on_target = has_gpu and scope != "static" and arch.Capability.parse(gpus[0]["compute_cap"]) == cap and all(
-        c.status == "pass" for c in checks if c.id.startswith("gpu."))
+        c.status == CheckStatus.PASS for c in checks if c.id.startswith("gpu."))
     predicate["gpu_evidence_on_target"] = bool(on_target)
-    predicate["verdict"] = verdict
+    predicate["verdict"] = verdict.value
     predicate["support_level"] = manifest.support_level(verdict, t.intended_support_level, bool(on_target),
-                                                        arch.is_recognised(cap))
+                                                        arch.is_recognised(cap)).value
     predicate["probe_seconds"] = round(time.monotonic() - start, 1)
     _progress(f"verdict {verdict}, support level {predicate['support_level']} in {predicate['probe_seconds']} s")
     return predicate
@@ -139,7 +160,7 @@ def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capabili
     used = wiring.evidence.get("ptxas_path") if wiring.evidence else None
     wired = t.triton_env.get("TRITON_PTXAS_BLACKWELL_PATH" if cap.major >= 10 else "TRITON_PTXAS_PATH")
     _timed(checks, triton_checks.assembles, cap, used or (wired if wired and os.path.exists(wired) else None))
-    caps = [cap] + [arch.Capability.parse(c) for c in t.cross_compile if arch.Capability.parse(c) != cap]
+    caps = [cap] + [c for c in t.cross_compile if c != cap]
     _timed(checks, triton_checks.cross_compile, caps, cap, triton_version)
     _timed(checks, triton_checks.allocator, triton_version)
 
@@ -149,10 +170,8 @@ def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
     paths = census["paths"]
     cuda_home = os.environ.get("CUDA_HOME")  # raw: FlashInfer and DeepGEMM search in their own order
     tools = selfsufficiency.toolchain(paths, cuda_home)
-    by_path = {row["path"]: {"class": row["best"], "worst": row["class"], "sass": row["sass"], "ptx": row["ptx"],
-                             "cross_generation_ptx": row["cross_generation_jit"]} for row in census["libraries"]}
-    found, results = providers.predict(cap, pkgs, by_path, predicate["gpu"] if has_gpu else None,
-                                       toolchain=tools, site_packages=paths)
+    found, results = providers.predict(cap, pkgs, providers.index_rows(census["libraries"]),
+                                       predicate["gpu"] if has_gpu else None, toolchain=tools, site_packages=paths)
     if has_gpu and "vllm" in pkgs:
         child = providers.observe(cap)
         why_not = providers.observation_failure(child)
@@ -160,7 +179,7 @@ def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
         if why_not is None:
             found = providers.merge(found, providers.observed_providers(child.data, found))
             results = providers.provider_checks(found, cap, pkgs["vllm"])
-    predicate["providers"] = found
+    predicate["providers"] = [entry.to_json() for entry in found]
     _record(checks, results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap))
 
 

@@ -14,7 +14,8 @@ import subprocess
 from importlib import metadata
 from typing import Any, Dict, List, Optional
 
-from qualify.probe.model import NOT_RUN, PASS, WARN, CheckResult
+from qualify.core.enums import Profile
+from qualify.probe.model import FAIL, NOT_RUN, PASS, WARN, CheckResult
 from qualify.probe.subproc import run_snippet
 
 # Packages whose versions a release engineer looks for first.
@@ -88,22 +89,26 @@ def nvidia_smi() -> Optional[List[Dict[str, str]]]:
 
 def torch_view(pkgs: Dict[str, str], timeout: float = 180, emulated: bool = False) -> Dict[str, Any]:
     if "torch" not in pkgs:
-        return {"status": NOT_RUN, "reason": "torch is not installed"}
+        return {"status": NOT_RUN.value, "reason": "torch is not installed"}
     child = run_snippet("torch_info", timeout=timeout)
     if not child.ok and emulated and (child.returncode or 0) < 0:
         # qemu-user cannot run everything torch's native code does: that is the
         # emulator's limit, not a verdict on the image.
-        return {"status": NOT_RUN, **child.evidence(),
+        return {"status": NOT_RUN.value, **child.evidence(),
                 "reason": f"importing torch was {child.failure()} under qemu-user emulation; torch's own view "
                           "(arch list, cuDNN, NCCL) needs a probe on a native host of the target's platform"}
     if not child.ok:
-        return {"status": "fail", "reason": f"importing torch failed: {child.failure()}", **child.evidence()}
-    return {"status": PASS, **child.data}
+        return {"status": FAIL.value, "reason": f"importing torch failed: {child.failure()}", **child.evidence()}
+    return {"status": PASS.value, **child.data}
 
 
-def check(pkgs: Dict[str, str], tk: Dict[str, Any], torch: Dict[str, Any], profile: Optional[str]) -> CheckResult:
+# What each profile's image must have installed.
+PROFILE_PACKAGES = {Profile.SMOKE: ("triton",), Profile.VLLM: ("torch", "triton", "vllm", "flashinfer-python")}
+
+
+def check(pkgs: Dict[str, str], tk: Dict[str, Any], torch: Dict[str, Any], profile: Optional[Profile]) -> CheckResult:
     """Versions are evidence; the check warns only when the profile's key packages are missing."""
-    wanted = {"smoke": ("triton",), "vllm": ("torch", "triton", "vllm", "flashinfer-python")}.get(profile or "", ())
+    wanted = PROFILE_PACKAGES.get(profile, ()) if profile else ()
     missing = [p for p in wanted if p not in pkgs]
     key = {p: pkgs[p] for p in KEY_PACKAGES if p in pkgs}
     evidence = {"key_packages": key, "toolkit": tk, "torch": torch}
@@ -113,8 +118,8 @@ def check(pkgs: Dict[str, str], tk: Dict[str, Any], torch: Dict[str, Any], profi
     if torch.get("status") == NOT_RUN and "torch" in pkgs:
         return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", NOT_RUN,
                            torch["reason"] + "; package versions come from dist-info", evidence=evidence)
-    if torch.get("status") == "fail":
-        return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", "fail", torch["reason"],
+    if torch.get("status") == FAIL:
+        return CheckResult("versions", "Versions of packages, CUDA toolkit and runtime", FAIL, torch["reason"],
                            evidence=evidence)
     summary = ", ".join(f"{k} {v}" for k, v in key.items()) or "no key packages"
     nvcc = (tk.get("nvcc") or {}).get("version")

@@ -15,7 +15,6 @@ import json
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
@@ -36,7 +35,7 @@ PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
 def probe_target(target: Target, profile: Optional[str], emulated: bool = False) -> ProbeTarget:
     """What the probe needs to know about a target of the targets file."""
     return ProbeTarget(
-        name=target.name, capability=str(target.capability), platform=target.platform,
+        name=target.name, capability=target.capability, platform=target.platform,
         torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton.env(),
         intended_support_level=target.support_level, profile=profile,
         unified_memory=target.runtime.unified_memory,
@@ -106,7 +105,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
               file=sys.stderr, flush=True)
         proc = engine.run_container(
             image,
-            ["python3", "-m", "qualify.probe", "--target-json", json.dumps(asdict(target), sort_keys=True),
+            ["python3", "-m", "qualify.probe", "--target-json", target.to_json(),
              "--only", scope, "--predicate-only", "--out", "/out/predicate.json"],
             mounts=[(str(mount), CONTAINER_ROOT, "ro"), (str(out_dir), "/out", "rw")],
             env={"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"},
