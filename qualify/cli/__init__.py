@@ -30,7 +30,8 @@ COMMANDS = {
     "release": ("release_cmd", "sign manifests and release them to a git tag"),
     "sums": ("sums_cmd", "write or check SHA256SUMS of the release inputs"),
     "repro": ("repro_cmd", "build twice and compare image digests"),
-    "deploy": ("deploy_cmd", "helpers for start.sh (target for this GPU, compose file)"),
+    "deploy": ("deploy_cmd", "the deploy start.sh hands over to, and its steps one at a time"),
+    "promote": ("promote_cmd", "promote a release's targets by GPU evidence (seed 000's rule)"),
 }
 
 
