@@ -21,7 +21,8 @@ from conftest import REPO, require
 from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, statement
 
 from qualify.config import targets
-from qualify.deploy import plan as deploy
+from qualify.deploy import api, compose, errors, gate, memory, netcheck
+from qualify.deploy import release as rel
 
 TF = targets.load()
 SM120, SM121 = TF.get("sm120").runtime, TF.get("sm121").runtime
@@ -50,28 +51,28 @@ def meminfo(total_gib: float, available_gib: float, free_gib: float) -> str:
 @pytest.mark.parametrize("text,mib", [("32607 MiB", 32607.0), ("32607", 32607.0), ("[N/A]", None),
                                       ("[Not Supported]", None), ("Not Supported", None)])
 def test_nvml_memory_text(text, mib):
-    assert deploy.parse_nvml_mib(text) == mib
+    assert memory.parse_nvml_mib(text) == mib
 
 
 def test_discrete_gpu_uses_the_targets_fraction():
-    fit = deploy.memory_fit(SM120, "32607 MiB")
+    fit = memory.memory_fit(SM120, "32607 MiB")
     assert (fit.gpu_memory_utilization, fit.unified, fit.source) == (SM120.gpu_memory_utilization, False, "nvml")
     assert fit.pool_gib == 31.8
 
 
 def test_discrete_gpu_too_small_is_refused():
-    with pytest.raises(deploy.DeployError, match=r"7\.8 GiB .* at least 16 GiB"):
-        deploy.memory_fit(SM120, "8000 MiB")
+    with pytest.raises(errors.DeployError, match=r"7\.8 GiB .* at least 16 GiB"):
+        memory.memory_fit(SM120, "8000 MiB")
 
 
 def test_fraction_from_env_is_range_checked():
-    assert deploy.memory_fit(SM120, "32607 MiB", fraction=0.7).gpu_memory_utilization == 0.7
-    with pytest.raises(deploy.DeployError, match="outside 0.05..0.98"):
-        deploy.memory_fit(SM120, "32607 MiB", fraction=1.5)
+    assert memory.memory_fit(SM120, "32607 MiB", fraction=0.7).gpu_memory_utilization == 0.7
+    with pytest.raises(errors.DeployError, match="outside 0.05..0.98"):
+        memory.memory_fit(SM120, "32607 MiB", fraction=1.5)
 
 
 def test_gb10_sizes_the_unified_pool_from_meminfo_with_the_lower_fraction():
-    fit = deploy.memory_fit(SM121, "[N/A]", meminfo(119.6, 110.0, 100.0))
+    fit = memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 110.0, 100.0))
     assert SM121.gpu_memory_utilization < SM120.gpu_memory_utilization  # targets.toml: lower on unified memory
     assert (fit.gpu_memory_utilization, fit.pool_gib, fit.unified) == (SM121.gpu_memory_utilization, 119.6, True)
     assert fit.source == "/proc/meminfo"
@@ -79,21 +80,21 @@ def test_gb10_sizes_the_unified_pool_from_meminfo_with_the_lower_fraction():
 
 def test_gb10_lowers_the_fraction_when_the_host_uses_the_pool():
     # Seed 003: 0.9 of 119.6 GB asked for while 39.9 GB was free.
-    fit = deploy.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 30.0))
+    fit = memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 30.0))
     assert fit.gpu_memory_utilization == 0.30
     assert any("lowered" in n for n in fit.notes) and any("drop_caches" in n for n in fit.notes)
 
 
 def test_gb10_refuses_when_too_little_is_available_or_the_fraction_is_forced():
-    with pytest.raises(deploy.DeployError, match="only .* of the unified pool"):
-        deploy.memory_fit(SM121, "[N/A]", meminfo(119.6, 12.0, 10.0))
-    with pytest.raises(deploy.DeployError, match="GPU_MEMORY_UTILIZATION=0.9 asks for"):
-        deploy.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 30.0), fraction=0.9)
+    with pytest.raises(errors.DeployError, match="only .* of the unified pool"):
+        memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 12.0, 10.0))
+    with pytest.raises(errors.DeployError, match="GPU_MEMORY_UTILIZATION=0.9 asks for"):
+        memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 30.0), fraction=0.9)
 
 
 def test_no_memory_size_on_a_discrete_target_is_refused():
-    with pytest.raises(deploy.DeployError, match="not a unified-memory target"):
-        deploy.memory_fit(SM120, "[N/A]", meminfo(64, 60, 60))
+    with pytest.raises(errors.DeployError, match="not a unified-memory target"):
+        memory.memory_fit(SM120, "[N/A]", meminfo(64, 60, 60))
 
 
 # --- port ---------------------------------------------------------------------------
@@ -104,9 +105,9 @@ def test_port_problem_sees_a_listener_and_a_foreign_address():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        assert "already in use" in deploy.port_problem("127.0.0.1", port)
-    assert deploy.port_problem("127.0.0.1", port) is None
-    assert "not an address of this host" in deploy.port_problem("192.0.2.1", port)  # TEST-NET-1
+        assert "already in use" in netcheck.port_problem("127.0.0.1", port)
+    assert netcheck.port_problem("127.0.0.1", port) is None
+    assert "not an address of this host" in netcheck.port_problem("192.0.2.1", port)  # TEST-NET-1
 
 
 # --- release and image --------------------------------------------------------------
@@ -127,41 +128,41 @@ def test_newest_release_is_chosen_by_version_not_by_text(tmp_path):
     for tag in ("v1.9.0", "v1.10.0", "v1.2.0"):
         _release(tmp_path, tag)
     _release(tmp_path, "v2.0.0", target="sm100")
-    files = deploy.release_files(tmp_path, "sm120")
+    files = rel.release_files(tmp_path, "sm120")
     assert files.tag == "v1.10.0"
     assert files.signature.name == "sm120.json.sig" and files.public_key.name == "cosign.pub"
-    assert deploy.release_files(tmp_path, "sm120", "v1.2.0").manifest == tmp_path / "v1.2.0" / "sm120.json"
+    assert rel.release_files(tmp_path, "sm120", "v1.2.0").manifest == tmp_path / "v1.2.0" / "sm120.json"
 
 
 def test_missing_release_names_the_ones_there_are(tmp_path):
     _release(tmp_path, "v1.0.0")
-    with pytest.raises(deploy.NoReleaseError, match="releases with one: v1.0.0"):
-        deploy.release_files(tmp_path, "sm120", "v9")
-    with pytest.raises(deploy.NoReleaseError, match="no release under"):
-        deploy.release_files(tmp_path, "sm121")
-    assert deploy.NoReleaseError.exit_code != deploy.DeployError.exit_code  # start.sh tells them apart
+    with pytest.raises(errors.NoReleaseError, match="releases with one: v1.0.0"):
+        rel.release_files(tmp_path, "sm120", "v9")
+    with pytest.raises(errors.NoReleaseError, match="no release under"):
+        rel.release_files(tmp_path, "sm121")
+    assert errors.NoReleaseError.exit_code != errors.DeployError.exit_code  # start.sh tells them apart
 
 
 def test_unsigned_release_is_refused(tmp_path):
     _release(tmp_path, "v1", signed=False)
-    with pytest.raises(deploy.DeployError, match="signature .* is missing"):
-        deploy.release_files(tmp_path, "sm120")
+    with pytest.raises(errors.DeployError, match="signature .* is missing"):
+        rel.release_files(tmp_path, "sm120")
 
 
 def test_a_pinned_key_fingerprint_must_match(tmp_path):
     _, pub = make_key_pair(tmp_path)
-    actual = deploy.check_key_fingerprint(pub, "")
-    assert actual.startswith("sha256:") and deploy.check_key_fingerprint(pub, actual) == actual
-    with pytest.raises(deploy.DeployError, match="not the pinned RELEASE_KEY_FINGERPRINT"):
-        deploy.check_key_fingerprint(pub, "sha256:" + "0" * 64)
+    actual = rel.check_key_fingerprint(pub, "")
+    assert actual.startswith("sha256:") and rel.check_key_fingerprint(pub, actual) == actual
+    with pytest.raises(errors.DeployError, match="not the pinned RELEASE_KEY_FINGERPRINT"):
+        rel.check_key_fingerprint(pub, "sha256:" + "0" * 64)
 
 
 def test_image_is_the_manifests_reference_or_the_same_digest_elsewhere():
     stmt = statement("sm120", DIGEST_A)
     ref = stmt["predicate"]["image"]["reference"]
-    assert deploy.image_to_deploy(stmt, "sm120") == ref
+    assert rel.image_to_deploy(stmt, "sm120") == ref
     mirror = f"mirror.example:5000/vllm/sm120@{DIGEST_A}"
-    assert deploy.image_to_deploy(stmt, "sm120", mirror) == mirror
+    assert rel.image_to_deploy(stmt, "sm120", mirror) == mirror
 
 
 @pytest.mark.parametrize("override,message", [
@@ -169,16 +170,16 @@ def test_image_is_the_manifests_reference_or_the_same_digest_elsewhere():
     ("127.0.0.1:5000/qualify/sm120:latest", "not pinned by digest"),
 ])
 def test_image_override_must_be_the_manifests_digest(override, message):
-    with pytest.raises(deploy.DeployError, match=message):
-        deploy.image_to_deploy(statement("sm120", DIGEST_A), "sm120", override)
+    with pytest.raises(errors.DeployError, match=message):
+        rel.image_to_deploy(statement("sm120", DIGEST_A), "sm120", override)
 
 
 def test_manifest_for_another_target_or_inconsistent_is_refused():
-    with pytest.raises(deploy.DeployError, match="for target 'sm100', not 'sm120'"):
-        deploy.image_to_deploy(statement("sm100", DIGEST_A), "sm120")
+    with pytest.raises(errors.DeployError, match="for target 'sm100', not 'sm120'"):
+        rel.image_to_deploy(statement("sm100", DIGEST_A), "sm120")
     stmt = statement("sm120", DIGEST_A, reference=f"127.0.0.1:5000/qualify/sm120@{DIGEST_B}")
-    with pytest.raises(deploy.DeployError, match="inconsistent"):
-        deploy.image_to_deploy(stmt, "sm120")
+    with pytest.raises(errors.DeployError, match="inconsistent"):
+        rel.image_to_deploy(stmt, "sm120")
 
 
 # --- trust gate decision ----------------------------------------------------------------
@@ -186,7 +187,7 @@ def test_manifest_for_another_target_or_inconsistent_is_refused():
 
 @pytest.mark.parametrize("result,require_pass_ok,action", [
     ({"verdict": "pass", "support_level": "baseline"}, True, "deploy"),
-    ({"verdict": "warn", "support_level": "experimental"}, True, "deploy"),
+    ({"verdict": "warn", "support_level": "experimental"}, True, "probe"),  # issue 13: only promoted levels skip the probe
     ({"verdict": "incomplete", "support_level": "unverified"}, True, "probe"),
     ({"verdict": "pass", "support_level": "unverified"}, True, "probe"),
     ({"verdict": "fail", "support_level": "unsupported", "failing_checks": ["triton-compile"]}, False, "refuse"),
@@ -194,26 +195,26 @@ def test_manifest_for_another_target_or_inconsistent_is_refused():
     ({"verdict": "pass"}, True, "refuse"),
 ])
 def test_gate_decision(result, require_pass_ok, action):
-    assert deploy.gate_decision(result, require_pass_ok).action == action
+    assert gate.gate_decision(result, require_pass_ok).action == action
 
 
 def test_gate_refusal_names_the_failing_checks():
-    decision = deploy.gate_decision({"verdict": "fail", "failing_checks": ["allocator", "triton-compile"]}, False)
+    decision = gate.gate_decision({"verdict": "fail", "failing_checks": ["allocator", "triton-compile"]}, False)
     assert "allocator, triton-compile" in decision.reason
 
 
 # --- compose ---------------------------------------------------------------------------------
 
 
-def spec(**kw) -> deploy.ComposeSpec:
+def spec(**kw) -> compose.ComposeSpec:
     base = dict(image=f"127.0.0.1:5000/qualify/sm120@{DIGEST_A}", target="sm120", model="Qwen/Qwen2.5-0.5B-Instruct",
                 revision="7ae557604adf67be50417f59c2c2f167def9a775", served_model_name="qwen",
                 gpu_memory_utilization=0.9, max_model_len=8192, gpu_device="GPU-5090")
-    return deploy.ComposeSpec(**{**base, **kw})
+    return compose.ComposeSpec(**{**base, **kw})
 
 
 def test_compose_exposes_only_our_gpu_through_the_nvidia_runtime():
-    svc = deploy.compose_document(spec())["services"]["vllm"]
+    svc = compose.compose_document(spec())["services"]["vllm"]
     assert svc["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "nvidia", "device_ids": ["GPU-5090"], "capabilities": ["gpu"]}]
     assert svc["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-5090"
@@ -222,16 +223,16 @@ def test_compose_exposes_only_our_gpu_through_the_nvidia_runtime():
 
 
 def test_compose_cdi_and_selinux_and_none():
-    cdi = deploy.compose_document(spec(gpu_runtime="cdi", gpu_device="0",
+    cdi = compose.compose_document(spec(gpu_runtime="cdi", gpu_device="0",
                                        selinux_label_disable=True))["services"]["vllm"]
     assert cdi["devices"] == ["nvidia.com/gpu=0"] and cdi["security_opt"] == ["label=disable"]
     assert "deploy" not in cdi and "NVIDIA_VISIBLE_DEVICES" not in cdi["environment"]
-    none = deploy.compose_document(spec(gpu_runtime="none", gpu_device=""))["services"]["vllm"]
+    none = compose.compose_document(spec(gpu_runtime="none", gpu_device=""))["services"]["vllm"]
     assert "deploy" not in none and "devices" not in none
 
 
 def test_compose_service_shape():
-    doc = deploy.compose_document(spec(tool_call_parser="hermes", extra_args=("--enforce-eager",),
+    doc = compose.compose_document(spec(tool_call_parser="hermes", extra_args=("--enforce-eager",),
                                        extra_env=(("VLLM_LOGGING_LEVEL", "DEBUG"), ("PRICE", "$5"))))
     svc = doc["services"]["vllm"]
     assert svc["image"].endswith(DIGEST_A) and svc["restart"] == "unless-stopped" and svc["shm_size"] == "8g"
@@ -250,19 +251,19 @@ def test_compose_service_shape():
 
 @pytest.mark.parametrize("address,published", [("0.0.0.0", "0.0.0.0:9000:8000"), ("::1", "[::1]:9000:8000")])
 def test_compose_bind_address(address, published):
-    assert deploy.compose_document(spec(bind_address=address, port=9000))["services"]["vllm"]["ports"] == [published]
+    assert compose.compose_document(spec(bind_address=address, port=9000))["services"]["vllm"]["ports"] == [published]
 
 
 def test_compose_rejects_an_unknown_runtime():
-    with pytest.raises(deploy.DeployError, match="GPU_RUNTIME"):
-        deploy.compose_document(spec(gpu_runtime="magic"))
+    with pytest.raises(errors.DeployError, match="GPU_RUNTIME"):
+        compose.compose_document(spec(gpu_runtime="magic"))
 
 
 @pytest.mark.parametrize("kw", [{}, {"gpu_runtime": "cdi", "selinux_label_disable": True}])
 def test_real_docker_compose_accepts_the_document(tmp_path, kw):
     require(shutil.which("docker-compose") is not None, "docker-compose is not installed")
     path = tmp_path / "compose.json"
-    path.write_text(deploy.compose_json(spec(**kw)))
+    path.write_text(compose.compose_json(spec(**kw)))
     done = subprocess.run(["docker-compose", "-p", "bwunit", "-f", str(path), "config", "-q"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -271,7 +272,7 @@ def test_real_docker_compose_accepts_the_document(tmp_path, kw):
 @pytest.mark.parametrize("bind,url", [("127.0.0.1", "http://127.0.0.1:8000"), ("0.0.0.0", "http://127.0.0.1:8000"),
                                       ("::", "http://[::1]:8000"), ("192.0.2.7", "http://192.0.2.7:8000")])
 def test_api_url(bind, url):
-    assert deploy.api_url(bind, 8000) == url
+    assert api.api_url(bind, 8000) == url
 
 
 # --- API checks against the stand-in ------------------------------------------------------------
@@ -292,30 +293,30 @@ def server(request):
 
 def test_checks_pass_against_a_healthy_server(server):
     url, _ = server
-    for check in (deploy.health(url), deploy.models(url, "qwen"), deploy.canary(url, "qwen"),
-                  deploy.determinism(url, "qwen", max_tokens=300), deploy.tool_call(url, "qwen")):
+    for check in (api.health(url), api.models(url, "qwen"), api.canary(url, "qwen"),
+                  api.determinism(url, "qwen", max_tokens=300), api.tool_call(url, "qwen")):
         assert check.ok, check.detail
-    assert "437" in deploy.canary(url, "qwen").detail
+    assert "437" in api.canary(url, "qwen").detail
 
 
 @pytest.mark.parametrize("server", [{"never_healthy": True}], indirect=True)
 def test_health_fails_while_the_server_is_not_ready(server):
     url, _ = server
-    result = deploy.health(url)
+    result = api.health(url)
     assert not result.ok and "503" in result.detail
 
 
 def test_wrong_model_name_fails_routing_and_canary(server):
     url, _ = server
-    assert not deploy.models(url, "other").ok
-    result = deploy.canary(url, "other")
+    assert not api.models(url, "other").ok
+    result = api.canary(url, "other")
     assert not result.ok and "does not exist" in result.detail
 
 
 def test_canary_catches_a_wrong_answer(server, monkeypatch):
     url, _ = server
     monkeypatch.setattr(standin, "arithmetic", lambda prompt: "19 times 23 is 436.")
-    result = deploy.canary(url, "qwen")
+    result = api.canary(url, "qwen")
     assert not result.ok and "expected 437" in result.detail
 
 
@@ -323,14 +324,14 @@ def test_determinism_catches_sampling(server, monkeypatch):
     url, _ = server
     real = standin.complete
     monkeypatch.setattr(standin, "complete", lambda request: real({**request, "temperature": 1.0, "seed": None}))
-    assert not deploy.determinism(url, "qwen", max_tokens=200).ok
+    assert not api.determinism(url, "qwen", max_tokens=200).ok
 
 
 def test_nothing_listening_is_a_failed_check():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    assert not deploy.health(f"http://127.0.0.1:{port}").ok
+    assert not api.health(f"http://127.0.0.1:{port}").ok
 
 
 # --- the CLI start.sh calls ------------------------------------------------------------------------
@@ -362,7 +363,7 @@ def test_cli_memory_and_gate_print_key_values(tmp_path):
 
 def test_cli_release_exit_code_for_a_missing_release(tmp_path):
     done = qualify_cli("release", "--manifests", str(tmp_path), "--target", "sm120")
-    assert done.returncode == deploy.NoReleaseError.exit_code and "no release under" in done.stderr
+    assert done.returncode == errors.NoReleaseError.exit_code and "no release under" in done.stderr
 
 
 def _write(path: Path, text: str) -> Path:

@@ -97,7 +97,7 @@ def test_editing_host_side_code_keeps_the_probe_identity(tmp_path):
     root = _copy_package(tmp_path)
     before = container.probe_sources_digest(root)
     assert before == container.probe_sources_digest(PACKAGE)
-    for host_module in ("release/release.py", "deploy/plan.py", "build/engine.py", "cli/__init__.py"):
+    for host_module in ("release/release.py", "deploy/run.py", "build/engine.py", "cli/__init__.py"):
         with open(root / host_module, "a") as fh:
             fh.write("\n# an edit on the host side\n")
     assert container.probe_sources_digest(root) == before

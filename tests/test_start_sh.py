@@ -432,3 +432,46 @@ def test_health_timeout_prints_the_log_tail(host, docker_engine, standin_image):
     assert time.monotonic() - started < 90
     status = host.run("scripts/status.sh")
     assert status.returncode == 1 and "health: FAILED" in status.stdout
+
+
+# --- the on-host GPU gate, for real: a real smoke image, the real probe in it ---------------
+
+
+def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu(host, docker_engine,
+                                                                                loopback_registry):
+    """The path a Blackwell host takes, on this GPU-less host: a statically qualified release of the
+    real sm120 smoke image, pulled by digest; the probe's GPU checks run inside it (GPU_RUNTIME=none,
+    so the container has no GPU); the evidence lands beside the manifest and the gate refuses, naming
+    why. The stand-in nvidia-smi (a labelled test double) gives preflight its GPU."""
+    import images
+    from qualify.qualification import container
+    from qualify.release import evidence
+
+    built = images.smoke("sm120")
+    reference = built.image_reference
+    digest = reference.split("@", 1)[1]
+    host.settings(HEALTH_TIMEOUT_S=30)
+    manifest = host.release(statement("sm120", digest, reference=reference, level="unverified",
+                                      statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"}))
+    started = time.monotonic()
+    done = host.run("start.sh", "--allow-no-gpu-runtime", timeout=600)
+    seconds = time.monotonic() - started
+    print(f"real GPU gate through start.sh: {seconds:.1f} s")
+    assert done.returncode == 4, done.stderr[-4000:]
+    assert f"pulling {reference}" in done.stderr
+    assert "GPU checks: running the probe inside the image" in done.stderr
+    saved = sorted(manifest.parent.glob("sm120.gpu-evidence.*.json"))
+    assert len(saved) == 1, done.stderr[-3000:]
+    record = evidence.load(saved[0])
+    assert f"GPU evidence saved: {saved[0]} (infrastructure)" in done.stderr
+    assert record.outcome is evidence.Outcome.INFRASTRUCTURE
+    assert (record.image_digest, record.release, record.target) == (digest, "v1.0.0", "sm120")
+    assert record.probe_sources_digest == container.probe_sources_digest()
+    assert record.gpu.name == "NVIDIA GeForce RTX 5090" and record.gpu.capability == "12.0"
+    assert record.gpu.uuid_sha256 == evidence.hashed("GPU-5090-0000")
+    required = [c for c in record.checks if c.get("required")]
+    assert required and all((c["status"], c["reason"]) == ("not-run", "no GPU visible") for c in required)
+    assert "gpu.bf16-matmul: not-run: no GPU visible" in record.reason
+    assert "trust gate: REFUSED: the GPU checks did not run on this host: " in done.stderr
+    assert "gpu.bf16-matmul: not-run: no GPU visible" in done.stderr
+    assert not host.compose_file.exists() and containers_of(docker_engine, host.project) == []

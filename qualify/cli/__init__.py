@@ -31,7 +31,8 @@ COMMANDS = {
     "sums": ("sums_cmd", "write or check SHA256SUMS of the release inputs"),
     "repro": ("repro_cmd", "build twice and compare image digests"),
     "clean": ("clean_cmd", "remove what the toolkit made on this host (images, registry blobs, state) and nothing else"),
-    "deploy": ("deploy_cmd", "helpers for start.sh (target for this GPU, compose file)"),
+    "deploy": ("deploy_cmd", "the deploy start.sh hands over to, and its steps one at a time"),
+    "promote": ("promote_cmd", "promote a release's targets by GPU evidence (seed 000's rule)"),
 }
 
 

@@ -1,7 +1,9 @@
-"""`python -m qualify deploy ACTION`: the helpers start.sh and scripts/*.sh call.
+"""`python -m qualify deploy ACTION`: the deploy (start), status, stop and verify.
 
-Values for bash come out as `key=value` lines on stdout; notes go to stderr;
-a refusal is a DeployError (message and hint on stderr, non-zero exit).
+`./start.sh` and `scripts/{status,stop,verify}.sh` hand over to `start`,
+`status`, `stop` and `verify` here; the work runs in this one process. The
+other actions (memory, port, release, gate, compose, url and the API
+checks) are the same steps one at a time, for people debugging a host.
 """
 
 from __future__ import annotations
@@ -12,19 +14,38 @@ from pathlib import Path
 from qualify.config import targets
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError
-from qualify.deploy import plan as deploy
+from qualify.deploy import api, compose, gate, memory, netcheck, ops, run, settings
+from qualify.deploy import release as rel
+from qualify.deploy.errors import DeployError
+from qualify.deploy.ui import Stop, Ui
 
 CHECKS = {
-    "health": lambda url, model: deploy.health(url),
-    "models": deploy.models,
-    "canary": deploy.canary,
-    "determinism": deploy.determinism,
-    "tool-call": deploy.tool_call,
+    "health": lambda url, model: api.health(url),
+    "models": api.models,
+    "canary": api.canary,
+    "determinism": api.determinism,
+    "tool-call": api.tool_call,
 }
+SCRIPTS = ("start", "status", "stop", "verify")
+
+
+def _script_parsers(sub) -> None:
+    for name in SCRIPTS:
+        p = sub.add_parser(name, help=f"what ./{'start.sh' if name == 'start' else f'scripts/{name}.sh'} does")
+        p.add_argument("--env-file", type=Path, default=settings.REPO / ".env")
+        p.add_argument("--prog", default=name, help="the name messages carry (the script that handed over)")
+    start = sub.choices["start"]
+    start.add_argument("--dry-run", action="store_true")
+    start.add_argument("--allow-unqualified", action="store_true")
+    start.add_argument("--allow-no-gpu-runtime", action="store_true")
+    start.add_argument("--probe", action="store_true", help="run the GPU checks here even for a baseline release")
+    sub.choices["stop"].add_argument("--purge-cache", action="store_true")
+    sub.choices["verify"].add_argument("--level", choices=("smoke", "full"), default="smoke")
 
 
 def configure_parser(parser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
+    _script_parsers(sub)
 
     mem = sub.add_parser("memory", help="does the server fit this GPU, and with which memory fraction")
     mem.add_argument("--target", required=True)
@@ -56,7 +77,7 @@ def configure_parser(parser) -> None:
     comp.add_argument("--served-model-name", required=True)
     comp.add_argument("--gpu-memory-utilization", type=float, required=True)
     comp.add_argument("--max-model-len", type=int, required=True)
-    comp.add_argument("--gpu-runtime", choices=deploy.GPU_RUNTIMES, required=True)
+    comp.add_argument("--gpu-runtime", choices=compose.GPU_RUNTIMES, required=True)
     comp.add_argument("--gpu-device", default="0")
     comp.add_argument("--selinux-label-disable", action="store_true")
     comp.add_argument("--bind-address", default="127.0.0.1")
@@ -92,7 +113,7 @@ def _pairs(items, what: str):
 def _memory(args) -> int:
     target = targets.load(args.file).get(args.target)
     meminfo = args.meminfo.read_text() if args.meminfo.is_file() else None
-    fit = deploy.memory_fit(target.runtime, args.memory_total, meminfo, args.fraction)
+    fit = memory.memory_fit(target.runtime, args.memory_total, meminfo, args.fraction)
     for note in fit.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"gpu_memory_utilization={fit.gpu_memory_utilization:g}")
@@ -103,17 +124,17 @@ def _memory(args) -> int:
 
 
 def _port(args) -> int:
-    problem = deploy.port_problem(args.address, args.port)
+    problem = netcheck.port_problem(args.address, args.port)
     if problem:
-        raise deploy.DeployError(problem, hint=f"see what holds it: ss -ltnp 'sport = :{args.port}'; "
+        raise DeployError(problem, hint=f"see what holds it: ss -ltnp 'sport = :{args.port}'; "
                                  "or set API_PORT (and BIND_ADDRESS) in .env")
     return 0
 
 
 def _release(args) -> int:
-    files = deploy.release_files(args.manifests, args.target, args.tag)
-    image = deploy.image_to_deploy(mf.load(files.manifest), args.target, args.image)
-    fingerprint = deploy.check_key_fingerprint(files.public_key, args.key_fingerprint)
+    files = rel.release_files(args.manifests, args.target, args.tag)
+    image = rel.image_to_deploy(mf.load(files.manifest), args.target, args.image)
+    fingerprint = rel.check_key_fingerprint(files.public_key, args.key_fingerprint)
     print(f"tag={files.tag}")
     print(f"manifest={files.manifest}")
     print(f"signature={files.signature}")
@@ -125,15 +146,15 @@ def _release(args) -> int:
 
 
 def _gate(args) -> int:
-    result = deploy.load_json_text(sys.stdin.read(), "qualify verify --json output")
-    decision = deploy.gate_decision(result, args.require_pass_rc == 0)
+    result = api.load_json_text(sys.stdin.read(), "qualify verify --json output")
+    decision = gate.gate_decision(result, args.require_pass_rc == 0)
     print(f"action={decision.action}")
     print(f"reason={decision.reason}")
     return 0
 
 
 def _compose(args) -> int:
-    spec = deploy.ComposeSpec(
+    spec = compose.ComposeSpec(
         image=args.image, target=args.target, model=args.model, revision=args.revision,
         served_model_name=args.served_model_name, gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len, gpu_runtime=args.gpu_runtime, gpu_device=args.gpu_device,
@@ -142,7 +163,7 @@ def _compose(args) -> int:
         extra_args=tuple(args.extra_arg), extra_env=_pairs(args.env, "--env"),
         health_start_period_s=args.health_start_period, labels=_pairs(args.label, "--label"),
     )
-    sys.stdout.write(deploy.compose_json(spec))
+    sys.stdout.write(compose.compose_json(spec))
     return 0
 
 
@@ -153,11 +174,33 @@ def _check(args) -> int:
     return 0 if result.ok else 1
 
 
+def _script(args) -> int:
+    """One of the user's commands, in this process; a Stop prints its message and fixes and sets the exit code."""
+    ui = Ui(args.prog)
+    try:
+        if args.action == "start":
+            settings.first_run(args.env_file, ui)
+        s = settings.load(args.env_file, ui)
+        if args.action == "start":
+            opts = run.Options(dry_run=args.dry_run, allow_unqualified=args.allow_unqualified,
+                               allow_no_gpu_runtime=args.allow_no_gpu_runtime, probe=args.probe)
+            return run.Deploy(s, opts, ui).main()
+        if args.action == "status":
+            return ops.status(s, ui)
+        if args.action == "stop":
+            return ops.stop(s, ui, args.purge_cache)
+        return ops.verify(s, ui, args.level)
+    except Stop as stop:
+        return ui.error(stop)
+
+
 def execute(args) -> int:
+    if args.action in SCRIPTS:
+        return _script(args)
     if args.action in CHECKS:
         return _check(args)
     if args.action == "url":
-        print(deploy.api_url(args.bind_address, args.port))
+        print(api.api_url(args.bind_address, args.port))
         return 0
     actions = {"memory": _memory, "port": _port, "release": _release, "gate": _gate, "compose": _compose}
     return actions[args.action](args)

@@ -28,7 +28,8 @@ PROFILES = ("smoke", "vllm")
 BASE_KINDS = ("pinned", "hermetic")
 
 # Allowed keys per table, with their types. An unknown key is an error.
-_TOP_KEYS = {"schema": int, "hermetic": dict, "defaults": dict, "targets": dict}
+_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "defaults": dict, "targets": dict}
+_PROMOTION_KEYS = {"consecutive_passes": int}
 _HERMETIC_KEYS = {"suite": str, "mirror": str, "python": str, "repository": str}
 _DEFAULT_KEYS = {"cuda": str, "triton": dict, "runtime": dict}
 _TARGET_KEYS = {
@@ -129,6 +130,8 @@ class TargetsFile:
     schema: int
     hermetic: Hermetic
     targets: Mapping[str, Target] = field(default_factory=dict)
+    # Seed 000: passing runs in a row, without a product failure, before a target is baseline.
+    promotion_passes: int = 7
 
     def get(self, name: str) -> Target:
         if name not in self.targets:
@@ -180,7 +183,12 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: {where} must be a table")
         targets[name] = _parse_target(name, table, defaults, path)
-    return TargetsFile(path, 1, hermetic, targets)
+    promotion = raw.get("promotion") or {}
+    _check_keys(promotion, _PROMOTION_KEYS, path, "[promotion]")
+    passes = promotion.get("consecutive_passes", 7)
+    if passes < 1:
+        raise ConfigError(f"{path}: [promotion] consecutive_passes must be 1 or more (found {passes})")
+    return TargetsFile(path, 1, hermetic, targets, passes)
 
 
 def _parse_hermetic(table: Mapping[str, Any], path: Path) -> Hermetic:

@@ -113,6 +113,25 @@ def make_handler(settings: Settings):
             self.end_headers()
             self.wfile.write(data)
 
+        def _stream(self, text: str) -> None:
+            """Server-sent events, one word a chunk, then usage and [DONE] (vLLM's stream shape)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            words = text.split(" ")
+            for i, word in enumerate(words):
+                delta = {"content": word if i == 0 else " " + word}
+                self._event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+            self._event({"object": "chat.completion.chunk", "choices": [],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": len(words)}})
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def _event(self, body: Any) -> None:
+            self.wfile.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            self.wfile.flush()
+
         def _error(self, status: int, message: str) -> None:
             self._send(status, {"error": {"message": message, "type": "BadRequestError", "code": status}})
 
@@ -137,6 +156,8 @@ def make_handler(settings: Settings):
                 return self._error(404, f"The model `{request.get('model')}` does not exist.")
             choice = complete(request)
             text = choice["message"].get("content") or ""
+            if request.get("stream"):
+                return self._stream(text)
             self._send(200, {
                 "id": f"chatcmpl-standin-{int(time.time() * 1000)}", "object": "chat.completion",
                 "created": int(time.time()), "model": settings.served_model_name,

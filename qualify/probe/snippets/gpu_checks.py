@@ -70,7 +70,20 @@ def matmul():
     got = (a @ b).float()
     ref = a.float() @ b.float()
     rel = ((got - ref).norm() / ref.norm()).item()
-    return {"ok": rel < 1e-2, "relative_error": rel, "device": torch.cuda.get_device_name()}
+    # Per-SKU figure (seed 000): bf16 TFLOP/s of a larger square matmul, after a warm-up.
+    n, reps = 8192, 10
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    x @ y
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        x @ y
+    end.record()
+    torch.cuda.synchronize()
+    tflops = 2 * n ** 3 * reps / (start.elapsed_time(end) / 1000) / 1e12
+    return {"ok": rel < 1e-2, "relative_error": rel, "device": torch.cuda.get_device_name(),
+            "tflops": round(tflops, 1)}
 
 
 def compile_check():

@@ -1,0 +1,202 @@
+"""The OpenAI-compatible API of the served model: health, routing, canary and the deeper checks."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence, Tuple
+
+from qualify.deploy.errors import DeployError
+
+CANARY_PROMPT = "What is 19 times 23?"
+CANARY_ANSWER = "437"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    detail: str
+
+
+def api_url(bind_address: str, port: int) -> str:
+    """Where this host reaches the server: loopback when it listens on every address."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_address, bind_address)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def http_json(url: str, payload: Optional[Mapping[str, Any]] = None, timeout: float = 30.0) -> Tuple[int, Any]:
+    """(status, decoded JSON or text); status 0 when nothing answered."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(getattr(exc, "reason", exc))
+    text = body.decode("utf-8", errors="replace")
+    try:
+        return status, json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return status, text
+
+
+def health(base_url: str, timeout: float = 5.0) -> CheckResult:
+    status, body = http_json(f"{base_url}/health", timeout=timeout)
+    return CheckResult(status == 200, f"/health: HTTP {status}" if status else f"/health: no answer ({body})")
+
+
+def models(base_url: str, model: str) -> CheckResult:
+    status, body = http_json(f"{base_url}/v1/models")
+    ids = [m.get("id") for m in (body or {}).get("data", [])] if isinstance(body, dict) else []
+    if status != 200:
+        return CheckResult(False, f"/v1/models: HTTP {status}: {body}")
+    return CheckResult(model in ids, f"/v1/models serves {ids}" + ("" if model in ids else f", not {model!r}"))
+
+
+def chat(base_url: str, model: str, messages: Sequence[Mapping[str, Any]], timeout: float = 120.0,
+         **params: Any) -> Mapping[str, Any]:
+    payload = {"model": model, "messages": list(messages), **params}
+    status, body = http_json(f"{base_url}/v1/chat/completions", payload, timeout=timeout)
+    if status != 200 or not isinstance(body, dict) or not body.get("choices"):
+        raise DeployError(f"/v1/chat/completions: HTTP {status}: {str(body)[:500]}")
+    return body
+
+
+def _message(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body["choices"][0].get("message") or {}
+
+
+def canary(base_url: str, model: str) -> CheckResult:
+    """A deterministic arithmetic question whose answer we know."""
+    try:
+        body = chat(base_url, model, [{"role": "user", "content": CANARY_PROMPT}], temperature=0, max_tokens=64)
+    except DeployError as exc:
+        return CheckResult(False, str(exc))
+    answer = (_message(body).get("content") or "").strip()
+    ok = CANARY_ANSWER in answer
+    return CheckResult(ok, f"{CANARY_PROMPT!r} -> {answer[:200]!r}" + ("" if ok else f" (expected {CANARY_ANSWER})"))
+
+
+LONG_PROMPT = "Write a numbered list of forty short, plain facts about the number seven."
+
+
+def determinism(base_url: str, model: str, max_tokens: int = 512) -> CheckResult:
+    """A long greedy decode, twice: the texts must be identical."""
+    texts = []
+    try:
+        for _ in range(2):
+            body = chat(base_url, model, [{"role": "user", "content": LONG_PROMPT}], temperature=0, seed=0,
+                        max_tokens=max_tokens)
+            texts.append(_message(body).get("content") or "")
+    except DeployError as exc:
+        return CheckResult(False, str(exc))
+    if not texts[0].strip():
+        return CheckResult(False, "greedy decode returned no text")
+    if texts[0] != texts[1]:
+        at = next((i for i, (a, b) in enumerate(zip(texts[0], texts[1])) if a != b), min(map(len, texts)))
+        return CheckResult(False, f"two greedy decodes differ from character {at}: "
+                           f"{texts[0][at:at + 40]!r} vs {texts[1][at:at + 40]!r}")
+    return CheckResult(True, f"two greedy decodes of up to {max_tokens} tokens are identical ({len(texts[0])} chars)")
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def tool_call(base_url: str, model: str) -> CheckResult:
+    """The server must answer with a well-formed call of the one tool offered."""
+    messages = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
+    try:
+        body = chat(base_url, model, messages, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0,
+                    max_tokens=128)
+    except DeployError as exc:
+        return CheckResult(False, str(exc))
+    calls = _message(body).get("tool_calls") or []
+    if not calls:
+        return CheckResult(False, f"no tool call in the answer: {str(_message(body))[:300]}")
+    function = calls[0].get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "")
+    except json.JSONDecodeError:
+        return CheckResult(False, f"tool call arguments are not JSON: {function.get('arguments')!r}")
+    ok = function.get("name") == "get_weather" and "paris" in str(arguments.get("city", "")).lower()
+    return CheckResult(ok, f"tool call {function.get('name')}({json.dumps(arguments)})")
+
+
+def load_json_text(text: str, what: str) -> Mapping[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DeployError(f"{what}: not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise DeployError(f"{what}: not a JSON object")
+    return doc
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What this GPU serves: time to first token and decode rate of one streamed greedy request."""
+
+    ttft_s: float
+    tokens_per_s: float
+    tokens: int
+
+
+def _stream_events(resp) -> Any:
+    """The JSON objects of a server-sent event stream, until [DONE]; reads are line-bounded."""
+    while True:
+        line = resp.readline(MAX_EVENT_BYTES)
+        if not line:
+            return
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except json.JSONDecodeError:
+            continue
+
+
+MAX_EVENT_BYTES = 1 << 20
+
+
+def throughput(base_url: str, model: str, max_tokens: int = 128, timeout: float = 120.0) -> Throughput:
+    """Stream LONG_PROMPT greedily; tokens are the server's usage count, else one per content chunk."""
+    payload = {"model": model, "messages": [{"role": "user", "content": LONG_PROMPT}], "temperature": 0,
+               "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.monotonic()
+    first: Optional[float] = None
+    chunks, usage = 0, None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            for event in _stream_events(resp):
+                if event.get("usage"):
+                    usage = event["usage"].get("completion_tokens")
+                for choice in event.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        first = first if first is not None else time.monotonic()
+                        chunks += 1
+    except (urllib.error.URLError, OSError) as exc:
+        raise DeployError(f"streamed completion: {getattr(exc, 'reason', exc)}") from None
+    end = time.monotonic()
+    if first is None:
+        raise DeployError("streamed completion: the server sent no content")
+    tokens = int(usage or chunks)
+    rate = (tokens - 1) / (end - first) if end > first and tokens > 1 else 0.0
+    return Throughput(round(first - start, 4), round(rate, 1), tokens)

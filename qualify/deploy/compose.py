@@ -1,0 +1,142 @@
+"""The compose project start.sh runs: one service, only our GPU, literal values."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from qualify.deploy.errors import DeployError
+
+CONTAINER_PORT = 8000
+SERVICE = "vllm"
+# The OpenAI-compatible server, named as a module so the image's ENTRYPOINT does not matter.
+SERVE_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+HF_HOME = "/root/.cache/huggingface"
+VLLM_CACHE = "/root/.cache/vllm"
+TRITON_HOME = "/root/.triton"
+VOLUMES = {"hf-cache": HF_HOME, "vllm-cache": VLLM_CACHE, "triton-cache": TRITON_HOME}
+GPU_RUNTIMES = ("nvidia", "cdi", "none")
+LABEL_PREFIX = "dev.blackwell-qualify"
+
+
+@dataclass(frozen=True)
+class ComposeSpec:
+    image: str
+    target: str
+    model: str
+    revision: str
+    served_model_name: str
+    gpu_memory_utilization: float
+    max_model_len: int
+    gpu_runtime: str = "nvidia"
+    gpu_device: str = "0"  # UUID for the nvidia runtime, CDI device name for cdi
+    selinux_label_disable: bool = False
+    bind_address: str = "127.0.0.1"
+    port: int = 8000
+    shm_size: str = "8g"
+    tool_call_parser: str = ""
+    extra_args: Tuple[str, ...] = ()
+    extra_env: Tuple[Tuple[str, str], ...] = ()
+    health_start_period_s: int = 1800
+    labels: Tuple[Tuple[str, str], ...] = field(default_factory=tuple)
+
+    def validate(self) -> None:
+        if self.gpu_runtime not in GPU_RUNTIMES:
+            raise DeployError(f"GPU_RUNTIME={self.gpu_runtime!r}: use one of {', '.join(GPU_RUNTIMES)}")
+        if not 1 <= self.port <= 65535:
+            raise DeployError(f"API_PORT={self.port} is not a port number", hint="set API_PORT in .env to 1..65535")
+        if not SHM_SIZE.fullmatch(self.shm_size):
+            raise DeployError(f"SHM_SIZE={self.shm_size!r} is not a size such as 8g, 512m or 2gb",
+                              hint="set SHM_SIZE in .env to a number with an optional unit b, k, m or g")
+        try:
+            ipaddress.ip_address(self.bind_address)
+        except ValueError:
+            raise DeployError(f"BIND_ADDRESS={self.bind_address!r} is not an IP address",
+                              hint="set BIND_ADDRESS in .env to 127.0.0.1 (this host only) or 0.0.0.0") from None
+
+
+# What compose accepts for shm_size: bytes, or a number with a unit.
+SHM_SIZE = re.compile(r"[0-9]+(\.[0-9]+)?([bkmgBKMG][bB]?)?")
+# Compose expands ${VAR} here, on purpose: the token comes from start.sh's environment.
+HF_TOKEN_REF = "${HF_TOKEN:-}"
+
+
+def _escape(value: str) -> str:
+    """Compose interpolates `$`; our values are literal."""
+    return value.replace("$", "$$")
+
+
+def _literal(node: Any) -> Any:
+    """Every string in the document escaped, so no value can reach compose's interpolation."""
+    if isinstance(node, str):
+        return _escape(node)
+    if isinstance(node, list):
+        return [_literal(v) for v in node]
+    if isinstance(node, dict):
+        return {_escape(k): _literal(v) for k, v in node.items()}
+    return node
+
+
+def serve_args(s: ComposeSpec) -> List[str]:
+    args = ["--model", s.model, "--revision", s.revision, "--tokenizer-revision", s.revision,
+            "--served-model-name", s.served_model_name, "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
+            "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}", "--max-model-len", str(s.max_model_len)]
+    if s.tool_call_parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
+    return args + list(s.extra_args)
+
+
+def _environment(s: ComposeSpec) -> Dict[str, str]:
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_HOME": HF_HOME, "HF_HUB_OFFLINE": "0",
+           "VLLM_CACHE_ROOT": VLLM_CACHE, "TRITON_CACHE_DIR": f"{TRITON_HOME}/cache"}
+    if s.gpu_runtime == "nvidia":
+        env["NVIDIA_VISIBLE_DEVICES"] = s.gpu_device
+    env.update(dict(s.extra_env))
+    return env
+
+
+def _healthcheck(s: ComposeSpec) -> Dict[str, Any]:
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{CONTAINER_PORT}/health', timeout=5)"
+    return {"test": ["CMD", "python3", "-c", probe], "interval": "15s", "timeout": "10s", "retries": 3,
+            "start_period": f"{s.health_start_period_s}s"}
+
+
+def _publish(s: ComposeSpec) -> str:
+    host = f"[{s.bind_address}]" if ":" in s.bind_address else s.bind_address
+    return f"{host}:{s.port}:{CONTAINER_PORT}"
+
+
+def compose_document(s: ComposeSpec) -> Dict[str, Any]:
+    """The compose project as a dict (written as JSON, which is valid YAML)."""
+    s.validate()
+    service: Dict[str, Any] = {
+        "image": s.image,
+        "entrypoint": list(SERVE_ENTRYPOINT),
+        "command": serve_args(s),
+        "restart": "unless-stopped",
+        "shm_size": s.shm_size,
+        "ports": [_publish(s)],
+        "environment": _environment(s),
+        "volumes": [f"{name}:{path}" for name, path in VOLUMES.items()],
+        "healthcheck": _healthcheck(s),
+        "labels": {f"{LABEL_PREFIX}.target": s.target, **dict(s.labels)},
+    }
+    if s.gpu_runtime == "nvidia":
+        service["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "device_ids": [s.gpu_device], "capabilities": ["gpu"]}]}}}
+    elif s.gpu_runtime == "cdi":
+        service["devices"] = [f"nvidia.com/gpu={s.gpu_device}"]
+    if s.selinux_label_disable:
+        # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (seed 003).
+        service["security_opt"] = ["label=disable"]
+    service = _literal(service)
+    # Taken from start.sh's environment when compose runs; never written into the file.
+    service["environment"]["HF_TOKEN"] = HF_TOKEN_REF
+    return {"services": {SERVICE: service}, "volumes": {name: {} for name in VOLUMES}}
+
+
+def compose_json(s: ComposeSpec) -> str:
+    return json.dumps(compose_document(s), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,24 @@
+"""Is the API port free on this host."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import Optional
+
+
+def port_problem(address: str, port: int) -> Optional[str]:
+    """None when `address:port` can be bound now, else what is wrong."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {address} is already in use"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"{address} is not an address of this host"
+            if exc.errno == errno.EACCES:
+                return f"port {port} needs privileges to bind"
+            return f"cannot bind {address}:{port}: {exc.strerror}"
+    return None

@@ -1,0 +1,107 @@
+"""scripts/status.sh, stop.sh and verify.sh: what the deployment start.sh made is doing, stopping it, checking it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import List
+
+from qualify.deploy import api, preflight
+from qualify.deploy.settings import Settings
+from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, Stop, Ui
+
+LABEL = "com.docker.compose.project"
+
+
+def _compose(engine: preflight.EngineChoice, s: Settings, *args: str) -> subprocess.CompletedProcess:
+    argv = [*engine.compose, "-p", s["COMPOSE_PROJECT"], "-f", str(s.compose_file), *args]
+    return subprocess.run(argv, text=True, timeout=900, stdin=subprocess.DEVNULL, stdout=2)
+
+
+def _section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+def _ids(engine: preflight.EngineChoice, *argv: str) -> List[str]:
+    return subprocess.run([engine.cli, *argv], capture_output=True, text=True, timeout=60).stdout.split()
+
+
+def status(s: Settings, ui: Ui) -> int:
+    engine = preflight.detect_engine(s)
+    url = api.api_url(s["BIND_ADDRESS"], s.int("API_PORT"))
+    _section(f"containers (project {s['COMPOSE_PROJECT']})")
+    if s.compose_file.is_file():
+        subprocess.run([*engine.compose, "-p", s["COMPOSE_PROJECT"], "-f", str(s.compose_file), "ps"], timeout=120)
+    else:
+        print(f"no deployment: {s.compose_file} does not exist (./start.sh makes it)")
+    _section(f"API {url}")
+    health = api.health(url)
+    print(f"health: {'ok' if health.ok else 'FAILED'}: {health.detail}", flush=True)
+    if health.ok:
+        routed = api.models(url, s["SERVED_MODEL_NAME"])
+        print(f"models: {'ok' if routed.ok else 'FAILED'}: {routed.detail}", flush=True)
+    _section(f"GPU {s['GPU_DEVICE']}")
+    if shutil.which("nvidia-smi"):
+        subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
+                        "memory.total", "--format=csv", "-i", s["GPU_DEVICE"]], timeout=30)
+    else:
+        print("nvidia-smi not found")
+    _section("caches (named volumes)")
+    volumes = _ids(engine, "volume", "ls", "-q", "--filter", f"label={LABEL}={s['COMPOSE_PROJECT']}")
+    for vol in volumes:
+        mount = subprocess.run([engine.cli, "volume", "inspect", "--format", "{{.Mountpoint}}", vol],
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+        size = subprocess.run(["du", "-sh", mount], capture_output=True, text=True, timeout=120).stdout.split("\t")[0]
+        print(f"{vol:<40} {size.strip() or 'size unknown'}")
+    if not volumes:
+        print("none (removed, or never started)")
+    return 0 if health.ok else 1
+
+
+def stop(s: Settings, ui: Ui, purge: bool) -> int:
+    engine = preflight.detect_engine(s)
+    project = s["COMPOSE_PROJECT"]
+    if s.compose_file.is_file():
+        args = ["down", "--remove-orphans"] + (["--volumes"] if purge else [])
+        if _compose(engine, s, *args).returncode != 0:
+            raise Stop(EX_DEPLOY, f"compose could not stop {project} (see above)",
+                       f"retry; or remove its containers: {engine.cli} ps -a --filter label={LABEL}={project}")
+    else:
+        # Without start.sh's compose file, remove what carries the project's label.
+        ui.say(f"no compose file at {s.compose_file}; removing what is labelled {LABEL}={project}")
+        for ls, rm in ((["ps", "-aq"], ["rm", "-f"]), (["network", "ls", "-q"], ["network", "rm"])) + (
+                ((["volume", "ls", "-q"], ["volume", "rm"]),) if purge else ()):
+            ids = _ids(engine, *ls, "--filter", f"label={LABEL}={project}")
+            if ids:
+                subprocess.run([engine.cli, *rm, *ids], capture_output=True, timeout=300)
+    ui.say(f"stopped {project} and removed its caches" if purge else
+           f"stopped {project} (caches kept; --purge-cache removes them)")
+    return 0
+
+
+def verify(s: Settings, ui: Ui, level: str) -> int:
+    url, model = api.api_url(s["BIND_ADDRESS"], s.int("API_PORT")), s["SERVED_MODEL_NAME"]
+    checks = {"health": lambda: api.health(url), "models": lambda: api.models(url, model),
+              "canary": lambda: api.canary(url, model)}
+    if level == "full":
+        checks["determinism"] = lambda: api.determinism(url, model)
+        if s["TOOL_CALL_PARSER"]:
+            checks["tool-call"] = lambda: api.tool_call(url, model)
+        else:
+            ui.say("tool-call: skipped (TOOL_CALL_PARSER is empty)")
+    ui.say(f"{level} checks against {url} ({model})")
+    passed = failed = 0
+    for name, check in checks.items():
+        result = check()
+        print(f"{name}: {'ok' if result.ok else 'FAILED'}: {result.detail}", flush=True)
+        if result.ok:
+            passed += 1
+            continue
+        failed += 1
+        if name == "health":
+            break  # nothing else can answer
+    ui.say(f"{level}: {passed} of {len(checks)} checks passed")
+    if failed:
+        raise Stop(EX_CHECK, f"{failed} check(s) failed against {url}",
+                   f"look at the server: {s.hint('status')}, or the engine's logs for project {s['COMPOSE_PROJECT']}")
+    return 0

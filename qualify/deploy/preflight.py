@@ -1,0 +1,382 @@
+"""Preflight: this host's GPU, its target, memory, engine and compose, GPU runtime, disk and port.
+
+Nothing is pulled or started here; each problem stops the deploy with what
+to do about it (exit 3, or 2 for a setting that is not one of the choices).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from qualify.config import targets
+from qualify.core import arch
+from qualify.deploy import memory, netcheck
+from qualify.deploy.errors import DeployError
+from qualify.deploy.settings import Settings
+from qualify.deploy.ui import EX_PREFLIGHT, EX_USAGE, Stop, Ui
+
+SMI_TIMEOUT = 30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    device: str  # GPU_DEVICE as given
+    capability: str
+    name: str
+    memory: str
+    uuid: str
+    driver: str
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    kind: str  # docker | podman
+    cli: str
+    compose: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GpuRuntime:
+    kind: str  # nvidia | cdi | none
+    container_gpu: str  # what the container is given ('' for none)
+    run_args: Tuple[str, ...]  # for `engine run` (the probe)
+    selinux_off: bool
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    gpu: Gpu
+    target: targets.Target
+    fit: memory.MemoryFit
+    engine: EngineChoice
+    runtime: GpuRuntime
+
+
+def _smi(args: Sequence[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=SMI_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", f"nvidia-smi did not answer within {SMI_TIMEOUT} s")
+
+
+def _out(proc: subprocess.CompletedProcess) -> str:
+    return ((proc.stdout or "") + (proc.stderr or "")).strip()
+
+
+def check_driver() -> None:
+    if shutil.which("nvidia-smi") is None:
+        raise Stop(EX_PREFLIGHT, "no NVIDIA GPU found: nvidia-smi is not on PATH, so this host has no NVIDIA driver "
+                   "and no visible NVIDIA GPU",
+                   "install the NVIDIA driver (570 or newer for Blackwell); it provides nvidia-smi",
+                   "this deploy needs an NVIDIA Blackwell GPU: RTX 5090 / RTX PRO 6000, B200, B300, GB200 or DGX Spark (GB10)")
+    proc = _smi(["-L"])
+    if proc.returncode != 0:
+        first = _out(proc).splitlines()[0] if _out(proc) else ""
+        raise Stop(EX_PREFLIGHT, f"nvidia-smi cannot reach the NVIDIA driver: {first}",
+                   "load the driver (reboot after installing it, or: sudo modprobe nvidia), then check with nvidia-smi")
+
+
+def query_gpu(s: Settings, ui: Ui) -> Gpu:
+    device = s["GPU_DEVICE"]
+    query = "--query-gpu=compute_cap,name,memory.total,uuid,driver_version"
+    proc = _smi([query, "--format=csv,noheader", "-i", device])
+    if proc.returncode != 0:
+        listed = " ".join(_smi(["-L"]).stdout.splitlines())
+        first = _out(proc).splitlines()[0] if _out(proc) else ""
+        raise Stop(EX_PREFLIGHT, f"GPU_DEVICE={device} does not name a GPU on this host: {first}",
+                   f"set GPU_DEVICE in {s.env_file} to an index or UUID that nvidia-smi -L lists: {listed}")
+    rows = [r for r in proc.stdout.splitlines() if r.strip()]
+    if len(rows) != 1:
+        raise Stop(EX_PREFLIGHT, f"GPU_DEVICE={device} names more than one GPU",
+                   f"set GPU_DEVICE in {s.env_file} to one index or UUID")
+    fields = [f.strip() for f in rows[0].split(",")] + [""] * 5
+    cap, name, mem, uuid, driver = fields[:5]
+    try:
+        arch.Capability.parse(cap)
+    except ValueError:
+        raise Stop(EX_PREFLIGHT, f"the driver does not report the compute capability of {name} ({cap})",
+                   "update the NVIDIA driver (570 or newer for Blackwell)") from None
+    ui.say(f"GPU {device}: {name}, compute capability {cap}, memory {mem}, {uuid}")
+    return Gpu(device, cap, name, mem, uuid, "" if driver.startswith("[") else driver)
+
+
+def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targets.Target:
+    cap, machine = arch.Capability.parse(gpu.capability), platform.machine()
+    found = tf.for_capability(cap, machine)
+    if found:
+        ui.say(f"target: {found[0].name}")
+        return found[0]
+    same_cap = tf.for_capability(cap)
+    if same_cap:
+        plats = ", ".join(f"{t.name} ({t.platform})" for t in same_cap)
+        raise Stop(EX_PREFLIGHT, f"platform mismatch: {gpu.name} (compute capability {gpu.capability}) on this {machine} "
+                   f"host. capability {cap} is supported only on: {plats}; this host is {machine}",
+                   "images are built per CPU platform: run on a host of the platform named above (DGX Spark / GB10 is arm64)")
+    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values())
+    raise Stop(EX_PREFLIGHT, f"unsupported GPU: {gpu.name} (compute capability {gpu.capability}). capability {cap} "
+               f"({arch.describe(cap)}) is not one of our targets; supported: {supported}",
+               f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one")
+
+
+def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memory.MemoryFit:
+    fraction = float(s["GPU_MEMORY_UTILIZATION"]) if s["GPU_MEMORY_UTILIZATION"] else None
+    meminfo = Path("/proc/meminfo")
+    try:
+        fit = memory.memory_fit(target.runtime, gpu.memory, meminfo.read_text() if meminfo.is_file() else None, fraction)
+    except DeployError as exc:
+        raise Stop(EX_PREFLIGHT, f"GPU memory: the model server does not fit {gpu.name}: {exc.message}",
+                   *([exc.hint] if exc.hint else []),
+                   "free memory or choose another GPU (GPU_DEVICE), then run ./start.sh again") from None
+    for note in fit.notes:
+        ui.say(f"note: {note}")
+    ui.say(f"memory: {fit.pool_gib:g} GiB ({fit.source}), gpu_memory_utilization {fit.gpu_memory_utilization:g}")
+    return fit
+
+
+# --- engine ------------------------------------------------------------------------
+
+
+def _works(argv: Sequence[str], timeout: float = 60) -> Tuple[bool, str]:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
+
+
+def docker_clients() -> List[str]:
+    """Each docker client on this host once (a newer one on PATH may lack compose)."""
+    seen: List[str] = []
+    for c in ("docker", "/usr/bin/docker"):
+        p = shutil.which(c)
+        if p and os.path.realpath(p) not in [os.path.realpath(x) for x in seen]:
+            seen.append(p)
+    return seen
+
+
+def _find(kind: str) -> Tuple[Optional[str], str]:
+    error = ""
+    candidates = docker_clients() if kind == "docker" else ([shutil.which("podman")] if shutil.which("podman") else [])
+    for c in candidates:
+        ok, error = _works([c, "info"])
+        if ok:
+            return c, ""
+    return None, error
+
+
+def _compose(kind: str) -> Optional[Tuple[str, ...]]:
+    if kind == "docker":
+        for c in docker_clients():
+            if _works([c, "compose", "version"])[0]:
+                return (c, "compose")
+        if shutil.which("docker-compose") and _works(["docker-compose", "version"])[0]:
+            return ("docker-compose",)
+    elif shutil.which("podman-compose") and _works(["podman-compose", "version"])[0]:
+        return ("podman-compose",)
+    return None
+
+
+def _no_engine(what: str, error: str) -> Stop:
+    detail = f": {error.splitlines()[0]}" if error else ""
+    if "permission denied" in error:
+        return Stop(EX_PREFLIGHT, f"{what}{detail}", "add yourself to the docker group (sudo usermod -aG docker $USER, "
+                    "then log in again), or run as root")
+    return Stop(EX_PREFLIGHT, f"{what}{detail}", "install Docker Engine (https://docs.docker.com/engine/install/) and "
+                "start it: sudo systemctl enable --now docker", "or install Podman with podman-compose")
+
+
+def detect_engine(s: Settings) -> EngineChoice:
+    choice = s["CONTAINER_ENGINE"]
+    if choice not in ("auto", "docker", "podman"):
+        raise Stop(EX_USAGE, f"CONTAINER_ENGINE={choice}: use auto, docker or podman", f"correct it in {s.env_file}")
+    kinds = ("docker", "podman") if choice == "auto" else (choice,)
+    error = ""
+    for kind in kinds:
+        cli, error = _find(kind)
+        if cli:
+            compose = _compose(kind)
+            if compose is None:
+                if kind == "docker":
+                    raise Stop(EX_PREFLIGHT, "Docker answers but has no compose: neither 'docker compose' nor "
+                               "'docker-compose' works",
+                               "install the Compose plugin (package docker-compose-plugin) or docker-compose")
+                raise Stop(EX_PREFLIGHT, "Podman works but podman-compose does not",
+                           "install podman-compose (pip install podman-compose, or your distribution's package)")
+            return EngineChoice(kind, cli, compose)
+    what = {"docker": "Docker does not answer", "podman": "Podman does not work"}.get(
+        choice, "no container engine answers (neither docker nor podman)")
+    raise _no_engine(what, error)
+
+
+# --- GPU runtime ---------------------------------------------------------------------
+
+
+def nvidia_runtime_present(engine: EngineChoice) -> bool:
+    if engine.kind != "docker":
+        return False
+    ok, _ = _works([engine.cli, "info", "--format", "{{json .Runtimes}}"])
+    if ok and '"nvidia"' in subprocess.run([engine.cli, "info", "--format", "{{json .Runtimes}}"], capture_output=True,
+                                           text=True, timeout=60).stdout:
+        return True
+    return shutil.which("nvidia-container-runtime-hook") is not None
+
+
+def cdi_spec_files(s: Settings) -> List[Path]:
+    out = []
+    for d in s["CDI_SPEC_DIRS"].split():
+        for pattern in ("*.yaml", "*.yml", "*.json"):
+            for f in sorted(Path(d).glob(pattern)):
+                try:
+                    if f.is_file() and "nvidia.com/gpu" in f.read_text(errors="replace")[:1 << 22]:
+                        out.append(f)
+                except OSError:
+                    continue
+    return out
+
+
+def cdi_usable(engine: EngineChoice, s: Settings) -> bool:
+    if not cdi_spec_files(s):
+        return False
+    if engine.kind == "podman":
+        return True
+    # Docker reads CDI specs from 25 on (feature flag; default from 28); 20.10 has no such field.
+    proc = subprocess.run([engine.cli, "info", "--format", "{{json .CDISpecDirs}}"], capture_output=True, text=True,
+                          timeout=60)
+    return proc.returncode == 0 and proc.stdout.startswith('["')
+
+
+def _no_gpu_runtime(engine: EngineChoice, s: Settings) -> Stop:
+    if engine.kind == "podman":
+        return Stop(EX_PREFLIGHT, "Podman cannot give the container a GPU: no CDI spec naming nvidia.com/gpu in "
+                    f"{s['CDI_SPEC_DIRS']}",
+                    "install the NVIDIA Container Toolkit and run: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+    return Stop(EX_PREFLIGHT, "Docker cannot give the container a GPU: no NVIDIA container runtime, and no usable CDI spec",
+                "install the NVIDIA Container Toolkit, then: sudo nvidia-ctk runtime configure --runtime=docker && "
+                "sudo systemctl restart docker",
+                "or, with Docker 25+ and CDI enabled: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+
+
+def _cdi_device(gpu: Gpu, s: Settings) -> str:
+    """The CDI name of our GPU (nvidia-ctk names devices by index and, lately, by UUID)."""
+    if any(gpu.uuid in f.read_text(errors="replace") for f in cdi_spec_files(s)):
+        return gpu.uuid
+    if gpu.device.isdigit():
+        return gpu.device
+    raise Stop(EX_PREFLIGHT, f"the CDI spec does not name {gpu.uuid}",
+               "regenerate it: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml; or set GPU_DEVICE to an index")
+
+
+def selinux_enforcing() -> bool:
+    try:
+        return Path("/sys/fs/selinux/enforce").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none: bool) -> GpuRuntime:
+    kind = s["GPU_RUNTIME"]
+    if kind == "auto":
+        if nvidia_runtime_present(engine):
+            kind = "nvidia"
+        elif cdi_usable(engine, s):
+            kind = "cdi"
+        else:
+            raise _no_gpu_runtime(engine, s)
+    selinux_off = engine.kind == "podman" and selinux_enforcing()
+    extra = ("--security-opt", "label=disable") if selinux_off else ()
+    if kind == "nvidia":
+        if not nvidia_runtime_present(engine):
+            raise _no_gpu_runtime(engine, s)
+        rt = GpuRuntime("nvidia", gpu.uuid, ("--gpus", f"device={gpu.uuid}") + extra, selinux_off)
+    elif kind == "cdi":
+        if not cdi_usable(engine, s):
+            raise _no_gpu_runtime(engine, s)
+        dev = _cdi_device(gpu, s)
+        rt = GpuRuntime("cdi", dev, ("--device", f"nvidia.com/gpu={dev}") + extra, selinux_off)
+    elif kind == "none":
+        if not allow_none:
+            raise Stop(EX_PREFLIGHT, "GPU_RUNTIME=none would start the server WITHOUT a GPU; refused",
+                       f"set GPU_RUNTIME=auto in {s.env_file}",
+                       "to test the deploy machinery with a stand-in server, pass --allow-no-gpu-runtime")
+        ui.banner(["GPU_RUNTIME=none: THE CONTAINER GETS NO GPU.",
+                   "Only a stand-in server (testing the deploy machinery) can serve like this;",
+                   "a real vLLM image will fail. Set GPU_RUNTIME=auto for a real deployment."])
+        rt = GpuRuntime("none", "", extra, selinux_off)
+    else:
+        raise Stop(EX_USAGE, f"GPU_RUNTIME={s['GPU_RUNTIME']}: use auto, nvidia, cdi or none", f"correct it in {s.env_file}")
+    if selinux_off:
+        ui.say("SELinux is enforcing: the container runs with label=disable "
+               "(else NVML reports 'Insufficient Permissions')")
+    ui.say(f"GPU runtime: {rt.kind}" + (f" (device {rt.container_gpu} only)" if rt.container_gpu else ""))
+    return rt
+
+
+# --- disk and port -------------------------------------------------------------------
+
+
+def engine_storage(engine: EngineChoice) -> Path:
+    fmt = "{{.DockerRootDir}}" if engine.kind == "docker" else "{{.Store.GraphRoot}}"
+    proc = subprocess.run([engine.cli, "info", "--format", fmt], capture_output=True, text=True, timeout=60)
+    path = Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else Path("/")
+    return path if path.is_dir() else Path("/")
+
+
+def check_disk(engine: EngineChoice, s: Settings, ui: Ui) -> None:
+    where = engine_storage(engine)
+    try:
+        free = shutil.disk_usage(where).free // (1 << 30)
+    except OSError:
+        ui.warn(f"cannot tell the free space under {where}")
+        return
+    need = s.int("MIN_FREE_DISK_GIB")
+    if free < need:
+        raise Stop(EX_PREFLIGHT, f"only {free} GiB free under {where} (the engine's storage, which also holds the model "
+                   f"cache); need {need} GiB",
+                   f"free space there (images you no longer need: {engine.cli} image ls, {engine.cli} image rm ...)",
+                   f"or lower MIN_FREE_DISK_GIB in {s.env_file} if the image and model are already present")
+    ui.say(f"disk: {free} GiB free under {where}")
+
+
+def project_containers(engine: EngineChoice, project: str, status: str = "") -> List[str]:
+    argv = [engine.cli, "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"]
+    if status:
+        argv += ["--filter", f"status={status}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.split()
+
+
+def check_port(engine: EngineChoice, s: Settings, ui: Ui) -> None:
+    if project_containers(engine, s["COMPOSE_PROJECT"], "running"):
+        ui.say(f"port: compose project {s['COMPOSE_PROJECT']} is running already; it will be recreated")
+        return
+    address, port = s["BIND_ADDRESS"], s.int("API_PORT")
+    problem = netcheck.port_problem(address, port)
+    if problem:
+        raise Stop(EX_PREFLIGHT, f"{problem}; the API port {address}:{port} is not free",
+                   f"stop what holds it (see: ss -ltnp 'sport = :{port}'), or set API_PORT (and BIND_ADDRESS) in {s.env_file}")
+    ui.say(f"port: {address}:{port} is free")
+
+
+def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
+    ui.say(f"preflight (settings: {s.env_file})")
+    check_driver()
+    gpu = query_gpu(s, ui)
+    try:
+        tf = targets.load()
+    except Exception as exc:  # a broken targets file is a preflight problem with its own message
+        raise Stop(EX_PREFLIGHT, f"cannot tell the target for capability {gpu.capability}: {exc}",
+                   "check images/targets.toml with: python3 -m qualify targets check") from None
+    target = match_target(tf, gpu, s, ui)
+    fit = check_memory(target, gpu, s, ui)
+    engine = detect_engine(s)
+    ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
+    runtime = gpu_runtime(engine, gpu, s, ui, allow_none)
+    check_disk(engine, s, ui)
+    check_port(engine, s, ui)
+    return HostPlan(gpu, target, fit, engine, runtime)

@@ -1,0 +1,351 @@
+"""`./start.sh`, in one process: preflight, release, trust gate, GPU checks here, compose, health, canary.
+
+start.sh only finds a Python and hands over. Exit codes: 0 serving,
+2 settings, 3 preflight, 4 trust gate, 5 deploy or health, 6 canary.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from qualify.core import manifest as mf
+from qualify.core.errors import QualifyError, VerificationError
+from qualify.deploy import api, compose, gate, preflight
+from qualify.deploy import release as rel
+from qualify.deploy.errors import DeployError, NoReleaseError
+from qualify.deploy.settings import Settings
+from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, Stop, Ui
+from qualify.release import evidence as ev
+
+HEALTH_POLL_S = 2
+PROGRESS_EVERY_S = 10
+MAX_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class Options:
+    dry_run: bool = False
+    allow_unqualified: bool = False
+    allow_no_gpu_runtime: bool = False
+    probe: bool = False  # run the GPU checks here even when the level would skip them
+
+
+@dataclass(frozen=True)
+class Trust:
+    """What the trust gate settled: the image, the manifest it rests on and why it may serve."""
+
+    image: str
+    manifest: Optional[Path]
+    tag: str
+    reason: str
+    need_probe: bool
+    statement: Optional[Mapping[str, Any]] = None
+
+
+class Deploy:
+    def __init__(self, s: Settings, opts: Options, ui: Ui) -> None:
+        self.s, self.opts, self.ui = s, opts, ui
+
+    # --- trust gate ------------------------------------------------------------------
+
+    def override(self, reason: str, image: str) -> str:
+        """Stop, unless --allow-unqualified, which is announced loudly; the reason for the label."""
+        if not self.opts.allow_unqualified:
+            raise Stop(EX_TRUST, f"trust gate: REFUSED: {reason}",
+                       f"deploy a release whose manifest passes for {self.target} (RELEASE_TAG in {self.s.env_file})",
+                       "or, at your own risk: ./start.sh --allow-unqualified")
+        self.ui.banner(["--allow-unqualified: DEPLOYING AN IMAGE THE TRUST GATE REFUSED", f"reason: {reason}",
+                        f"image: {image}", "Its qualification does not vouch for it on this host."])
+        return f"UNQUALIFIED (--allow-unqualified): {reason}"
+
+    def no_release(self, exc: NoReleaseError) -> Trust:
+        image = self.s["IMAGE"]
+        self.ui.say(f"error: {exc}")
+        if self.opts.allow_unqualified and rel.pinned(image):
+            reason = self.override(f"no released manifest for {self.target}", image)
+            return Trust(image, None, "", reason, False)
+        raise Stop(EX_TRUST, f"trust gate: no released manifest for {self.target} (see above); nothing qualifies an image "
+                   "for this GPU",
+                   f"update this checkout to a release that has one (git pull --tags), or set RELEASE_TAG in {self.s.env_file}",
+                   f"or, at your own risk: set IMAGE=registry/name@sha256:... in {self.s.env_file} and pass --allow-unqualified")
+
+    def trust_gate(self) -> Trust:
+        from qualify.release import verify as vf  # cryptography: needed from here on, not for preflight
+
+        manifests = self.s.path("MANIFESTS_DIR")
+        self.ui.say(f"trust gate: release {self.s['RELEASE_TAG'] or '(newest)'} for {self.target} under {manifests}")
+        try:
+            files = rel.release_files(manifests, self.target, self.s["RELEASE_TAG"])
+            stmt = mf.load(files.manifest)
+            image = rel.image_to_deploy(stmt, self.target, self.s["IMAGE"])
+            pinned = self.s["RELEASE_KEY_FINGERPRINT"]
+            fingerprint = rel.check_key_fingerprint(files.public_key, pinned)
+        except NoReleaseError as exc:
+            return self.no_release(exc)
+        except QualifyError as exc:
+            raise Stop(EX_TRUST, f"trust gate: the release manifest for {self.target} cannot be used: {exc}",
+                       *([exc.hint] if exc.hint else []),
+                       f"restore the release folder from the release tag, or correct IMAGE / RELEASE_TAG in {self.s.env_file}",
+                       ) from None
+        self.ui.say(f"manifest: {files.manifest}; image: {image}")
+        self.ui.say(f"release key: {fingerprint}" + (" (pinned)" if pinned else
+                    f", from the release folder (pin it: RELEASE_KEY_FINGERPRINT in {self.s.env_file})"))
+        opts = vf.VerifyOptions(manifest=files.manifest, key=files.public_key, signature=files.signature, image=image)
+        try:
+            result = vf.verify(opts)
+        except QualifyError as exc:
+            raise Stop(EX_TRUST, f"trust gate: REFUSED {files.manifest}: its signature or image digest does not verify: {exc}",
+                       f"do not deploy this image; restore the release files (git checkout {files.tag} -- manifests/) "
+                       "or fetch the release again",
+                       "this refusal cannot be overridden: nothing vouches for what the image is") from None
+        require_pass_ok = True
+        try:
+            vf.verify(replace(opts, require_pass=True))
+        except VerificationError as exc:
+            require_pass_ok = False
+            verdict_error = str(exc)
+        decision = gate.gate_decision(result.as_dict(), require_pass_ok)
+        trust = Trust(image, files.manifest, files.tag, decision.reason, False, stmt)
+        if decision.action == gate.Action.DEPLOY.value:
+            if self.opts.probe:
+                self.ui.say(f"trust gate: passed: {decision.reason}; --probe: the GPU checks run here first")
+                return replace(trust, need_probe=True)
+            self.ui.say(f"trust gate: passed: {decision.reason}; the GPU checks are skipped (--probe runs them)")
+            return trust
+        if decision.action == gate.Action.PROBE.value:
+            self.ui.say(f"trust gate: {decision.reason}")
+            return replace(trust, need_probe=True)
+        self.ui.say(f"error: {verdict_error}" if not require_pass_ok else f"trust gate: {decision.reason}")
+        return replace(trust, reason=self.override(decision.reason, image))
+
+    # --- GPU checks on this host ----------------------------------------------------
+
+    def probe_here(self, trust: Trust) -> Tuple[Trust, Optional[Path]]:
+        """The probe's GPU checks inside the image, on our GPU; the evidence is saved beside the manifest."""
+        from qualify.build.engine import Engine
+        from qualify.qualification import container
+
+        rt = self.plan.runtime
+        gpus = {"nvidia": f"device={self.plan.gpu.uuid}", "cdi": "all"}.get(rt.kind)
+        self.ui.say(f"GPU checks: running the probe inside the image on {self.plan.gpu.name} before serving")
+        profile = ((trust.statement or {}).get("predicate", {}).get("target") or {}).get("profile")
+        target = container.probe_target(self.plan.target, profile)
+        engine = Engine(self.plan.engine.kind)
+        engine.binary = self.plan.engine.cli  # the client preflight found answering
+        try:
+            predicate = container.run_probe(engine, trust.image, target, scope="gpu", gpus=gpus)
+            outcome = gate.probe_outcome(predicate, str(self.plan.target.capability))
+        except QualifyError as exc:  # the probe did not complete: infrastructure, it proves nothing
+            predicate = {}
+            outcome = gate.ProbeOutcome(ev.Outcome.INFRASTRUCTURE, f"the probe did not complete: {exc}", ())
+        record = self.evidence_record(trust, outcome, predicate, container.probe_sources_digest())
+        path = self.save_evidence(trust, record)
+        if outcome.outcome == ev.Outcome.PASS:
+            self.ui.say(f"GPU checks: all passed on this host ({outcome.reason})")
+            return replace(trust, reason=f"{trust.reason}; GPU checks passed here"), path
+        kind = "failed" if outcome.outcome == ev.Outcome.PRODUCT_FAILURE else "did not run"
+        reason = f"the GPU checks {kind} on this host: {outcome.reason} (evidence: {path})"
+        return replace(trust, reason=self.override(reason, trust.image)), path
+
+    def evidence_record(self, trust: Trust, outcome: gate.ProbeOutcome, predicate: Mapping[str, Any],
+                        sources: str) -> ev.Evidence:
+        g = self.plan.gpu
+        figures: Dict[str, float] = {}
+        for c in outcome.checks:
+            tflops = (c.get("evidence") or {}).get("tflops") if c.get("id") == "gpu.bf16-matmul" else None
+            if isinstance(tflops, (int, float)):
+                figures["bf16_matmul_tflops"] = float(tflops)
+        return ev.Evidence(
+            release=trust.tag, target=self.target, capability=str(self.plan.target.capability),
+            image_reference=trust.image, image_digest="sha256:" + trust.image.split("@sha256:", 1)[1],
+            probe_sources_digest=sources,
+            gpu=ev.Gpu(name=g.name, capability=g.capability, uuid_sha256=ev.hashed(g.uuid), driver=g.driver),
+            host_id_sha256=ev.host_id(), time=ev.now(), outcome=outcome.outcome, reason=outcome.reason,
+            checks=tuple(outcome.checks), figures=figures)
+
+    def save_evidence(self, trust: Trust, record: ev.Evidence) -> Optional[Path]:
+        assert trust.manifest is not None
+        path = trust.manifest.with_name(ev.file_name(self.target, record.time, record.host_id_sha256))
+        try:
+            ev.write(path, record)
+        except OSError as exc:
+            self.ui.warn(f"cannot write {path}: {exc.strerror}")
+            return None
+        self.ui.say(f"GPU evidence saved: {path} ({record.outcome.value})")
+        self.evidence = (path, record)
+        return path
+
+    def sign_evidence(self) -> None:
+        key = self.s["EVIDENCE_SIGNING_KEY"]
+        if not key or self.evidence is None:
+            return
+        try:
+            sig = ev.sign(self.evidence[0], self.s.path("EVIDENCE_SIGNING_KEY"))
+            self.ui.say(f"GPU evidence signed with this host's key: {sig}")
+        except QualifyError as exc:
+            self.ui.warn(f"the evidence is not signed: {exc}")
+
+    # --- deploy ------------------------------------------------------------------------
+
+    def compose_text(self, trust: Trust) -> str:
+        s, plan = self.s, self.plan
+        spec = compose.ComposeSpec(
+            image=trust.image, target=self.target, model=s["MODEL_ID"], revision=s["MODEL_REVISION"],
+            served_model_name=s["SERVED_MODEL_NAME"], gpu_memory_utilization=plan.fit.gpu_memory_utilization,
+            max_model_len=s.int("MAX_MODEL_LEN"), gpu_runtime=plan.runtime.kind,
+            gpu_device=plan.runtime.container_gpu or "0", selinux_label_disable=plan.runtime.selinux_off,
+            bind_address=s["BIND_ADDRESS"], port=s.int("API_PORT"), shm_size=s["SHM_SIZE"],
+            tool_call_parser=s["TOOL_CALL_PARSER"], extra_args=tuple(s["EXTRA_SERVE_ARGS"].split()),
+            extra_env=s.container_env, health_start_period_s=s.int("HEALTH_TIMEOUT_S"),
+            labels=((f"{compose.LABEL_PREFIX}.image", trust.image),
+                    (f"{compose.LABEL_PREFIX}.core.manifest", str(trust.manifest or "none")),
+                    (f"{compose.LABEL_PREFIX}.gate", trust.reason)))
+        try:
+            return compose.compose_json(spec)
+        except DeployError as exc:
+            raise Stop(2, str(exc), *([exc.hint] if exc.hint else [])) from None
+
+    def engine_run(self, *args: str, timeout: float = 600, capture: bool = False) -> subprocess.CompletedProcess:
+        return subprocess.run([self.plan.engine.cli, *args], timeout=timeout, stdin=subprocess.DEVNULL, text=True,
+                              capture_output=capture, stdout=None if capture else 2)
+
+    def compose(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+        argv = [*self.plan.engine.compose, "-p", self.s["COMPOSE_PROJECT"], "-f", str(self.s.compose_file), *args]
+        env = {**os.environ, "HF_TOKEN": self.s["HF_TOKEN"]}  # the compose file refers to ${HF_TOKEN:-}
+        return subprocess.run(argv, env=env, text=True, timeout=900, stdin=subprocess.DEVNULL, capture_output=capture,
+                              stdout=None if capture else 2)
+
+    def pull(self, image: str) -> None:
+        self.ui.say(f"pulling {image}")
+        if self.engine_run("pull", image).returncode != 0:
+            raise Stop(EX_DEPLOY, f"cannot pull {image} (see above)",
+                       f"check the network and the registry login ({self.plan.engine.cli} login {image.split('/', 1)[0]})")
+
+    def compose_up(self, text: str) -> str:
+        from qualify.core.fsutil import write_atomic
+
+        write_atomic(self.s.compose_file, text)
+        self.ui.say(f"starting compose project {self.s['COMPOSE_PROJECT']} ({self.s.compose_file})")
+        if self.compose("up", "-d", "--remove-orphans").returncode != 0:
+            raise Stop(EX_DEPLOY, "compose could not start the project (see above)",
+                       f"read the error above; {self.s.hint('stop')} removes what was started")
+        cid = self.compose("ps", "-q", compose.SERVICE, capture=True).stdout.strip()
+        if not cid:
+            raise Stop(EX_DEPLOY, f"compose started no {compose.SERVICE} container",
+                       f"see: {' '.join(self.plan.engine.compose)} -p {self.s['COMPOSE_PROJECT']} logs")
+        return cid
+
+    def log_tail(self, cid: str) -> None:
+        n = self.s["LOG_TAIL_LINES"]
+        self.ui.say(f"last {n} log lines of {compose.SERVICE}:")
+        proc = subprocess.run([self.plan.engine.cli, "logs", "--tail", n, cid], capture_output=True, text=True,
+                              timeout=60)
+        for line in (proc.stdout + proc.stderr).splitlines():
+            self.ui.raw(f"  | {line}")
+
+    def container_state(self, cid: str) -> Tuple[str, int]:
+        proc = subprocess.run([self.plan.engine.cli, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}", cid],
+                              capture_output=True, text=True, timeout=60)
+        parts = proc.stdout.split() if proc.returncode == 0 else []
+        return (parts[0], int(parts[1])) if len(parts) == 2 and parts[1].isdigit() else ("missing", 0)
+
+    def wait_healthy(self, cid: str, url: str) -> None:
+        limit = self.s.int("HEALTH_TIMEOUT_S")
+        self.ui.say(f"waiting up to {limit} s for {url}/health (a first start downloads the model)")
+        start = time.monotonic()
+        next_note = start
+        while not api.health(url).ok:
+            state, restarts = self.container_state(cid)
+            elapsed = time.monotonic() - start
+            if state in ("exited", "dead", "missing") or restarts >= MAX_RESTARTS:
+                self.log_tail(cid)
+                raise Stop(EX_DEPLOY, f"the server container stopped ({state}, {restarts} restarts) before it became healthy",
+                           f"read the log above; {self.s.hint('stop')} removes it")
+            if elapsed >= limit:
+                self.log_tail(cid)
+                raise Stop(EX_DEPLOY, f"the server did not become healthy within {limit} s (it is left running)",
+                           f"read the log above; if it is still downloading, raise HEALTH_TIMEOUT_S in {self.s.env_file} "
+                           f"or watch {self.s.hint('status')}", f"{self.s.hint('stop')} stops it")
+            if time.monotonic() >= next_note:
+                self.ui.say(f"  ... {int(elapsed)} s of {limit} s: container {state}, /health not ready yet")
+                next_note = time.monotonic() + PROGRESS_EVERY_S
+            time.sleep(HEALTH_POLL_S)
+        self.ui.say(f"healthy after {int(time.monotonic() - start)} s")
+
+    def canary(self, cid: str, url: str) -> Optional[api.Throughput]:
+        model = self.s["SERVED_MODEL_NAME"]
+        result = api.canary(url, model)
+        self.ui.raw(f"canary: {'ok' if result.ok else 'FAILED'}: {result.detail}")
+        if not result.ok:
+            self.log_tail(cid)
+            raise Stop(EX_CHECK, "the canary chat completion failed (see above)",
+                       f"read the log above; {self.s.hint('verify', '--smoke')} repeats it")
+        try:
+            figures = api.throughput(url, model)
+        except DeployError as exc:
+            self.ui.warn(f"canary figures not measured: {exc}")
+            return None
+        self.ui.say(f"canary figures: time to first token {figures.ttft_s:.3f} s, {figures.tokens_per_s:g} tokens/s "
+                    f"({figures.tokens} tokens)")
+        return figures
+
+    def record_figures(self, figures: Optional[api.Throughput]) -> None:
+        """The canary's figures join this run's GPU evidence: per-SKU performance, seed 000."""
+        if figures is None or self.evidence is None:
+            return
+        path, record = self.evidence
+        record = record.with_figures(canary_ttft_s=figures.ttft_s, canary_tokens_per_s=figures.tokens_per_s)
+        ev.write(path, record)
+        self.evidence = (path, record)
+
+    def summary(self, trust: Trust, url: str) -> str:
+        s, g = self.s, self.plan.gpu
+        return (f"Serving {s['MODEL_ID']} ({s['MODEL_REVISION']}) as '{s['SERVED_MODEL_NAME']}'\n"
+                f"  API:      {url}/v1   (OpenAI-compatible)\n"
+                f"  image:    {trust.image}\n"
+                f"  target:   {self.target} on {g.name} ({g.uuid})\n"
+                f"  trust:    {trust.reason}\n"
+                f"  manage:   {s.hint('status')}\n"
+                f"            {s.hint('verify', '--full')}\n"
+                f"            {s.hint('stop')} [--purge-cache]\n")
+
+    def dry_run_gate(self, trust: Trust) -> Trust:
+        """Nothing runs in a dry run: say what the GPU checks would be, and refuse when they could not pass."""
+        if self.plan.runtime.kind == "none":
+            reason = "the GPU checks must run on this host first, and with GPU_RUNTIME=none its GPU checks cannot run here"
+            return replace(trust, reason=self.override(reason, trust.image))
+        self.ui.say(f"dry run: would run the GPU checks first: {self.plan.engine.cli} run --rm "
+                    f"{' '.join(self.plan.runtime.run_args)} ... {trust.image} python3 -m qualify.probe --only gpu")
+        return trust
+
+    def main(self) -> int:
+        self.evidence: Optional[Tuple[Path, ev.Evidence]] = None
+        self.plan = preflight.run(self.s, self.ui, self.opts.allow_no_gpu_runtime or self.opts.allow_unqualified)
+        self.target = self.plan.target.name
+        trust = self.trust_gate()
+        url = api.api_url(self.s["BIND_ADDRESS"], self.s.int("API_PORT"))
+        if self.opts.dry_run:
+            if trust.need_probe:
+                trust = self.dry_run_gate(trust)
+            text = self.compose_text(trust)
+            self.ui.say(f"dry run: preflight and trust gate passed; the compose file start.sh would write to "
+                        f"{self.s.compose_file}:")
+            print(text, end="", flush=True)
+            return 0
+        self.compose_text(trust)  # settings that cannot make a compose file stop before anything is pulled
+        self.pull(trust.image)
+        if trust.need_probe:
+            trust, _ = self.probe_here(trust)
+        cid = self.compose_up(self.compose_text(trust))
+        try:
+            self.wait_healthy(cid, url)
+            self.record_figures(self.canary(cid, url))
+        finally:
+            self.sign_evidence()
+        print(self.summary(trust, url), end="", flush=True)
+        return 0

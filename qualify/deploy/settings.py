@@ -1,0 +1,117 @@
+"""Settings of the deploy: .env, read as data (nothing is evaluated).
+
+Order: the environment, then the settings file, then .env.example as the
+defaults, so every key .env.example documents has a value. A key that
+.env.example does not document is warned about and ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Tuple
+
+from qualify.deploy.ui import EX_USAGE, Stop, Ui
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / ".env.example"
+CONTAINER_ENV = "CONTAINER_ENV_"
+MAX_FILE_BYTES = 1 << 20
+_PAIR = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)")
+_BLANK = re.compile(r"\s*(#.*)?")
+_QUOTED = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)')\s*(#.*)?""")
+INTEGERS = ("API_PORT", "MAX_MODEL_LEN", "HEALTH_TIMEOUT_S", "MIN_FREE_DISK_GIB", "LOG_TAIL_LINES")
+PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+def unquote(value: str) -> str:
+    """One pair of matching quotes, or an unquoted value up to ` # comment`."""
+    m = _QUOTED.fullmatch(value)
+    if m:
+        return m.group(1) if m.group(1) is not None else m.group(2)
+    return re.split(r"(?:^|\s)#", value.strip(), maxsplit=1)[0].strip()
+
+
+def _read_text(path: Path) -> str:
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise Stop(EX_USAGE, f"{path}: larger than {MAX_FILE_BYTES} bytes; not a settings file")
+    return data.decode("utf-8", errors="replace")
+
+
+def known_keys(example: Path = EXAMPLE) -> Tuple[str, ...]:
+    return tuple(m.group(1) for line in _read_text(example).splitlines() if (m := _PAIR.fullmatch(line)))
+
+
+def read_file(path: Path, known: Tuple[str, ...], ui: Ui) -> Dict[str, str]:
+    """KEY=VALUE lines; a line that is neither one nor blank or a comment stops the deploy."""
+    out: Dict[str, str] = {}
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
+        line = line.rstrip("\r")
+        if _BLANK.fullmatch(line):
+            continue
+        m = _PAIR.fullmatch(line)
+        if not m:
+            raise Stop(EX_USAGE, f"{path}:{n}: not a KEY=VALUE line: {line}", "correct or delete that line")
+        key = m.group(1)
+        if key not in known and not key.startswith(CONTAINER_ENV):
+            ui.warn(f"{path}:{n}: unknown setting {key} ignored (the known ones are in .env.example)")
+            continue
+        out.setdefault(key, unquote(m.group(2)))
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    env_file: Path
+    values: Mapping[str, str]  # every known key, as text
+    container_env: Tuple[Tuple[str, str], ...]
+
+    def __getitem__(self, key: str) -> str:
+        return self.values[key]
+
+    def int(self, key: str) -> int:
+        return int(self.values[key])
+
+    def path(self, key: str) -> Path:
+        p = Path(self.values[key])
+        return p if p.is_absolute() else REPO / p
+
+    @property
+    def compose_file(self) -> Path:
+        return self.path("DEPLOY_DIR") / self["COMPOSE_PROJECT"] / "compose.json"
+
+    def hint(self, script: str, *args: str) -> str:
+        """How to run one of our scripts with the same settings file."""
+        parts = [f"scripts/{script}.sh"]
+        if self.env_file != REPO / ".env":
+            parts += ["--env-file", str(self.env_file)]
+        return " ".join(parts + list(args))
+
+
+def first_run(env_file: Path, ui: Ui) -> None:
+    if env_file.exists():
+        return
+    env_file.write_bytes(EXAMPLE.read_bytes())
+    ui.say(f"first run: created {env_file} from .env.example; edit it to change the model, port or GPU")
+
+
+def load(env_file: Path, ui: Ui, environ: Optional[Mapping[str, str]] = None) -> Settings:
+    environ = os.environ if environ is None else environ
+    known = known_keys()
+    from_file = read_file(env_file, known, ui) if env_file.is_file() else {}
+    defaults = read_file(EXAMPLE, known, ui)
+    values = {k: environ.get(k, from_file.get(k, defaults.get(k, ""))) for k in known}
+    extra = {k: v for k, v in from_file.items() if k.startswith(CONTAINER_ENV)}
+    extra.update({k: v for k, v in environ.items() if k.startswith(CONTAINER_ENV)})
+    for key in INTEGERS:
+        if not re.fullmatch(r"[0-9]+", values[key]):
+            raise Stop(EX_USAGE, f"{key}={values[key]} in {env_file} is not a whole number", f"correct it in {env_file}")
+    if not PROJECT.fullmatch(values["COMPOSE_PROJECT"]):
+        raise Stop(EX_USAGE, f"COMPOSE_PROJECT={values['COMPOSE_PROJECT']}: use lower-case letters, digits, '-' and '_'",
+                   f"correct it in {env_file}")
+    container_env = tuple(sorted((k[len(CONTAINER_ENV):], v) for k, v in extra.items() if len(k) > len(CONTAINER_ENV)))
+    return Settings(env_file, values, container_env)

@@ -1,0 +1,45 @@
+"""Messages of start.sh and scripts/*.sh, and the exit codes users rely on.
+
+Messages go to stderr as `[prog] ...`; what a command produces (the compose
+file of --dry-run, status) goes to stdout. A Stop carries what is wrong, how
+to fix it and the exit code; the command prints it once and exits.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = 2, 3, 4, 5, 6
+RULE = "#" * 80
+
+
+class Stop(Exception):
+    def __init__(self, code: int, what: str, *fixes: str) -> None:
+        super().__init__(what)
+        self.code, self.what, self.fixes = code, what, fixes
+
+
+class Ui:
+    def __init__(self, prog: str) -> None:
+        self.prog = prog
+
+    def say(self, text: str) -> None:
+        print(f"[{self.prog}] {text}", file=sys.stderr, flush=True)
+
+    def warn(self, text: str) -> None:
+        print(f"[{self.prog}] WARNING: {text}", file=sys.stderr, flush=True)
+
+    def error(self, stop: Stop) -> int:
+        lines = [f"[{self.prog}] ERROR: {stop.what}"] + [f"  fix: {fix}" for fix in stop.fixes]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        return stop.code
+
+    def raw(self, text: str) -> None:
+        """A line of another program's output, or a check result, as it is."""
+        print(text, file=sys.stderr, flush=True)
+
+    def banner(self, lines: Sequence[str]) -> None:
+        """A box on stderr that nobody can miss."""
+        body = "\n".join(f"## {line}" for line in lines)
+        print(f"\n{RULE}\n{body}\n{RULE}\n", file=sys.stderr, flush=True)
