@@ -289,6 +289,15 @@ def test_a_port_in_use_is_rejected(host, docker_engine):
     assert f"API port 127.0.0.1:{host.port} is not free" in done.stderr
 
 
+def test_too_little_disk_names_the_commands_that_free_it(host, docker_engine):
+    released(host)
+    host.settings(MIN_FREE_DISK_GIB=10**6)  # more than any disk here has
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 3
+    assert "GiB free under" in done.stderr and "need 1000000 GiB" in done.stderr
+    assert "nox -s clean -- --dry-run" in done.stderr and "nox -s clean" in done.stderr
+
+
 # --- trust gate ----------------------------------------------------------------------------------
 
 

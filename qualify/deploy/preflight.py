@@ -339,7 +339,9 @@ def check_disk(engine: EngineChoice, s: Settings, ui: Ui) -> None:
     if free < need:
         raise Stop(EX_PREFLIGHT, f"only {free} GiB free under {where} (the engine's storage, which also holds the model "
                    f"cache); need {need} GiB",
-                   f"free space there (images you no longer need: {engine.cli} image ls, {engine.cli} image rm ...)",
+                   "free what the toolkit made on this host: `nox -s clean -- --dry-run` lists it, `nox -s clean` "
+                   "removes it (`-- --all` also released images and the hermetic base); a build host's "
+                   f"leftovers: `{engine.cli} system df`",
                    f"or lower MIN_FREE_DISK_GIB in {s.env_file} if the image and model are already present")
     ui.say(f"disk: {free} GiB free under {where}")
 
