@@ -275,7 +275,7 @@ def test_from_scratch_steps_are_found_by_their_layers():
 
 def test_exit_status_is_zero_only_when_reproducible():
     def outcome(a, b, ma="", mb=""):
-        return repro.Outcome("x", "b", "0", [repro.BuildRun(1, a, ma, "", 0, None), repro.BuildRun(2, b, mb, "", 0, None)])
+        return repro.ReproResult("x", "b", "0", [repro.BuildRun(1, a, ma, "", 0, None), repro.BuildRun(2, b, mb, "", 0, None)])
 
     assert repro.exit_status([outcome("sha256:1", "sha256:1", "m", "m")]) == 0
     assert repro.exit_status([outcome("sha256:1", "sha256:2")]) == 1

@@ -16,7 +16,7 @@ CANARY_ANSWER = "437"
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class ApiCheck:
     ok: bool
     detail: str
 
@@ -45,17 +45,17 @@ def http_json(url: str, payload: Optional[Mapping[str, Any]] = None, timeout: fl
         return status, text
 
 
-def health(base_url: str, timeout: float = 5.0) -> CheckResult:
+def health(base_url: str, timeout: float = 5.0) -> ApiCheck:
     status, body = http_json(f"{base_url}/health", timeout=timeout)
-    return CheckResult(status == 200, f"/health: HTTP {status}" if status else f"/health: no answer ({body})")
+    return ApiCheck(status == 200, f"/health: HTTP {status}" if status else f"/health: no answer ({body})")
 
 
-def models(base_url: str, model: str) -> CheckResult:
+def models(base_url: str, model: str) -> ApiCheck:
     status, body = http_json(f"{base_url}/v1/models")
     ids = [m.get("id") for m in (body or {}).get("data", [])] if isinstance(body, dict) else []
     if status != 200:
-        return CheckResult(False, f"/v1/models: HTTP {status}: {body}")
-    return CheckResult(model in ids, f"/v1/models serves {ids}" + ("" if model in ids else f", not {model!r}"))
+        return ApiCheck(False, f"/v1/models: HTTP {status}: {body}")
+    return ApiCheck(model in ids, f"/v1/models serves {ids}" + ("" if model in ids else f", not {model!r}"))
 
 
 def chat(base_url: str, model: str, messages: Sequence[Mapping[str, Any]], timeout: float = 120.0,
@@ -71,21 +71,21 @@ def _message(body: Mapping[str, Any]) -> Mapping[str, Any]:
     return body["choices"][0].get("message") or {}
 
 
-def canary(base_url: str, model: str) -> CheckResult:
+def canary(base_url: str, model: str) -> ApiCheck:
     """A deterministic arithmetic question whose answer we know."""
     try:
         body = chat(base_url, model, [{"role": "user", "content": CANARY_PROMPT}], temperature=0, max_tokens=64)
     except DeployError as exc:
-        return CheckResult(False, str(exc))
+        return ApiCheck(False, str(exc))
     answer = (_message(body).get("content") or "").strip()
     ok = CANARY_ANSWER in answer
-    return CheckResult(ok, f"{CANARY_PROMPT!r} -> {answer[:200]!r}" + ("" if ok else f" (expected {CANARY_ANSWER})"))
+    return ApiCheck(ok, f"{CANARY_PROMPT!r} -> {answer[:200]!r}" + ("" if ok else f" (expected {CANARY_ANSWER})"))
 
 
 LONG_PROMPT = "Write a numbered list of forty short, plain facts about the number seven."
 
 
-def determinism(base_url: str, model: str, max_tokens: int = 512) -> CheckResult:
+def determinism(base_url: str, model: str, max_tokens: int = 512) -> ApiCheck:
     """A long greedy decode, twice: the texts must be identical."""
     texts = []
     try:
@@ -94,14 +94,14 @@ def determinism(base_url: str, model: str, max_tokens: int = 512) -> CheckResult
                         max_tokens=max_tokens)
             texts.append(_message(body).get("content") or "")
     except DeployError as exc:
-        return CheckResult(False, str(exc))
+        return ApiCheck(False, str(exc))
     if not texts[0].strip():
-        return CheckResult(False, "greedy decode returned no text")
+        return ApiCheck(False, "greedy decode returned no text")
     if texts[0] != texts[1]:
         at = next((i for i, (a, b) in enumerate(zip(texts[0], texts[1])) if a != b), min(map(len, texts)))
-        return CheckResult(False, f"two greedy decodes differ from character {at}: "
+        return ApiCheck(False, f"two greedy decodes differ from character {at}: "
                            f"{texts[0][at:at + 40]!r} vs {texts[1][at:at + 40]!r}")
-    return CheckResult(True, f"two greedy decodes of up to {max_tokens} tokens are identical ({len(texts[0])} chars)")
+    return ApiCheck(True, f"two greedy decodes of up to {max_tokens} tokens are identical ({len(texts[0])} chars)")
 
 
 WEATHER_TOOL = {
@@ -114,24 +114,24 @@ WEATHER_TOOL = {
 }
 
 
-def tool_call(base_url: str, model: str) -> CheckResult:
+def tool_call(base_url: str, model: str) -> ApiCheck:
     """The server must answer with a well-formed call of the one tool offered."""
     messages = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
     try:
         body = chat(base_url, model, messages, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0,
                     max_tokens=128)
     except DeployError as exc:
-        return CheckResult(False, str(exc))
+        return ApiCheck(False, str(exc))
     calls = _message(body).get("tool_calls") or []
     if not calls:
-        return CheckResult(False, f"no tool call in the answer: {str(_message(body))[:300]}")
+        return ApiCheck(False, f"no tool call in the answer: {str(_message(body))[:300]}")
     function = calls[0].get("function") or {}
     try:
         arguments = json.loads(function.get("arguments") or "")
     except json.JSONDecodeError:
-        return CheckResult(False, f"tool call arguments are not JSON: {function.get('arguments')!r}")
+        return ApiCheck(False, f"tool call arguments are not JSON: {function.get('arguments')!r}")
     ok = function.get("name") == "get_weather" and "paris" in str(arguments.get("city", "")).lower()
-    return CheckResult(ok, f"tool call {function.get('name')}({json.dumps(arguments)})")
+    return ApiCheck(ok, f"tool call {function.get('name')}({json.dumps(arguments)})")
 
 
 def load_json_text(text: str, what: str) -> Mapping[str, Any]:

@@ -60,7 +60,7 @@ class ImageArchive:
 
 
 @dataclass(frozen=True)
-class Entry:
+class TarMember:
     """One tar member's header, normalised for comparison."""
 
     name: str
@@ -160,9 +160,9 @@ _TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "d
 
 
 
-def entry_of(info: tarfile.TarInfo, position: int) -> Entry:
+def entry_of(info: tarfile.TarInfo, position: int) -> TarMember:
     pax = tuple(sorted((k, v) for k, v in info.pax_headers.items() if k not in _PAX_MODELLED))
-    return Entry(name=_name(info.name), position=position, kind=_TYPES.get(info.type, f"type-{info.type!r}"),
+    return TarMember(name=_name(info.name), position=position, kind=_TYPES.get(info.type, f"type-{info.type!r}"),
                  size=info.size if info.isreg() else 0, mode=info.mode & 0o7777,
                  owner=(info.uid, info.gid, info.uname or "", info.gname or ""), mtime=info.mtime,
                  link=info.linkname if (info.issym() or info.islnk()) else "",
@@ -170,9 +170,9 @@ def entry_of(info: tarfile.TarInfo, position: int) -> Entry:
 
 
 
-def read_entries(stream: Iterator[Tuple[tarfile.TarInfo, tarfile.TarFile]]) -> Dict[str, Entry]:
+def read_entries(stream: Iterator[Tuple[tarfile.TarInfo, tarfile.TarFile]]) -> Dict[str, TarMember]:
     """Headers only; a later member of one name replaces an earlier one, as extraction would."""
-    entries: Dict[str, Entry] = {}
+    entries: Dict[str, TarMember] = {}
     for position, (info, _) in enumerate(stream):
         entry = entry_of(info, position)
         entries[entry.name] = entry

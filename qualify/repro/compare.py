@@ -18,8 +18,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from qualify.repro.archive import (
     Content,
-    Entry,
     ImageArchive,
+    TarMember,
     hash_members,
     layer_stream,
     open_archive,
@@ -27,14 +27,14 @@ from qualify.repro.archive import (
 )
 
 # Most telling first: a content change is a real difference, an mtime usually the builder's clock.
-KINDS = ("content", "added", "removed", "mode", "owner", "xattr", "header", "order", "mtime")
+DIFF_KINDS = ("content", "added", "removed", "mode", "owner", "xattr", "header", "order", "mtime")
 
 
 
 @dataclass(frozen=True)
 class FileDiff:
     path: str
-    kind: str  # one of KINDS
+    kind: str  # one of DIFF_KINDS
     a: str = ""  # the value in build 1 (human-readable)
     b: str = ""  # the value in build 2
 
@@ -53,7 +53,7 @@ class LayerDiff:
         out: Dict[str, int] = {}
         for f in self.files:
             out[f.kind] = out.get(f.kind, 0) + 1
-        return {k: out[k] for k in KINDS if k in out}
+        return {k: out[k] for k in DIFF_KINDS if k in out}
 
 
 
@@ -93,7 +93,7 @@ def _owner(owner: Tuple[int, int, str, str]) -> str:
 
 
 
-def _describe(e: Entry) -> str:
+def _describe(e: TarMember) -> str:
     if e.kind == "file":
         return f"file, {e.size} B"
     if e.kind in ("symlink", "hardlink"):
@@ -102,7 +102,7 @@ def _describe(e: Entry) -> str:
 
 
 
-def compare_entries(a: Dict[str, Entry], b: Dict[str, Entry], hashes_a: Dict[str, Content],
+def compare_entries(a: Dict[str, TarMember], b: Dict[str, TarMember], hashes_a: Dict[str, Content],
                     hashes_b: Dict[str, Content]) -> List[FileDiff]:
     """Every way two layers' entries differ (content judged by the hashes given)."""
     diffs: List[FileDiff] = []
@@ -122,7 +122,7 @@ def compare_entries(a: Dict[str, Entry], b: Dict[str, Entry], hashes_a: Dict[str
 
 
 
-def _entry_diffs(name: str, ea: Entry, eb: Entry, hashes_a: Dict[str, Content],
+def _entry_diffs(name: str, ea: TarMember, eb: TarMember, hashes_a: Dict[str, Content],
                  hashes_b: Dict[str, Content]) -> List[FileDiff]:
     out = []
     if ea.kind != eb.kind or ea.link != eb.link or ea.size != eb.size or ea.device != eb.device:
@@ -158,7 +158,7 @@ def _describe_content(this: Content, other: Content, size: int) -> str:
 
 
 
-def _order_diff(a: Dict[str, Entry], b: Dict[str, Entry]) -> Optional[FileDiff]:
+def _order_diff(a: Dict[str, TarMember], b: Dict[str, TarMember]) -> Optional[FileDiff]:
     """The first entry out of place when both layers hold the same names in another order."""
     common = set(a) & set(b)
     seq_a = sorted(common, key=lambda n: a[n].position)
@@ -338,7 +338,7 @@ def _render_layer(layer: LayerDiff, max_files: int) -> List[str]:
              f"    {files} file(s) differ" + (f": {counts}" if counts else "")]
     if layer.note:
         lines.append(f"    note: {layer.note}")
-    ranked = sorted(layer.files, key=lambda f: (KINDS.index(f.kind), f.path))
+    ranked = sorted(layer.files, key=lambda f: (DIFF_KINDS.index(f.kind), f.path))
     hints: Dict[str, None] = {}
     for f in ranked[:max_files]:
         lines.append(f"    {f.kind:<8} {f.path}: {f.a or '-'} | {f.b or '-'}")
@@ -360,7 +360,7 @@ def _digest(value: Optional[str]) -> str:
 def comparison_json(comparison: Comparison, max_files: int = 1000) -> dict:
     layers = []
     for layer in comparison.layers:
-        ranked = sorted(layer.files, key=lambda f: (KINDS.index(f.kind), f.path))
+        ranked = sorted(layer.files, key=lambda f: (DIFF_KINDS.index(f.kind), f.path))
         layers.append({"index": layer.index, "a": layer.a, "b": layer.b, "created_by": layer.created_by,
                        "counts": layer.counts(), "note": layer.note, "files_total": len(ranked),
                        "files": [dataclasses.asdict(f) for f in ranked[:max_files]]})

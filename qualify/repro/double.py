@@ -42,7 +42,7 @@ class BuildRun:
 
 
 @dataclass
-class Outcome:
+class ReproResult:
     subject: str  # what was built twice
     builder: str
     epoch: str
@@ -115,9 +115,9 @@ class Plan:
 
 
 
-def double(plan: Plan, engine: Engine, workdir: Path, keep: bool = False) -> Outcome:
+def double(plan: Plan, engine: Engine, workdir: Path, keep: bool = False) -> ReproResult:
     """Build twice from clean state: build, save, remove what the build made; then compare."""
-    outcome = Outcome(subject=plan.subject, builder=engine.describe(), epoch=plan.epoch, runs=[],
+    outcome = ReproResult(subject=plan.subject, builder=engine.describe(), epoch=plan.epoch, runs=[],
                       notes=[n for n in (cannot_reproduce_note(engine), clean_state_note(engine)) if n])
     builds: List[Built] = []
     for n in (1, 2):
@@ -140,7 +140,7 @@ def double(plan: Plan, engine: Engine, workdir: Path, keep: bool = False) -> Out
 
 
 def double_build(tf: TargetsFile, opts: build.BuildOptions, engine: Engine, registry: Registry, workdir: Path,
-                 keep: bool = False) -> Outcome:
+                 keep: bool = False) -> ReproResult:
     """A target's image, built twice under a scratch tag (the build record and real tag are left alone)."""
     epoch = opts.source_date_epoch or provenance.source_date_epoch()
     # keep_cache: the double build removes what each build made itself, by id, between the builds.
@@ -160,7 +160,7 @@ def double_build(tf: TargetsFile, opts: build.BuildOptions, engine: Engine, regi
 
 
 def double_build_base(tf: TargetsFile, target_name: str, engine: Engine, registry: Registry, workdir: Path,
-                      keep: bool = False) -> Outcome:
+                      keep: bool = False) -> ReproResult:
     """The hermetic base built twice under a scratch repository (the real tag is left alone)."""
     target = tf.get(target_name)
     scratch = dataclasses.replace(tf, hermetic=dataclasses.replace(
@@ -182,7 +182,7 @@ def double_build_base(tf: TargetsFile, target_name: str, engine: Engine, registr
 
 
 def double_build_dockerfile(engine: Engine, context: Path, tag: str, platform: str, epoch: str, base_ref: str,
-                            workdir: Path, keep: bool = False) -> Outcome:
+                            workdir: Path, keep: bool = False) -> ReproResult:
     """Any Dockerfile (context/Dockerfile) built twice, not pushed: for small checks and tests."""
     request = BuildRequest(context=context, dockerfile=context / "Dockerfile", tags=[tag], platform=platform,
                            no_cache=True, source_date_epoch=epoch)
@@ -191,7 +191,7 @@ def double_build_dockerfile(engine: Engine, context: Path, tag: str, platform: s
 
 
 
-def exit_status(outcomes: Sequence[Outcome]) -> int:
+def exit_status(outcomes: Sequence[ReproResult]) -> int:
     """0 only when every image checked is reproducible."""
     return 0 if outcomes and all(o.reproducible for o in outcomes) else 1
 
@@ -234,7 +234,7 @@ class _NoCache:
 
 
 
-def check_rootfs(tf: TargetsFile, target_name: str, workdir: Path) -> Outcome:
+def check_rootfs(tf: TargetsFile, target_name: str, workdir: Path) -> ReproResult:
     """debootstrap again into a scratch cache and compare with the cached rootfs tarball the base uses."""
     target = tf.get(target_name)
     args = (target.arch_tag, tf.hermetic.suite, tf.hermetic.mirror, hermetic.PACKAGES)
@@ -243,7 +243,7 @@ def check_rootfs(tf: TargetsFile, target_name: str, workdir: Path) -> Outcome:
         fresh = rootfs.debian_rootfs(*args, cache_dir=workdir)
     runs = [BuildRun(1, "sha256:" + sha256_file(cached), "", str(cached), 0.0, cached),
             BuildRun(2, "sha256:" + sha256_file(fresh), "", str(fresh), round(step.seconds, 1), fresh)]
-    outcome = Outcome(subject=f"debian rootfs tarball ({target.arch_tag}, {tf.hermetic.suite}): the cached one "
+    outcome = ReproResult(subject=f"debian rootfs tarball ({target.arch_tag}, {tf.hermetic.suite}): the cached one "
                               "against a fresh debootstrap", builder="scripts/debian-rootfs.sh",
                       epoch=rootfs.source_date_epoch(), runs=runs, unit="tarball")
     if runs[0].image_id != runs[1].image_id:
@@ -254,7 +254,7 @@ def check_rootfs(tf: TargetsFile, target_name: str, workdir: Path) -> Outcome:
 
 
 
-def _compare(outcome: Outcome, keep: bool) -> None:
+def _compare(outcome: ReproResult, keep: bool) -> None:
     one, two = outcome.runs
     if one.image_id != two.image_id and one.archive and two.archive:
         outcome.diffoci = _diffoci(one.reference, two.reference)
@@ -323,7 +323,7 @@ def scratch_dir() -> Path:
 
 
 
-def outcome_lines(outcome: Outcome, max_files: int = 12) -> List[str]:
+def outcome_lines(outcome: ReproResult, max_files: int = 12) -> List[str]:
     one, two = outcome.runs
     lines = [f"repro: {outcome.subject}", f"  builder: {outcome.builder}", f"  SOURCE_DATE_EPOCH={outcome.epoch}"]
     for run in outcome.runs:
@@ -348,7 +348,7 @@ def outcome_lines(outcome: Outcome, max_files: int = 12) -> List[str]:
 
 
 
-def outcome_json(outcome: Outcome) -> dict:
+def outcome_json(outcome: ReproResult) -> dict:
     return {"subject": outcome.subject, "builder": outcome.builder, "source_date_epoch": outcome.epoch,
             "reproducible": outcome.reproducible, "unit": outcome.unit,
             "builds": [{"n": r.n, "image_id": r.image_id, "manifest_digest": r.manifest_digest,

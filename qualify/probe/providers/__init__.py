@@ -31,7 +31,7 @@ from qualify.probe.providers.census_view import CensusRecord, census_entry, cens
 from qualify.probe.providers.checks import CHECK_TITLES, NOT_INSTALLED, provider_checks
 from qualify.probe.providers.entry import Candidate, Mode, ProviderEntry
 from qualify.probe.providers.observe import merge, observation_failure, observe, observed_name, observed_providers
-from qualify.probe.providers.rules import KINDS, Rules, RulesError, Table, default
+from qualify.probe.providers.rules import PROVIDER_KINDS, Rules, RulesError, Table, default
 from qualify.probe.providers.selection import predict
 
 RULES = default()
@@ -40,7 +40,7 @@ VLLM_TARGET = RULES.vllm
 VLLM_0_33_SELECTIONS = RULES.selections  # what vLLM 0.33.0 itself chose, per capability
 
 __all__ = [
-    "CHECK_TITLES", "KINDS", "NOT_INSTALLED", "RULES", "TABLES", "VLLM_0_33_SELECTIONS", "VLLM_TARGET",
+    "CHECK_TITLES", "PROVIDER_KINDS", "NOT_INSTALLED", "RULES", "TABLES", "VLLM_0_33_SELECTIONS", "VLLM_TARGET",
     "Candidate", "CensusRecord", "Mode", "ProviderEntry", "Rules", "RulesError", "Table",
     "census_entry", "census_index", "index_rows", "merge", "observation_failure", "observe", "observed_name",
     "observed_providers", "predict", "provider_checks",

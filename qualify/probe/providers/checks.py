@@ -16,7 +16,7 @@ from qualify.core import arch
 from qualify.core.arch import Capability
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult
 from qualify.probe.providers.entry import ProviderEntry
-from qualify.probe.providers.rules import KINDS, default
+from qualify.probe.providers.rules import PROVIDER_KINDS, default
 
 NOT_INSTALLED = "vLLM is not installed in this image"
 CHECK_TITLES = {
@@ -24,7 +24,7 @@ CHECK_TITLES = {
     "moe": "MoE provider vLLM would use",
     "linear": "Quantized linear providers vLLM would use",
 }
-assert set(CHECK_TITLES) == set(KINDS)
+assert set(CHECK_TITLES) == set(PROVIDER_KINDS)
 
 
 def problems(entry: ProviderEntry) -> Tuple[bool, List[str]]:
@@ -53,7 +53,7 @@ def provider_checks(entries: Sequence[ProviderEntry], capability: Capability, vl
     `rules_from` is the vLLM release the rules were read from."""
     rules_from = rules_from or default().vllm
     out = []
-    for kind in KINDS:
+    for kind in PROVIDER_KINDS:
         mine = [e for e in entries if e.kind == kind]
         failed: List[str] = []
         notes: List[str] = []

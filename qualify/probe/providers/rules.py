@@ -40,7 +40,7 @@ from qualify.core.errors import ConfigError
 SCHEMA_VERSION = 1
 RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules")
 DEFAULT_FILE = os.path.join(RULES_DIR, "vllm-0.33.json")
-KINDS = ("attention", "moe", "linear")  # one check per kind
+PROVIDER_KINDS = ("attention", "moe", "linear")  # one check per kind
 
 T = TypeVar("T")
 Pair = Tuple[int, int]
@@ -286,7 +286,7 @@ def _table(value: Any, at: _At, libraries: Mapping[str, LibRule]) -> Table:
     for text, order in _typed(d["priority"], at / "priority", dict, "an object").items():
         where = at / "priority" / text
         priority.append((_priority_key(text, where), _list(order, where, _enum(str, tuple(names)))))
-    return Table(kind=_enum(str, KINDS)(d["kind"], at / "kind"), variant=_text(d["variant"], at / "variant"),
+    return Table(kind=_enum(str, PROVIDER_KINDS)(d["kind"], at / "kind"), variant=_text(d["variant"], at / "variant"),
                  source=_text(d["source"], at / "source"), case=_text(d["case"], at / "case"),
                  priority=tuple(priority), providers=providers, notes=_text(d.get("notes", ""), at / "notes"))
 

@@ -30,7 +30,7 @@ from qualify.probe.providers.image import (
     judge_library,
     source,
 )
-from qualify.probe.providers.rules import KINDS, Provider, Rules, Table, default
+from qualify.probe.providers.rules import PROVIDER_KINDS, Provider, Rules, Table, default
 from qualify.probe.selfsufficiency import norm_dist
 
 
@@ -137,7 +137,7 @@ def predict(capability: Capability, packages: Mapping[str, str], census: Optiona
     rules = rules or default()
     pkgs = {norm_dist(k): str(v) for k, v in packages.items()}
     if "vllm" not in pkgs:
-        return [], [not_run(f"providers.{k}", CHECK_TITLES[k], NOT_INSTALLED, required=False) for k in KINDS]
+        return [], [not_run(f"providers.{k}", CHECK_TITLES[k], NOT_INSTALLED, required=False) for k in PROVIDER_KINDS]
     img = Image(capability, pkgs, census or {}, toolchain, tuple(site_packages))
     entries = [predict_table(t, img) for t in rules.tables]
     checks = provider_checks(entries, capability, pkgs["vllm"], rules_from=rules.vllm,
