@@ -25,7 +25,7 @@ from qualify.config.targets import REPO_ROOT, lock_path
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
-from qualify.publish import dsse, oci, referrers, sbom, skopeo, slsa
+from qualify.publish import dsse, interop, oci, referrers, sbom, skopeo, slsa
 from qualify.publish.record import (
     RECORD_FILE,
     PublicationRecord,
@@ -190,10 +190,7 @@ def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
     subject = oci.Descriptor(media, img.digest, len(manifest))
     for body, ptype in statements:
         envelope = dsse.sign(private_key, body)
-        bundle = formats.bundle_bytes({
-            "mediaType": formats.BUNDLE_MEDIA_TYPE,
-            "verificationMaterial": {"publicKey": {"hint": cosign_keys.key_hint(private_key.public_key())}},
-            "dsseEnvelope": envelope.as_bundle_dsse()})
+        bundle = formats.bundle_bytes(interop.dsse_bundle(envelope, private_key.public_key()))
         doc = oci.bundle_referrer(bundle, subject, ptype, "1970-01-01T00:00:00Z")
         push_document(doc, f"{repo_ref}@{doc.digest}", f"{img.target} referrer", progress)
     return "pushed"
