@@ -75,3 +75,16 @@ def test_dpkg_status_parser_keeps_installed_only():
     text = ("Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9\n"
             "Description: x\n more\n\nPackage: gone\nStatus: deinstall ok config-files\nVersion: 1\n")
     assert sbom.parse_dpkg_status(text) == [sbom.DebPackage("libc6", "2.36-9", "amd64")]
+
+
+def test_labels_fit_for_publishing():
+    from qualify.build import image, provenance
+    from qualify.config import targets
+
+    assert provenance.public_url("/work/main") == "" and provenance.public_url("file:///srv/x.git") == ""
+    assert provenance.public_url("git@github.com:acme/bq.git") == "https://github.com/acme/bq"
+    assert provenance.public_url("https://u:secret@gitlab.com/a/b.git") == "https://gitlab.com/a/b"
+    plan = image.plan(targets.load(), image.BuildOptions(target="sm120", base="pinned", profile="smoke"))
+    assert plan.labels["org.opencontainers.image.base.name"].startswith("docker.io/nvidia/cuda:")
+    source = plan.labels.get("org.opencontainers.image.source")
+    assert source is None or source.startswith("https://")

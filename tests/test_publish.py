@@ -17,10 +17,11 @@ import tls_registry
 from conftest import require
 
 import images
+from qualify import skopeo
 from qualify.core import manifest as mf
 from qualify.core.errors import RegistryError, VerificationError
 from qualify.core.fsutil import canonical_json
-from qualify.publish import attestation_verify, dsse, oci, publish, skopeo
+from qualify.publish import attestation_verify, dsse, oci, publish
 from qualify.signing import keys as cosign_keys
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
+from qualify import skopeo
 from qualify.build.registry import Registry
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, RegistryError, VerificationError
-from qualify.publish import dsse, oci, skopeo
+from qualify.publish import dsse, oci
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from qualify import __version__
+from qualify import __version__, skopeo
 from qualify.build.registry import Registry
 from qualify.config.targets import REPO_ROOT, lock_path
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
-from qualify.publish import dsse, interop, oci, referrers, sbom, skopeo, slsa
+from qualify.publish import dsse, interop, oci, referrers, sbom, slsa
 from qualify.publish.record import (
     RECORD_FILE,
     PublicationRecord,

@@ -88,10 +88,11 @@ def _run(args: Sequence[str], what: str, timeout: float = 120, max_bytes: int = 
     return out
 
 
-def inspect_raw(ref: str, insecure_hosts: Sequence[str] = (), what: Optional[str] = None) -> bytes:
+def inspect_raw(ref: str, insecure_hosts: Sequence[str] = (), what: Optional[str] = None,
+                timeout: float = 120) -> bytes:
     """The manifest bytes a registry serves for `docker://...` (digest = sha256 of these bytes)."""
-    return _run(["inspect", "--raw", "--retry-times", "2", *_tls_flag("tls-verify", ref, insecure_hosts), ref],
-                what or f"reading {ref}", max_bytes=MAX_MANIFEST_BYTES)
+    return _run(["inspect", "--raw", *_tls_flag("tls-verify", ref, insecure_hosts), ref],
+                what or f"reading {ref}", timeout=timeout, max_bytes=MAX_MANIFEST_BYTES)
 
 
 def list_tags(repo_ref: str, insecure_hosts: Sequence[str] = ()) -> bytes:
