@@ -107,3 +107,16 @@ def cosign_interop(session: nox.Session) -> None:
     """Where cosign is installed: it verifies our built-in signatures and its keys load in our signer."""
     py = _toolenv.ensure()
     session.run(str(py), "-m", "qualify.devtools.cosign_interop", external=True)
+
+
+@nox.session(python=False)
+def publish(session: nox.Session) -> None:
+    """nox -s publish -- TAG [--to REGISTRY/NAMESPACE]: images by digest + attestations to a registry."""
+    _qualify(session, "publish")
+
+
+@nox.session(name="attest-interop", python=False)
+def attest_interop(session: nox.Session) -> None:
+    """Our DSSE envelopes and bundles checked by sigstore-js (npm) and openssl over the PAE."""
+    py = Path(".venv/bin/python") if Path(".venv/bin/python").exists() else Path(sys.executable)
+    session.run(str(py), "-m", "qualify.publish.interop", *session.posargs, external=True)

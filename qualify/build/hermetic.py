@@ -138,7 +138,8 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
         labels = {
             "org.opencontainers.image.title": "blackwell-qualify hermetic CUDA base",
             "org.opencontainers.image.created": _iso(epoch),
-            "org.opencontainers.image.base.name": f"debian:{tf.hermetic.suite} (debootstrap, {tf.hermetic.mirror})",
+            # FROM scratch: no base image, so no base.name; what the rootfs is made of, in our own key.
+            "dev.blackwell-qualify.rootfs": f"debootstrap {tf.hermetic.suite} from {tf.hermetic.mirror}",
             "dev.blackwell-qualify.cuda": target.cuda,
             "dev.blackwell-qualify.cuda-lock.sha256": fsutil.sha256_file(lock),
         }

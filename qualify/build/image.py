@@ -94,14 +94,14 @@ def build_args(target: Target, base: ImageRef, epoch: str) -> Dict[str, str]:
 
 
 def labels(target: Target, opts: BuildOptions, base: ImageRef, lock: Path, epoch: str) -> Dict[str, str]:
-    return {
+    out = {
         "org.opencontainers.image.title": f"blackwell-{target.name}-{opts.profile}",
         "org.opencontainers.image.description": f"{target.description}: {opts.profile} profile",
         "org.opencontainers.image.source": provenance.source_url(),
         "org.opencontainers.image.revision": provenance.revision(),
         "org.opencontainers.image.version": provenance.toolkit_version(),
         "org.opencontainers.image.created": provenance.iso(epoch),
-        "org.opencontainers.image.base.name": base.tagged,
+        "org.opencontainers.image.base.name": provenance.qualified_name(base.tagged),
         "org.opencontainers.image.base.digest": base.digest or "",
         f"{LABEL_PREFIX}.target": target.name,
         f"{LABEL_PREFIX}.capability": str(target.capability),
@@ -113,6 +113,9 @@ def labels(target: Target, opts: BuildOptions, base: ImageRef, lock: Path, epoch
         f"{LABEL_PREFIX}.lock.sha256": fsutil.sha256_file(lock),
         f"{LABEL_PREFIX}.sha256sums": provenance.sha256sums_digest(),
     }
+    if not out["org.opencontainers.image.source"]:
+        del out["org.opencontainers.image.source"]  # no network remote: absent, never a local path
+    return out
 
 
 def resolve_base(engine: Engine, tf: TargetsFile, target: Target, opts: BuildOptions, registry: Registry) -> ImageRef:

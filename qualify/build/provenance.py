@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Optional
 
 from qualify import __version__
 from qualify.config.targets import REPO_ROOT
-
-PROJECT_URL = "https://github.com/blackwell-qualify/blackwell-qualify"
 
 
 def _git(*args: str) -> Optional[str]:
@@ -30,8 +29,28 @@ def revision() -> str:
     return f"{head}-dirty" if dirty else head
 
 
+def public_url(remote: str) -> str:
+    """A remote as a browsable https URL; '' for a local path or anything that is not a network remote
+    (a label must never carry a build host's file system path)."""
+    remote = remote.strip()
+    m = re.fullmatch(r"(?:ssh://)?git@([\w.-]+)[:/](.+?)(?:\.git)?/?", remote)
+    if m:
+        return f"https://{m.group(1)}/{m.group(2)}"
+    m = re.fullmatch(r"(?:https?|git)://(?:[^@/]+@)?([\w.-]+(?::\d+)?)/(.+?)(?:\.git)?/?", remote)
+    return f"https://{m.group(1)}/{m.group(2)}" if m else ""
+
+
 def source_url() -> str:
-    return _git("config", "--get", "remote.origin.url") or PROJECT_URL
+    """org.opencontainers.image.source: the origin remote's URL, or '' (the label is then left out)."""
+    return public_url(_git("config", "--get", "remote.origin.url") or "")
+
+
+def qualified_name(name: str) -> str:
+    """An image name with its registry spelled out (docker.io/nvidia/cuda, docker.io/library/debian)."""
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return name
+    return f"docker.io/{name}" if rest else f"docker.io/library/{name}"
 
 
 def source_date_epoch() -> str:

@@ -7,6 +7,7 @@ our own config, bound to 127.0.0.1 (the engine accepts plain HTTP there).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -102,39 +103,36 @@ class Registry:
         return f"{self.address}/{repository}"
 
     def manifest_digest(self, repository: str, reference: str, timeout: float = 10.0) -> Optional[str]:
-        """Digest the registry serves for `repository:reference` (tag or digest); None if absent."""
-        req = urllib.request.Request(
-            f"{self.url}/v2/{repository}/manifests/{reference}", method="HEAD", headers={"Accept": MANIFEST_TYPES}
-        )
+        """Digest the registry serves for `repository:reference` (tag or digest); None if absent.
+        Through skopeo (the one registry client; see ARCHITECTURE.md)."""
+        from qualify import skopeo
+
+        sep = "@" if reference.startswith("sha256:") else ":"
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.headers.get("Docker-Content-Digest")
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+            raw = skopeo.inspect_raw(f"docker://{self.address}/{repository}{sep}{reference}", (self.address,))
+        except RegistryError as exc:
+            if "not found" in exc.message:
                 return None
-            raise RegistryError(f"registry {self.address}: HEAD {repository}:{reference} gave HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise RegistryError(f"registry {self.address} cannot be reached: {exc}") from None
+            raise
+        return "sha256:" + hashlib.sha256(raw).hexdigest()
 
     def delete_tag(self, ref: str) -> None:
         """Drop a tag's manifest from its repository (other repositories keep their links).
         A scratch tag only: a registry keeps no record of who made a manifest."""
+        from qualify import skopeo
+
         name, _, tag = ref.rpartition(":")
         repository = name.split("/", 1)[1]
-        digest = self.manifest_digest(repository, tag or "latest")
-        if not digest:
-            return
-        req = urllib.request.Request(f"{self.url}/v2/{repository}/manifests/{digest}", method="DELETE")
-        try:
-            urllib.request.urlopen(req, timeout=10).close()
-        except (urllib.error.URLError, OSError) as exc:
-            raise RegistryError(f"registry {self.address}: could not delete {ref}: {exc}") from None
+        if self.manifest_digest(repository, tag or "latest"):
+            skopeo.delete(f"docker://{ref}", (self.address,))
 
     def tags(self, repository: str) -> List[str]:
+        from qualify import skopeo
+
         try:
-            with urllib.request.urlopen(f"{self.url}/v2/{repository}/tags/list", timeout=10) as resp:
-                return json.loads(resp.read()).get("tags") or []
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+            raw = skopeo.list_tags(f"docker://{self.address}/{repository}", (self.address,))
+        except RegistryError as exc:
+            if "not found" in exc.message:
                 return []
-            raise RegistryError(f"registry {self.address}: tags of {repository} gave HTTP {exc.code}") from None
+            raise
+        return json.loads(raw).get("Tags") or []

@@ -27,6 +27,8 @@ COMMANDS = {
     "diff": ("diff_cmd", "compare two manifests"),
     "sign": ("sign_cmd", "sign a manifest (cosign or the built-in signer)"),
     "verify": ("verify_cmd", "verify a signed manifest against an image"),
+    "verify-image": ("verify_image_cmd", "verify an image's attestation from its registry (no local manifest)"),
+    "publish": ("publish_cmd", "publish a release's images and attestations to a registry"),
     "release": ("release_cmd", "sign manifests and release them to a git tag"),
     "sums": ("sums_cmd", "write or check SHA256SUMS of the release inputs"),
     "repro": ("repro_cmd", "build twice and compare image digests"),

@@ -10,7 +10,8 @@ from qualify.release import verify
 
 
 def configure_parser(parser) -> None:
-    parser.add_argument("manifest", type=Path)
+    parser.add_argument("manifest", type=Path, nargs="?",
+                        help="signed manifest; without it, --image is verified from its registry (verify-image)")
     who = parser.add_argument_group("whose signature to trust (one is required)")
     who.add_argument("--key", type=Path, help="public key (cosign.pub) of a key-pair signature")
     who.add_argument("--identity", help="keyless: the certificate identity (needs cosign)")
@@ -45,6 +46,10 @@ def _print_human(r: verify.VerifyResult) -> None:
 
 
 def execute(args) -> int:
+    if args.manifest is None:  # no local manifest: the registry's attestation (qualify/publish/)
+        from qualify.cli import verify_image_cmd
+
+        return verify_image_cmd.execute(args)
     opts = verify.VerifyOptions(
         manifest=args.manifest, key=args.key, identity=args.identity, issuer=args.issuer,
         signature=args.signature, bundle=args.bundle, image=args.image, require_pass=args.require_pass,

@@ -1,8 +1,8 @@
 """`nox -s pin`: re-resolve each base tag to its current digest and rewrite
 images/targets.toml with tomlkit (comments, order and layout are kept).
 
-Resolution asks the registry itself (OCI distribution API: HEAD on the
-manifest, index digest preferred, anonymous bearer token when asked for).
+Resolution asks the registry itself through skopeo (`inspect --raw`: the
+bytes served for the tag, so a multi-arch tag gives its index digest).
 Every tag is resolved before anything is written: one unreachable registry
 changes nothing.
 """
@@ -10,18 +10,13 @@ changes nothing.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import re
-import urllib.error
-import urllib.parse
-import urllib.request
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import tomlkit
 
-from qualify.build.registry import MANIFEST_TYPES
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import DEFAULT_TARGETS_FILE, load
 from qualify.core.errors import ConfigError, RegistryError
@@ -50,51 +45,25 @@ def split_registry(name: str) -> tuple:
     return DOCKER_HUB, name if "/" in name else f"library/{name}"
 
 
-def _scheme(host: str) -> str:
-    return "http" if host.startswith(("127.0.0.1", "localhost")) else "https"
-
-
-def _bearer_token(challenge: str, timeout: float) -> Optional[str]:
-    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-    if "realm" not in params:
-        return None
-    query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
-    with urllib.request.urlopen(f"{params['realm']}?{query}", timeout=timeout) as resp:
-        body = json.loads(resp.read())
-    return body.get("token") or body.get("access_token")
-
-
 def resolve(ref: ImageRef, timeout: float = 20.0) -> str:
-    """The digest the registry serves now for `ref`'s tag."""
+    """The digest the registry serves now for `ref`'s tag (the index digest for a multi-arch tag:
+    skopeo inspect --raw returns the bytes the registry serves; tokens and TLS are skopeo's business)."""
+    from qualify import skopeo
+
     if not ref.tag:
         raise ConfigError(f"{ref}: no tag to re-resolve (pin needs name:tag@sha256:...)")
     host, repo = split_registry(ref.name)
-    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{ref.tag}"
-    headers = {"Accept": MANIFEST_TYPES}
-    for attempt in range(2):
-        req = urllib.request.Request(url, method="HEAD", headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                digest = resp.headers.get("Docker-Content-Digest")
-                if not digest:
-                    raise RegistryError(f"{host} answered for {ref.tagged} without a Docker-Content-Digest header")
-                return digest
-        except urllib.error.HTTPError as exc:
-            challenge = exc.headers.get("WWW-Authenticate", "") if exc.headers else ""
-            if exc.code == 401 and attempt == 0 and challenge.lower().startswith("bearer"):
-                token = _bearer_token(challenge, timeout)
-                if token:
-                    headers["Authorization"] = f"Bearer {token}"
-                    continue
-            if exc.code == 404:
-                raise RegistryError(f"{host} has no tag {ref.tag!r} for {repo}") from None
-            raise RegistryError(f"{host} refused {ref.tagged}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise RegistryError(
-                f"cannot reach {host} to resolve {ref.tagged}: {getattr(exc, 'reason', exc)}",
-                hint="nothing was changed; run `nox -s pin` where the registry is reachable",
-            ) from None
-    raise RegistryError(f"{host} refused {ref.tagged} after authenticating")
+    local = (host,) if host.startswith(("127.0.0.1", "localhost")) else ()
+    try:
+        raw = skopeo.inspect_raw(f"docker://{host}/{repo}:{ref.tag}", local, what=f"resolving {ref.tagged}",
+                                 timeout=timeout)
+    except RegistryError as exc:
+        low = exc.message.lower()
+        verb = "cannot reach" if any(m in low for m in ("connection refused", "no such host", "timeout",
+                                                        "did not answer", "network is unreachable")) else "cannot use"
+        raise RegistryError(f"{verb} {host} to resolve {ref.tagged}: {exc.message}",
+                            hint="nothing was changed; run `nox -s pin` where the registry is reachable") from None
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
 def plan(path: Path, names: Sequence[str], resolver=resolve) -> List[PinChange]:
