@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional, Set, Tuple
 
+from qualify import skopeo
 from qualify.build.engine import Engine
 from qualify.build.registry import STATE_DIR, Registry
 from qualify.core import manifest
@@ -143,7 +144,7 @@ def _clean_registry(registry: Registry, keep: Set[str], everything: bool, report
         return
     before = _size(data)
     for ref in report.registry_manifests:
-        _skopeo_delete(ref)
+        skopeo.delete(f"docker://{ref}", (registry.address,))
     _collect_garbage(registry, data, state_dir)
     report.freed_registry_bytes = max(0, before - _size(data))
 
@@ -156,13 +157,6 @@ def _stored_manifests(storage: Path) -> Iterator[tuple]:
         for rev in sorted(revisions.iterdir()):
             if (rev / "link").is_file():
                 yield repository, f"sha256:{rev.name}"
-
-
-def _skopeo_delete(ref: str) -> None:
-    proc = subprocess.run(["skopeo", "delete", "--tls-verify=false", f"docker://{ref}"], capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0 and "manifest unknown" not in proc.stderr.lower():
-        raise RegistryError(f"could not delete {ref}: {proc.stderr.strip()[-300:]}")
 
 
 def _collect_garbage(registry: Registry, data: Path, state_dir: Path) -> None:
