@@ -484,3 +484,71 @@ def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu
     assert "trust gate: REFUSED: the GPU checks did not run on this host: " in done.stderr
     assert "gpu.bf16-matmul: not-run: no GPU visible" in done.stderr
     assert not host.compose_file.exists() and containers_of(docker_engine, host.project) == []
+
+
+# --- published releases (nox -s publish) -----------------------------------------------------------
+
+
+def _publication(h: Host, reference: str, tamper: bool = False) -> Path:
+    """published.json beside the manifests, signed with the release key as `nox -s publish` signs it."""
+    path = h.manifests / "v1.0.0" / "published.json"
+    path.write_text(json.dumps({"tag": "v1.0.0", "images": [{"target": "sm120", "reference": reference}]}))
+    qualify("sign", str(path), "--key", f"{h.key}.key", "--signer", "builtin")
+    if tamper:
+        path.write_text(path.read_text().replace("registry.example", "registry.evil"))
+    return path
+
+
+def test_a_published_release_deploys_the_published_reference(host, docker_engine):
+    released(host)
+    published = f"registry.example:5000/acme/sm120@{DIGEST_A}"
+    _publication(host, published)
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 0, done.stderr
+    assert f"published: {published} (from published.json, signed with the release key)" in done.stderr
+    assert json.loads(done.stdout)["services"]["vllm"]["image"] == published
+
+
+@pytest.mark.parametrize("case", ["tampered", "another digest"])
+def test_a_publication_that_does_not_verify_or_names_another_image_is_refused(host, docker_engine, case):
+    released(host)
+    digest = DIGEST_B if case == "another digest" else DIGEST_A
+    _publication(host, f"registry.example:5000/acme/sm120@{digest}", tamper=case == "tampered")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 4, done.stderr
+    said = "its signature does not verify" if case == "tampered" else f"not the qualified image {DIGEST_A}"
+    assert said in done.stderr and not host.compose_file.exists()
+
+
+def test_without_a_release_folder_the_registry_attestation_is_the_trust_anchor(host, docker_engine, loopback_registry,
+                                                                                tmp_path):
+    """A deploy host with no checkout of the release: IMAGE (by digest) and the release's public key; the
+    qualification Statement comes from the signed attestation `nox -s publish` put beside the image."""
+    import images
+    from qualify.publish import publish
+
+    built = images.smoke("sm120")
+    root = tmp_path / "release"
+    folder = root / "v9.9.9"
+    stmt = statement("sm120", built.digest, reference=built.image_reference, level="baseline")
+    stmt["subject"][0]["name"] = built.image_reference.split("@", 1)[0]  # where publish copies it from
+    mf.write(folder / "sm120.json", stmt)
+    dest = publish.Destination.parse(f"{loopback_registry.address}/qualify-test-published")
+    record = publish.publish(publish.PublishOptions(tag="v9.9.9", destination=dest, release_root=root,
+                                                    key=Path(f"{host.key}.key"), password=PASSWORD.encode()),
+                             progress=lambda _m: None)
+    image = record.images[0].reference
+    empty = tmp_path / "no-manifests"
+    empty.mkdir()
+    host.settings(MANIFESTS_DIR=empty, IMAGE=image, RELEASE_PUBLIC_KEY=f"{host.key}.pub")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "verifying" in done.stderr and "attestation: " in done.stderr and ".att" in done.stderr
+    assert "trust gate: passed: support level baseline, verdict pass" in done.stderr
+    assert json.loads(done.stdout)["services"]["vllm"]["image"] == image
+    # Another key does not vouch for it, and that cannot be overridden.
+    other = tmp_path / "other"
+    qualify("sign", "generate-key", "--output-key-prefix", str(other))
+    host.settings(MANIFESTS_DIR=empty, IMAGE=image, RELEASE_PUBLIC_KEY=f"{other}.pub")
+    refused = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified", timeout=300)
+    assert refused.returncode == 4 and "its attestation in the registry does not verify" in refused.stderr

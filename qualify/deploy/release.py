@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Mapping
+from typing import Any, List, Mapping, Optional
 
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
@@ -57,6 +57,54 @@ def release_files(manifests_dir: Path, target: str, tag: str = "") -> ReleaseFil
             raise DeployError(f"release {tag}: the {what} {path} is missing, so {manifest} cannot be verified",
                               hint="restore the release folder from the release tag or its assets")
     return files
+
+
+PUBLISHED = "published.json"  # `nox -s publish` writes it beside the manifests, signed with the release key
+MAX_PUBLISHED_BYTES = 4 << 20
+
+
+def published_image(files: ReleaseFiles, target: str, subject: str) -> Optional[str]:
+    """The reference `nox -s publish` recorded for `target` (a registry other hosts pull from), after its
+    signature verified with the release key; None when the release was not published. The digest must be
+    the manifest's: a publication names where the qualified image is, never another image."""
+    import json
+
+    from qualify.signing import formats  # cryptography: only once a release is being verified
+
+    path = files.directory / PUBLISHED
+    if not path.exists():
+        return None
+    sig = formats.signature_path(path)
+    data = _bounded(path, MAX_PUBLISHED_BYTES)
+    if not sig.is_file():
+        raise DeployError(f"{path} has no signature ({sig.name})",
+                          hint="restore the release folder from the release tag: the publication record is signed")
+    key = formats.load_public_key_file(files.public_key)
+    if not formats.verify_bytes(key, data, formats.decode_signature(_bounded(sig, 4096), str(sig))):
+        raise DeployError(f"{path}: its signature does not verify with {files.public_key}",
+                          hint="do not deploy from it; restore the release folder from the release tag")
+    try:
+        images = json.loads(data)["images"]
+        named = [i["reference"] for i in images if isinstance(i, dict) and i.get("target") == target]
+    except (ValueError, KeyError, TypeError):
+        raise DeployError(f"{path}: not a publication record (images[].target/reference)") from None
+    if not named:
+        return None
+    ref = _digest_ref(str(named[0]), f"{path}'s reference for {target}")
+    if ref.digest != subject:
+        raise DeployError(f"{path} names {ref} for {target}, not the qualified image {subject}",
+                          hint="the publication and the manifests disagree: restore the release folder")
+    return str(ref)
+
+
+def _bounded(path: Path, limit: int) -> bytes:
+    if not path.is_file():
+        raise DeployError(f"{path}: not a regular file")
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise DeployError(f"{path}: larger than {limit} bytes")
+    return data
 
 
 def check_key_fingerprint(public_key: Path, pinned: str) -> str:

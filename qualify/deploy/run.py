@@ -65,6 +65,8 @@ class Deploy:
 
     def no_release(self, exc: NoReleaseError) -> Trust:
         image = self.s["IMAGE"]
+        if rel.pinned(image) and self.s["RELEASE_PUBLIC_KEY"]:
+            return self.registry_trust(image)
         self.ui.say(f"error: {exc}")
         if self.opts.allow_unqualified and rel.pinned(image):
             reason = self.override(f"no released manifest for {self.target}", image)
@@ -85,6 +87,7 @@ class Deploy:
             image = rel.image_to_deploy(stmt, self.target, self.s["IMAGE"])
             pinned = self.s["RELEASE_KEY_FINGERPRINT"]
             fingerprint = rel.check_key_fingerprint(files.public_key, pinned)
+            published = None if self.s["IMAGE"] else rel.published_image(files, self.target, mf.subject_digest(stmt))
         except NoReleaseError as exc:
             return self.no_release(exc)
         except QualifyError as exc:
@@ -92,6 +95,9 @@ class Deploy:
                        *([exc.hint] if exc.hint else []),
                        f"restore the release folder from the release tag, or correct IMAGE / RELEASE_TAG in {self.s.env_file}",
                        ) from None
+        if published:
+            self.ui.say(f"published: {published} (from {rel.PUBLISHED}, signed with the release key)")
+            image = published
         self.ui.say(f"manifest: {files.manifest}; image: {image}")
         self.ui.say(f"release key: {fingerprint}" + (" (pinned)" if pinned else
                     f", from the release folder (pin it: RELEASE_KEY_FINGERPRINT in {self.s.env_file})"))
@@ -111,6 +117,10 @@ class Deploy:
             verdict_error = str(exc)
         decision = gate.gate_decision(result.as_dict(), require_pass_ok)
         trust = Trust(image, files.manifest, files.tag, decision.reason, False, stmt)
+        return self.decide(trust, decision, "" if require_pass_ok else verdict_error)
+
+    def decide(self, trust: Trust, decision: gate.Decision, verdict_error: str) -> Trust:
+        """Deploy, probe first, or refuse (unless --allow-unqualified), as the gate decided."""
         if decision.action == gate.Action.DEPLOY.value:
             if self.opts.probe:
                 self.ui.say(f"trust gate: passed: {decision.reason}; --probe: the GPU checks run here first")
@@ -120,8 +130,34 @@ class Deploy:
         if decision.action == gate.Action.PROBE.value:
             self.ui.say(f"trust gate: {decision.reason}")
             return replace(trust, need_probe=True)
-        self.ui.say(f"error: {verdict_error}" if not require_pass_ok else f"trust gate: {decision.reason}")
-        return replace(trust, reason=self.override(decision.reason, image))
+        self.ui.say(f"error: {verdict_error}" if verdict_error else f"trust gate: {decision.reason}")
+        return replace(trust, reason=self.override(decision.reason, trust.image))
+
+    def registry_trust(self, image: str) -> Trust:
+        """No manifest in this checkout: the signed qualification attestation that `nox -s publish` put beside
+        the image in its registry stands in for it (`qualify verify --image`)."""
+        from qualify.publish import attestation_verify as av
+
+        key = self.s.path("RELEASE_PUBLIC_KEY")
+        self.ui.say(f"trust gate: no release folder for {self.target}; verifying {image}'s attestation in its registry")
+        try:
+            fingerprint = rel.check_key_fingerprint(key, self.s["RELEASE_KEY_FINGERPRINT"])
+            result = av.verify_image(image, key)
+        except QualifyError as exc:
+            raise Stop(EX_TRUST, f"trust gate: REFUSED {image}: its attestation in the registry does not verify: {exc}",
+                       *([exc.hint] if exc.hint else []),
+                       "this refusal cannot be overridden: nothing vouches for what the image is") from None
+        if result.target != self.target:
+            raise Stop(EX_TRUST, f"trust gate: REFUSED {image}: its attestation qualifies target {result.target!r}, "
+                       f"not this GPU's {self.target}", f"set IMAGE in {self.s.env_file} to the {self.target} image")
+        self.ui.say(f"attestation: {result.attestation}; release key {fingerprint}")
+        passes = result.verdict in ("pass", "warn") and not result.failing_checks
+        decision = gate.gate_decision(result.as_dict(), passes)
+        stmt = {"predicate": {"target": {"name": result.target, "profile": result.profile}}}
+        trust = Trust(image, None, "", decision.reason, False, stmt)
+        verdict_error = "" if passes else f"the attested verdict is {result.verdict!r}" + (
+            f" with failing checks {', '.join(result.failing_checks)}" if result.failing_checks else "")
+        return self.decide(trust, decision, verdict_error)
 
     # --- GPU checks on this host ----------------------------------------------------
 
@@ -169,8 +205,9 @@ class Deploy:
             checks=tuple(outcome.checks), figures=figures)
 
     def save_evidence(self, trust: Trust, record: ev.Evidence) -> Optional[Path]:
-        assert trust.manifest is not None
-        path = trust.manifest.with_name(ev.file_name(self.target, record.time, record.host_id_sha256))
+        # Beside the manifest; trusted from the registry alone, in the deploy folder.
+        folder = trust.manifest.parent if trust.manifest else self.s.path("DEPLOY_DIR") / "evidence"
+        path = folder / ev.file_name(self.target, record.time, record.host_id_sha256)
         try:
             ev.write(path, record)
         except OSError as exc:
@@ -203,7 +240,7 @@ class Deploy:
             tool_call_parser=s["TOOL_CALL_PARSER"], extra_args=tuple(s["EXTRA_SERVE_ARGS"].split()),
             extra_env=s.container_env, health_start_period_s=s.int("HEALTH_TIMEOUT_S"),
             labels=((f"{compose.LABEL_PREFIX}.image", trust.image),
-                    (f"{compose.LABEL_PREFIX}.core.manifest", str(trust.manifest or "none")),
+                    (f"{compose.LABEL_PREFIX}.manifest", str(trust.manifest or "none")),
                     (f"{compose.LABEL_PREFIX}.gate", trust.reason)))
         try:
             return compose.compose_json(spec)

@@ -36,6 +36,7 @@ class ImageVerifyResult:
     support_level: str
     failing_checks: List[str] = field(default_factory=list)
     predicate_types: List[str] = field(default_factory=list)
+    profile: str = ""
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -150,6 +151,7 @@ def _result(image: str, digest: str, att_ref: str, public_key, stmt: Dict[str, A
                              key=cosign_keys.fingerprint(public_key),
                              target=str((pred.get("target") or {}).get("name", "")), verdict=verdict,
                              support_level=str(pred.get("support_level", "")), failing_checks=failing,
+                             profile=str((pred.get("target") or {}).get("profile", "")),
                              predicate_types=sorted({layer.predicate_type for layer, _ in layers}))
 
 

@@ -94,7 +94,7 @@ def _insecure() -> Tuple[str, ...]:
 def _copy_image(img: ReleasedImage, dest_tag: str, progress: Progress):
     result = skopeo.copy(f"docker://{img.source}", f"docker://{dest_tag}", label=img.target, progress=progress,
                          insecure_hosts=_insecure())
-    served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest_tag}", what=f"reading back {dest_tag}"))
+    served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest_tag}", _insecure(), what=f"reading back {dest_tag}"))
     if served != img.digest:
         raise RegistryError(f"{img.target}: the destination serves {dest_tag} as {served}, but the release names "
                             f"{img.digest}; refusing a copy that changed the digest",
@@ -162,7 +162,8 @@ def _lock_for(img: ReleasedImage, record: dict, python: Optional[str]) -> Path:
 def push_document(doc: oci.Document, dest: str, label: str, progress: Progress, extra: Sequence[str] = ()) -> None:
     with tempfile.TemporaryDirectory(prefix="qualify-oci-") as tmp:
         oci.write_layout(Path(tmp), doc, "push")
-        skopeo.copy(f"oci:{tmp}:push", f"docker://{dest}", label=label, progress=progress, extra=extra)
+        skopeo.copy(f"oci:{tmp}:push", f"docker://{dest}", label=label, progress=progress, extra=extra,
+                    insecure_hosts=_insecure())
 
 
 def attach(opts: PublishOptions, img: ReleasedImage, repo_ref: str, private_key,
@@ -185,7 +186,7 @@ def attach(opts: PublishOptions, img: ReleasedImage, repo_ref: str, private_key,
 
 def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
     # Not exercised here: Debian's distribution 2.8 has no referrers API.
-    manifest = skopeo.inspect_raw(f"docker://{repo_ref}@{img.digest}")
+    manifest = skopeo.inspect_raw(f"docker://{repo_ref}@{img.digest}", _insecure())
     media = json.loads(manifest).get("mediaType", oci.OCI_MANIFEST)
     subject = oci.Descriptor(media, img.digest, len(manifest))
     for body, ptype in statements:
@@ -212,7 +213,7 @@ def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], pro
     for img in sorted(imgs, key=lambda i: i.platform):
         skopeo.copy(f"docker://{img.source}", f"docker://{repo_ref}@{img.digest}", label=f"{img.target} into {name}",
                     progress=progress, insecure_hosts=_insecure())
-        raw = skopeo.inspect_raw(f"docker://{repo_ref}@{img.digest}")
+        raw = skopeo.inspect_raw(f"docker://{repo_ref}@{img.digest}", _insecure())
         media = json.loads(raw).get("mediaType") or oci.OCI_MANIFEST
         os_, arch = img.platform.split("/", 1)
         children.append(oci.Descriptor(media, img.digest, len(raw), platform=(os_, arch)))
@@ -220,7 +221,7 @@ def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], pro
                                "dev.blackwell-qualify.capability": cap})
     dest = f"{repo_ref}:{opts.tag}"
     push_document(doc, dest, f"{name} index", progress, extra=["--multi-arch", "index-only"])
-    served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest}"))
+    served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest}", _insecure()))
     if served != doc.digest:
         raise RegistryError(f"{dest}: the registry serves {served}, not the index we pushed ({doc.digest})")
     return PublishedIndex(cap, dest, f"{repo_ref}@{doc.digest}", [i.target for i in imgs])
