@@ -31,6 +31,11 @@ COMMANDS = {
     "sums": ("sums_cmd", "write or check SHA256SUMS of the release inputs"),
     "repro": ("repro_cmd", "build twice and compare image digests"),
     "deploy": ("deploy_cmd", "helpers for start.sh (target for this GPU, compose file)"),
+    "bake": ("bake_cmd", "write or check docker-bake.json; stage and record bake builds"),
+    "workflow": ("workflow_cmd", "write or check the GitHub Actions release workflow"),
+    "k8s": ("k8s_cmd", "a Kubernetes Job running a published image's GPU checks on a GPU node"),
+    "gpu-evidence": ("gpu_evidence_cmd", "GPU checks of a published image on this host, as a manifest"),
+    "merge": ("merge_cmd", "gather evidence from many hosts into the input of `qualify promote`"),
 }
 
 
