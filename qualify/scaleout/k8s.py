@@ -13,8 +13,9 @@
   it) comes from an initContainer: a bundle image built FROM the target's own
   base digest (bake target `probe-<target>`), so the node pulls only the
   probe's small layer, copied into an emptyDir the probe container reads.
-  Not a ConfigMap: pyelftools and the probe together exceed what a ConfigMap
-  holds comfortably (1 MiB), and a ConfigMap cannot carry the directory tree.
+  Not a ConfigMap: the bundle is ~0.9 MB of sources against a ConfigMap's
+  1 MiB limit (one more probe module and it no longer fits), and a ConfigMap
+  is flat (keys hold no '/'), so its ~100-file tree needs an item per file.
 - Evidence out: the in-toto Statement on the pod's log between two marker
   lines (after the probe exited, so no progress line interleaves), and a
   one-line verdict as the container's termination message.

@@ -69,6 +69,13 @@ _REGISTRY_ENV = (
     '# ghcr.io names are lower case\n'
     'echo "QUALIFY_REGISTRY=ghcr.io/${GITHUB_REPOSITORY_OWNER,,}" >> "$GITHUB_ENV"\n'
 )
+# The toolkit's state (build contexts, wheelhouse, the staged probe) defaults to
+# /var/lib/blackwell-qualify, which a runner's user cannot write.
+_STATE_ENV = {"name": "toolkit state in the runner's temp",
+              "run": 'echo "QUALIFY_STATE_DIR=$RUNNER_TEMP/qualify" >> "$GITHUB_ENV"\n'}
+# A vLLM image is ~12 GB and its wheelhouse several more: more than a hosted runner has free.
+_MAKE_ROOM = {"name": "make room on the runner's disk",
+              "run": "sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /opt/hostedtoolcache/CodeQL\ndf -h /\n"}
 
 
 def _build_job(tf: TargetsFile) -> Dict[str, Any]:
@@ -81,7 +88,9 @@ def _build_job(tf: TargetsFile) -> Dict[str, Any]:
         "strategy": {"fail-fast": False, "matrix": {"include": include}},
         "env": {"TARGET": "${{ matrix.target }}", "PROFILE": PROFILE},
         "steps": [
+            _MAKE_ROOM,
             *_checkout_and_install(),
+            _STATE_ENV,
             {"uses": ACTIONS["buildx"]},
             _login(),
             {"name": "the bake file is the targets file's", "run": "python -m qualify bake --check\n"},
@@ -124,6 +133,7 @@ def _gpu_job(target: Target) -> Dict[str, Any]:
         "env": {"TARGET": target.name, "PROFILE": PROFILE},
         "steps": [
             *_checkout_and_install(),
+            _STATE_ENV,
             _login(),
             {"uses": ACTIONS["download"], "with": {"name": f"release-{target.name}", "path": "release"}},
             {"name": "the probe's GPU checks in the released image, on this runner's GPU",
