@@ -365,3 +365,26 @@ def test_a_log_of_the_jobs_container_on_a_real_gpu_host_merges():
     pred = json.loads(ev.data)["predicate"]
     assert pred["gpu"]["visible"] and pred["verdict"] == "fail"
     assert {c["id"]: c["status"] for c in pred["checks"]}["gpu.nccl-allreduce"] == "pass"
+
+
+def test_stage_lays_out_the_builds_own_context_at_the_bake_files_path(tmp_path, monkeypatch):
+    from qualify.build import wheelhouse
+    from qualify.scaleout import bakestage
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "x-1-py3-none-any.whl").write_bytes(b"wheel")
+    monkeypatch.setattr(wheelhouse, "prepare", lambda lock, platform, python: wheels)  # no download here
+    monkeypatch.setattr(image, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(bakestage, "REPO_ROOT", tmp_path / "repo")
+    bt = bake.BakeTarget(TF.get("sm121"), "smoke")
+    link = bakestage.stage(TF, bt)
+    assert link == tmp_path / "repo" / bt.context and link.is_symlink()
+    assert (link / "Dockerfile").read_bytes() == (REPO / "images" / "Dockerfile").read_bytes()
+    assert (link / "requirements.txt").read_bytes() == bt.target.lock_path("smoke", bt.target.base.python).read_bytes()
+    assert (link / "wheelhouse" / "x-1-py3-none-any.whl").exists()
+
+
+def test_cli_gpu_evidence_wants_the_image_by_digest(tmp_path):
+    out = _cli("gpu-evidence", "sm120", "--image", "ghcr.io/org/blackwell/sm120:v1", "--out", str(tmp_path / "e.json"))
+    assert out.returncode != 0 and "not pinned by digest" in out.stderr
