@@ -88,6 +88,30 @@ def clean(session: nox.Session) -> None:
     _qualify(session, "clean")
 
 
+@nox.session(python=False)
+def bake(session: nox.Session) -> None:
+    """Write docker-bake.json from images/targets.toml (-- --check, --env, --stage TARGET, ...)."""
+    _qualify(session, "bake")
+
+
+@nox.session(python=False)
+def workflow(session: nox.Session) -> None:
+    """Write .github/workflows/release.yml (and actionlint's config) from images/targets.toml (-- --check)."""
+    _qualify(session, "workflow")
+
+
+@nox.session(name="k8s-jobs", python=False)
+def k8s_jobs(session: nox.Session) -> None:
+    """A Kubernetes NetworkPolicy + Job running a published image's GPU checks (-- TARGET --image REPO@sha256:...)."""
+    _qualify(session, "k8s")
+
+
+@nox.session(python=False)
+def merge(session: nox.Session) -> None:
+    """Gather evidence from many hosts into `qualify promote`'s input (-- PATH... --out DIR)."""
+    _qualify(session, "merge")
+
+
 @nox.session(name="bench-inventory", python=False)
 def bench_inventory(session: nox.Session) -> None:
     """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""

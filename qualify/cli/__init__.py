@@ -35,6 +35,11 @@ COMMANDS = {
     "clean": ("clean_cmd", "remove what the toolkit made on this host (images, registry blobs, state) and nothing else"),
     "deploy": ("deploy_cmd", "the deploy start.sh hands over to, and its steps one at a time"),
     "promote": ("promote_cmd", "promote a release's targets by GPU evidence (seed 000's rule)"),
+    "bake": ("bake_cmd", "write or check docker-bake.json; stage and record bake builds"),
+    "workflow": ("workflow_cmd", "write or check the GitHub Actions release workflow"),
+    "k8s": ("k8s_cmd", "a Kubernetes Job running a published image's GPU checks on a GPU node"),
+    "gpu-evidence": ("gpu_evidence_cmd", "GPU checks of a published image on this host, as a manifest"),
+    "merge": ("merge_cmd", "gather evidence from many hosts into the input of `qualify promote`"),
 }
 
 

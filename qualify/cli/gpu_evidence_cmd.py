@@ -1,0 +1,47 @@
+"""`python -m qualify gpu-evidence TARGET --image REPO@sha256:... --out FILE`: GPU evidence on this host.
+
+The probe's GPU checks in a container of the published image with this
+host's GPUs (container.run_probe, the one way the host runs the probe),
+written as a probe manifest about that image: the input of `qualify merge`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from qualify.config import targets
+from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.core import manifest
+from qualify.core.errors import ConfigError
+
+
+def configure_parser(parser) -> None:
+    parser.add_argument("target", help="a target of images/targets.toml, e.g. sm120")
+    parser.add_argument("--image", required=True, help="the published image, repository@sha256:<digest>")
+    parser.add_argument("--profile", choices=targets.PROFILES, default=None)
+    parser.add_argument("--gpus", default="all", help="GPUs for the container (docker --gpus; default all)")
+    parser.add_argument("--engine", choices=("docker", "podman"), default="docker")
+    parser.add_argument("--file", default=None, help="targets file (default images/targets.toml)")
+    parser.add_argument("--out", type=Path, required=True, help="the manifest to write")
+
+
+def execute(args) -> int:
+    from qualify.build.engine import Engine
+    from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
+
+    try:
+        ref = ImageRef.parse(args.image)
+    except ImageRefError as exc:
+        raise ConfigError(f"--image {args.image!r}: {exc}") from None
+    if not ref.pinned:
+        raise ConfigError(f"--image {args.image!r} is not pinned by digest", hint="give repository@sha256:<digest>")
+    target = targets.load(args.file).get(args.target)
+    predicate = run_probe(Engine(args.engine).check(), ref.by_digest, probe_target(target, args.profile),
+                          scope="gpu", gpus=args.gpus)
+    predicate["toolkit"] = {**predicate.get("toolkit", {}), "probe_sha256": probe_sources_digest()}
+    doc = manifest.statement(ref.name, ref.digest, predicate)
+    manifest.write(args.out, doc)
+    p = manifest.predicate(doc)
+    print(f"{args.out}: verdict {p['verdict']}, support level {p['support_level']}", file=sys.stderr)
+    return 1 if p["verdict"] == "fail" else 0

@@ -1,0 +1,34 @@
+"""`python -m qualify merge PATH... --out DIR`: evidence from many hosts into `qualify promote`'s input.
+
+PATH: probe manifests (*.json), directories of them, or Job pod logs (*.log).
+The same evidence counts once; two image digests for one target are refused.
+Prints the files written, one a line: `qualify promote TAG --evidence $(cat list)`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from qualify.scaleout import merge
+
+
+def configure_parser(parser) -> None:
+    parser.add_argument("paths", nargs="+", type=Path, help="evidence files, directories or pod logs")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the merged evidence (new or empty)")
+
+
+def execute(args) -> int:
+    merged = merge.merge(args.paths)
+    for dropped, kept in merged.duplicates:
+        print(f"[merge] {dropped}: the same evidence as {kept}; counted once", file=sys.stderr)
+    for path in merge.write(merged, args.out):
+        print(path)
+    by_target = {}
+    for e in merged.evidence:
+        by_target.setdefault(e.target, []).append(e)
+    for target, evs in sorted(by_target.items()):
+        images = sorted({e.digest for e in evs if not e.is_host})
+        print(f"[merge] {target}: {len(evs)} evidence file(s); image {images[0] if images else '(host evidence only)'}",
+              file=sys.stderr)
+    return 0

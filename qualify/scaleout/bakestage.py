@@ -1,0 +1,73 @@
+"""What a bake run needs on disk, and what it leaves for the next stages.
+
+`stage` lays out the build context the same way `nox -s build-<target>` does
+(image.stage_context: Dockerfile, lock, hash-locked wheelhouse) and links it
+at the fixed path the bake file names; `stage_probe` does the same for the
+probe bundle. `record` turns bake's --metadata-file into the build record
+`python -m qualify qualify` reads, so CPU qualification after a bake is the
+same stage as after a build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Mapping
+
+from qualify.build import image, wheelhouse
+from qualify.config.targets import REPO_ROOT, TargetsFile
+from qualify.core.errors import ConfigError
+from qualify.core.fsutil import write_json
+from qualify.scaleout.bake import BASE_KIND, CONTEXT_DIR, BakeTarget
+
+
+def _link(src: Path, name: str) -> Path:
+    link = REPO_ROOT / CONTEXT_DIR / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(src, link, target_is_directory=True)
+    return link
+
+
+def stage(tf: TargetsFile, bt: BakeTarget) -> Path:
+    target = bt.target
+    lock = target.lock_path(bt.profile, target.base.python)
+    wheelhouse.parse_lock(lock)
+    wheels = wheelhouse.prepare(lock, target.platform, target.base.python)
+    ctx = image.stage_context(f"{bt.name}-{BASE_KIND}-bake", lock, wheels)
+    return _link(ctx, bt.name)
+
+
+def stage_probe() -> Path:
+    from qualify.qualification.container import probe_sources_digest
+    from qualify.qualification.container import stage_probe as staged
+
+    return _link(staged(probe_sources_digest()), "probe")
+
+
+def record(tf: TargetsFile, bt: BakeTarget, metadata_file: Path, values: Mapping[str, str]) -> Path:
+    """A BuildRecord from `docker buildx bake --metadata-file` for one bake target."""
+    from qualify.scaleout.bake import generate, resolve
+
+    try:
+        meta = json.loads(Path(metadata_file).read_text(encoding="utf-8"))[bt.name]
+        digest, config = meta["containerimage.digest"], meta.get("containerimage.config.digest", "")
+    except FileNotFoundError:
+        raise ConfigError(f"{metadata_file}: bake metadata file not found") from None
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{metadata_file}: no containerimage.digest for bake target {bt.name!r} ({exc})",
+                          hint="run `docker buildx bake --push --metadata-file FILE TARGET`") from None
+    resolved = resolve(generate(tf), bt.name, values)
+    tag = resolved["tags"][0]
+    rec = image.BuildRecord(
+        target=bt.target.name, profile=bt.profile, base_kind=BASE_KIND, platform=bt.target.platform,
+        base_image=resolved["args"]["BASE_IMAGE"], image_reference=f"{tag.rsplit(':', 1)[0]}@{digest}",
+        image_tag=tag, image_id=config, engine="docker", builder="buildx bake", labels=resolved["labels"],
+        build_seconds=0.0,
+    )
+    path = image.record_path(rec.target, rec.profile, rec.base_kind)
+    write_json(path, asdict(rec))
+    return path
