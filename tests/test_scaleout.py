@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import jsonschema
@@ -226,7 +225,7 @@ def test_the_job_follows_the_targets_file(name):
     assert probe["resources"]["limits"] == {"nvidia.com/gpu": 1}
     assert probe["image"] == f"ghcr.io/org/blackwell/{name}@{DIGEST_A}"
     env = {e["name"]: e["value"] for e in probe["env"]}
-    assert json.loads(env["QUALIFY_TARGET_JSON"]) == asdict(probe_target(t, None))
+    assert json.loads(env["QUALIFY_TARGET_JSON"]) == json.loads(probe_target(t, None).to_json())
     assert "python3 -m qualify.probe --target-json \"$QUALIFY_TARGET_JSON\" --only gpu" in probe["command"][2]
     assert spec["initContainers"][0]["image"].startswith("ghcr.io/org/blackwell/qualify-probe:probe-")
     # deny all: both policy types, no rules, selecting exactly this pod

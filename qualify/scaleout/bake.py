@@ -104,13 +104,19 @@ def _escape(value: str) -> str:
     return value.replace("${", "$${").replace("%{", "%%{")
 
 
+# Labels the build leaves out when their value is empty (no https remote: no source label). The bake file
+# keeps them as variables so it does not depend on the checkout that wrote it; empty resolves to absent.
+OPTIONAL_LABELS = ("org.opencontainers.image.source",)
+
+
 def _templated(values: Mapping[str, str], variables: Mapping[str, str], where: str) -> Dict[str, str]:
-    missing = sorted(set(variables) - set(values))
+    missing = sorted(set(variables) - set(values) - set(OPTIONAL_LABELS))
     if missing:
         # The build changed its labels or arguments: the variable table here must follow.
         raise ConfigError(f"{where}: the build no longer sets {', '.join(missing)}",
                           hint="update LABEL_VARIABLES / ARG_VARIABLES in qualify/scaleout/bake.py")
-    return {k: (f"${{{variables[k]}}}" if k in variables else _escape(v)) for k, v in values.items()}
+    keys = sorted(set(values) | (set(variables) & set(OPTIONAL_LABELS)))
+    return {k: (f"${{{variables[k]}}}" if k in variables else _escape(values[k])) for k in keys}
 
 
 def _target_block(tf: TargetsFile, bt: BakeTarget) -> Dict[str, Any]:
@@ -195,7 +201,10 @@ def resolve(doc: Mapping[str, Any], name: str, values: Mapping[str, str]) -> Dic
         if key == "inherits":
             continue
         merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
-    return _fill(merged, values)
+    filled = _fill(merged, values)
+    if "labels" in filled:  # an optional label bake would set empty is one the build leaves out
+        filled["labels"] = {k: v for k, v in filled["labels"].items() if v or k not in OPTIONAL_LABELS}
+    return filled
 
 
 def _fill(value: Any, values: Mapping[str, str]) -> Any:

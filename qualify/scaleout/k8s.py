@@ -23,8 +23,7 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from qualify.build import image as build_image
@@ -119,7 +118,7 @@ def _pod_spec(job: GpuJob) -> Dict[str, Any]:
     from qualify.qualification.container import probe_target
 
     t = job.target
-    target_json = json.dumps(asdict(probe_target(t, job.profile)), sort_keys=True)
+    target_json = probe_target(t, job.profile).to_json()
     return {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
