@@ -101,3 +101,10 @@ def cosign_interop(session: nox.Session) -> None:
     """Where cosign is installed: it verifies our built-in signatures and its keys load in our signer."""
     py = _toolenv.ensure()
     session.run(str(py), "-m", "qualify.devtools.cosign_interop", external=True)
+
+
+@nox.session(name="fuzz", python=False)
+def fuzz(session: nox.Session) -> None:
+    """Bounded mutation campaign over the nvcc-built fixtures: `nox -s fuzz -- [--seconds N]`."""
+    py = _toolenv.ensure()
+    session.run(str(py), "-m", "qualify.devtools.fuzz", *session.posargs, external=True)
