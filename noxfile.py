@@ -142,5 +142,12 @@ def publish(session: nox.Session) -> None:
 @nox.session(name="attest-interop", python=False)
 def attest_interop(session: nox.Session) -> None:
     """Our DSSE envelopes and bundles checked by sigstore-js (npm) and openssl over the PAE."""
-    py = Path(".venv/bin/python") if Path(".venv/bin/python").exists() else Path(sys.executable)
+    py = _toolenv.ensure()
     session.run(str(py), "-m", "qualify.publish.interop", *session.posargs, external=True)
+
+
+@nox.session(name="fuzz", python=False)
+def fuzz(session: nox.Session) -> None:
+    """Bounded mutation campaign over the nvcc-built fixtures: `nox -s fuzz -- [--seconds N]`."""
+    py = _toolenv.ensure()
+    session.run(str(py), "-m", "qualify.devtools.fuzz", *session.posargs, external=True)

@@ -33,6 +33,12 @@ __global__ void scale(float *x) { x[threadIdx.x] *= 2.0f; }
 extern "C" void launch(float *x) { scale<<<1, 32>>>(x); }
 """
 
+# A source with no kernel: nvcc still registers a container for it (cuFFT's
+# only registered container is such an sm_75 stub).
+EMPTY = """\
+extern "C" int host_only(int x) { return x + 1; }
+"""
+
 
 def gencode(arch: str, code: str) -> List[str]:
     return ["-gencode", f"arch={arch},code={code}"]
@@ -55,6 +61,7 @@ STANDALONE: Dict[str, Tuple[List[str], str]] = {
     "cubin_100": (["-cubin", "-arch=sm_100"], "sm100.cubin"),
     "cubin_120a": (["-cubin", "-arch=sm_120a"], "sm120a.cubin"),
     "cubin_120f": (["-cubin", "-arch=sm_120f"], "sm120f.cubin"),
+    "cubin_100a": (["-cubin", "-arch=sm_100a"], "sm100a.cubin"),
     "fatbin": (["-fatbin"] + gencode("compute_120f", "sm_120f") + gencode("compute_121", "compute_121"), "fam.fatbin"),
     "fatbin_100": (["-fatbin"] + gencode("compute_100", "sm_100"), "sm100.fatbin"),
     "lto": (["-fatbin"] + gencode("compute_100", "lto_100"), "lto100.fatbin"),
@@ -87,9 +94,30 @@ def _run(cmd: List[str], cwd: Path) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
 
+# Kernel-less libraries (empty.cu, sm_75, every entry compressed), and one
+# library linking a kernel-less sm_75 object with an sm_120 kernel, as vLLM's
+# _C links its sources (each object is one registered container).
+EMPTY_SO: Dict[str, List[str]] = {
+    "empty75-zstd": gencode("compute_75", "sm_75") + COMPRESSION_FLAGS["zstd"],
+    "empty75-lz4": gencode("compute_75", "sm_75") + COMPRESSION_FLAGS["lz4"],
+}
+
+
+def _mixed_jobs(nvcc: Path, root: Path) -> List[Tuple[str, str, List[str], Path]]:
+    def obj(name: str, arch: str, source: str) -> Tuple[str, str, List[str], Path]:
+        codes = gencode(f"compute_{arch}", f"sm_{arch}") + COMPRESSION_FLAGS["zstd"]
+        cmd = [str(nvcc), "-Xcompiler", "-fPIC", "-c", *codes, "-o", f"{name}.o", source]
+        return ("objs", name, cmd, root / f"{name}.o")
+
+    return [obj("empty75", "75", "empty.cu"), obj("kernel120", "120", "kernel.cu")]
+
+
 def _jobs(nvcc: Path, root: Path) -> List[Tuple[str, str, List[str], Path]]:
     """(group, name, command, output) for every nvcc build."""
     jobs = []
+    for name, codes in EMPTY_SO.items():
+        out = root / f"lib{name}.so"
+        jobs.append(("libs", name, [str(nvcc), "-shared", "-Xcompiler", "-fPIC", *codes, "-o", str(out), "empty.cu"], out))
     for name, codes in SO_GENCODES.items():
         for comp, flags in COMPRESSION_FLAGS.items():
             out = root / f"lib{name}-{comp}.so"
@@ -109,12 +137,16 @@ def build(nvcc: Path, root: Path) -> Fixtures:
     start = time.monotonic()
     root.mkdir(parents=True, exist_ok=True)
     (root / "kernel.cu").write_text(KERNEL)
+    (root / "empty.cu").write_text(EMPTY)
     fx = Fixtures(root)
     jobs = _jobs(nvcc, root)
+    objs = _mixed_jobs(nvcc, root)
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        list(pool.map(lambda job: _run(job[2], root), jobs))
+        list(pool.map(lambda job: _run(job[2], root), jobs + objs))
     for group, name, _cmd, out in jobs:
         getattr(fx, group)[name] = out
+    fx.libs["mixed"] = root / "libmixed.so"
+    _run([str(nvcc), "-shared", "-o", str(fx.libs["mixed"]), "empty75.o", "kernel120.o"], root)
     fx.files["embedded"] = build_embedded([fx.files["fatbin"]], root / "libembedded.so")
     # Two containers as a kernel database (judged together) and as registered
     # containers (each judged on its own).

@@ -2,8 +2,11 @@
 
 The census reports; it does not judge: the exit status is 0 whenever the scan
 ran, even when libraries have no code for the target or files could not be
-parsed (those are listed with their reasons). Only usage errors (a bad
-target, a path that does not exist) exit non-zero.
+parsed (those are listed with their reasons). It is non-zero for usage errors
+(2: a bad target, a path that does not exist) and when a path could not be
+read at all (11, as for an unparseable binary: a directory that cannot be
+listed, a file that cannot be opened, permission denied on the way to a path
+given): the census is then incomplete, and says which paths it is missing.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from qualify.core import arch, census
-from qualify.core.errors import ConfigError
+from qualify.core.errors import ConfigError, ParseError
 
 _MAX_NO_CODE_LISTED = 10
 
@@ -29,20 +32,42 @@ def configure_parser(parser) -> None:
         action="store_true",
         help="read .nv_fatbin only (what cuobjdump lists): faster, but blind to kernel databases such as cuFFT's",
     )
+    parser.add_argument(
+        "--no-decompress",
+        action="store_true",
+        help="never decompress (as inside an image): compressed containers' kernels are then unknown",
+    )
 
 
 def execute(args) -> int:
     target = _parse_target(args.target)
-    missing = [p for p in args.paths if not os.path.lexists(p)]
+    missing = [p for p in args.paths if _missing(p)]
     if missing:
         raise ConfigError(f"no such file or directory: {', '.join(missing)}", hint="check the PATH arguments")
-    report = census.scan(args.paths, target, detail=args.detail, embedded=not args.registered_only)
+    report = census.scan(
+        args.paths, target, detail=args.detail, embedded=not args.registered_only, decompress=not args.no_decompress
+    )
     if args.json:
         json.dump(report.to_json(), sys.stdout, sort_keys=True, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render(report))
+    if report.unreadable:
+        sys.stderr.write(f"error: {len(report.unreadable)} path(s) could not be read; the census is incomplete\n")
+        return ParseError.exit_code
     return 0
+
+
+def _missing(path: str) -> bool:
+    """Really absent. A path behind a directory without search permission is
+    not "missing": lstat fails with EACCES, and the census reports it as unreadable."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _parse_target(text: Optional[str]) -> Optional[arch.Capability]:
@@ -128,8 +153,9 @@ def _error_lines(report: census.CensusReport) -> List[str]:
 
 def _summary_line(report: census.CensusReport) -> str:
     scope = "" if report.embedded else " (.nv_fatbin only: data sections not searched)"
+    unreadable = f", {len(report.unreadable)} unreadable" if report.unreadable else ""
     return (
         f"\n{len(report.libraries)} file(s) reported, {report.files_scanned} examined, "
         f"{len(report.without_device_code)} ELF file(s) without device code, "
-        f"{len(report.with_errors)} with errors{scope}"
+        f"{len(report.with_errors)} with errors{unreadable}{scope}"
     )

@@ -74,11 +74,18 @@ class CodeKind(str, Enum):
 
 
 class Compat(str, Enum):
-    """Whether code can run on a device, best first."""
+    """Whether code can run on a device, best first.
+
+    UNKNOWN: the bytes that would decide could not be read (damaged, or
+    compressed with no decoder at hand). It ranks between PTX_JIT and NONE so
+    that damage never improves a verdict: the worst of (native, unknown) is
+    unknown, and the best of (unknown, none) is unknown, never none.
+    """
 
     NATIVE = "native"
     COMPATIBLE = "compatible"
     PTX_JIT = "ptx-jit"
+    UNKNOWN = "unknown"
     NONE = "none"
 
     @property
@@ -87,10 +94,11 @@ class Compat(str, Enum):
 
     @property
     def runnable(self) -> bool:
-        return self is not Compat.NONE
+        """Known to run (UNKNOWN promises nothing)."""
+        return self in (Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT)
 
 
-_COMPAT_ORDER = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.NONE]
+_COMPAT_ORDER = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.UNKNOWN, Compat.NONE]
 
 
 def best(classes: Iterable[Compat]) -> Compat:
@@ -156,6 +164,14 @@ def compatibility(code: CodeTarget, device: Capability) -> Compat:
         return Compat.NATIVE if device == code.capability else Compat.COMPATIBLE
     ok = _variant_allows(code, device, plain_rule=lambda cc, d: d >= cc)
     return Compat.PTX_JIT if ok else Compat.NONE
+
+
+def compatibility_variant_unknown(code: CodeTarget, device: Capability) -> Compat:
+    """For code whose a/f suffix could not be read (a cubin whose note is
+    damaged): the class every variant would give, or UNKNOWN when they differ
+    (sm_100 on 10.3 is compatible as plain or `f`, none as `a`)."""
+    found = {compatibility(CodeTarget(code.kind, code.capability, v), device) for v in Variant}
+    return found.pop() if len(found) == 1 else Compat.UNKNOWN
 
 
 def is_cross_generation(code: CodeTarget, device: Capability) -> bool:

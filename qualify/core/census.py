@@ -86,7 +86,17 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from qualify.core import fatbin
-from qualify.core.arch import Capability, CodeKind, CodeTarget, Compat, Variant, best, compatibility, is_cross_generation
+from qualify.core.arch import (
+    Capability,
+    CodeKind,
+    CodeTarget,
+    Compat,
+    Variant,
+    best,
+    compatibility,
+    compatibility_variant_unknown,
+    is_cross_generation,
+)
 
 SCHEMA_VERSION = 1
 
@@ -94,7 +104,7 @@ ROLE_REGISTERED = "registered"
 ROLE_EMBEDDED = "embedded"
 ROLE_RELOCATABLE = "relocatable"
 
-_CLASSES = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.NONE]
+_CLASSES = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.UNKNOWN, Compat.NONE]
 _COMPRESSIONS = ("none", "lz4", "zstd", "unknown")
 _STUBS = (fatbin.STUB_YES, fatbin.STUB_NO, fatbin.STUB_UNKNOWN)
 
@@ -143,6 +153,26 @@ class Unit:
         """The distinct SASS and PTX targets of the unit."""
         return _targets_of(_entry_keys(self.containers))
 
+    def classes(self, target: Capability) -> List[Compat]:
+        """The class of each distinct target, UNKNOWN where the bytes that
+        decide could not be read: a cubin whose a/f note is damaged, or a
+        container read only in part (its missing entries may be anything)."""
+        unsure = {(e.kind_code, e.arch_number) for c in self.containers for e in c.entries if not e.variant_known}
+        out = []
+        for t in self.targets():
+            if (fatbin.KIND_CUBIN if t.kind is CodeKind.SASS else fatbin.KIND_PTX, t.capability.number) in unsure:
+                out.append(compatibility_variant_unknown(t, target))
+            else:
+                out.append(compatibility(t, target))
+        if any(c.damaged for c in self.containers):
+            out.append(Compat.UNKNOWN)
+        return out
+
+    @property
+    def holds_kernels(self) -> bool:
+        """Some container is known to hold a kernel (not merely unknown)."""
+        return any(c.kernels == fatbin.KERNELS_YES for c in self.containers)
+
     def to_json(self) -> dict:
         targets = self.targets()
         return {
@@ -180,7 +210,7 @@ class TargetVerdict:
 
 def units(scan: fatbin.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
     """The units to judge, in file order, and how many containers were left out and why."""
-    excluded = {"link_stub": 0, "relocatable": 0, "no_driver_code": 0}
+    excluded = {"link_stub": 0, "relocatable": 0, "no_driver_code": 0, "no_kernel": 0}
     out: List[Unit] = []
     pools: Dict[str, Unit] = {}
     for c in scan.containers:
@@ -189,8 +219,10 @@ def units(scan: fatbin.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
             excluded["relocatable"] += 1
         elif c.link_stub == fatbin.STUB_YES:
             excluded["link_stub"] += 1
-        elif not any(e.code_target is not None for e in c.entries):
-            excluded["no_driver_code"] += 1
+        elif not c.damaged and not any(e.code_target is not None for e in c.entries):
+            excluded["no_driver_code"] += 1  # a damaged one is judged: its lost entries may be code
+        elif c.kernels == fatbin.KERNELS_NO:
+            excluded["no_kernel"] += 1  # read whole: nothing to launch, nothing to miss
         elif r == ROLE_REGISTERED:
             out.append(Unit(c.section, c.offset, [c]))
         elif c.section in pools:
@@ -202,7 +234,13 @@ def units(scan: fatbin.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
 
 
 def unit_class(unit: Unit, target: Capability) -> Compat:
-    return best(compatibility(t, target) for t in unit.targets())
+    """The best class of the unit's code. `none` only when a container is known
+    to hold a kernel: a unit whose kernels could not be looked for (compressed,
+    no decoder) may be an empty stub, so it is `unknown`, never `none`."""
+    klass = best(unit.classes(target))
+    if klass is Compat.NONE and not unit.holds_kernels:
+        return Compat.UNKNOWN
+    return klass
 
 
 def needs_cross_generation_jit(unit: Unit, target: Capability) -> bool:
@@ -317,6 +355,11 @@ class CensusReport:
     def with_errors(self) -> List[LibraryCensus]:
         return [lib for lib in self.libraries if lib.scan.errors]
 
+    @property
+    def unreadable(self) -> List[LibraryCensus]:
+        """Paths that could not be opened, listed or examined at all."""
+        return [lib for lib in self.libraries if lib.scan.unreadable]
+
     def to_json(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -325,14 +368,32 @@ class CensusReport:
             "files_scanned": self.files_scanned,
             "embedded_searched": self.embedded,
             "without_device_code": list(self.without_device_code),
+            "unreadable": [lib.path for lib in self.unreadable],
             "libraries": [lib.to_json(self.detail) for lib in self.libraries],
         }
+
 
 
 # --- walking -------------------------------------------------------------------
 
 
-def iter_files(paths: Sequence[str]) -> Iterator[Tuple[str, bool]]:
+@dataclass(frozen=True)
+class Unreadable:
+    """A path the walk could not read: a directory it could not list, or a
+    file (or directory entry) it could not open or stat."""
+
+    path: str
+    reason: str
+    directory: bool
+
+    def scan(self) -> fatbin.FileScan:
+        """As a census row, so every reader of the libraries sees the error."""
+        what = "cannot list directory" if self.directory else "cannot read"
+        return fatbin.FileScan(path=self.path, format="directory" if self.directory else "unknown", size=0,
+                               errors=[f"{what}: {self.reason}"], unreadable=True)
+
+
+def iter_files(paths: Sequence[str], unreadable: Optional[List[Unreadable]] = None) -> Iterator[Tuple[str, bool]]:
     """(path, explicit) for every regular file to consider, each real file once.
 
     Directories are walked recursively without following directory symlinks
@@ -340,10 +401,13 @@ def iter_files(paths: Sequence[str]) -> Iterator[Tuple[str, bool]]:
     symlinked soname, a path given twice) is read once, under its real path
     when a walk reaches it through both. Explicit paths are yielded even when
     they are not files, so that the caller records why they could not be read.
+    Directories that cannot be listed and entries that cannot be examined
+    are appended to `unreadable` (never dropped silently).
     """
+    sink: List[Unreadable] = unreadable if unreadable is not None else []
     chosen: Dict[object, Tuple[str, bool]] = {}
     for path in paths:
-        found = _walk(path) if os.path.isdir(path) else [path]
+        found = _walk(path, sink) if os.path.isdir(path) else [path]
         for candidate in found:
             key = _identity(candidate)
             explicit = candidate == path
@@ -366,27 +430,48 @@ def _prefer(candidate: str, current: Tuple[str, bool]) -> bool:
     return not explicit and os.path.islink(path) and not os.path.islink(candidate)
 
 
-def _walk(root: str) -> Iterator[str]:
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _walk(root: str, unreadable: List[Unreadable]) -> Iterator[str]:
+    def cannot_list(exc: OSError) -> None:
+        unreadable.append(Unreadable(exc.filename or root, _reason(exc), True))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=cannot_list, followlinks=False):
         dirnames.sort()
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             try:
                 st = os.stat(full)
-            except OSError:
-                continue  # dangling symlink or vanished file
+            except FileNotFoundError:
+                continue  # dangling symlink or vanished file: nothing there to read
+            except OSError as exc:  # permission denied on a directory without search permission, ...
+                unreadable.append(Unreadable(full, _reason(exc), False))
+                continue
             if stat.S_ISREG(st.st_mode):
                 yield full
 
 
-def _read_one(path: str, explicit: bool, embedded: bool) -> Optional[fatbin.FileScan]:
+def _read_one(path: str, explicit: bool, embedded: bool, decompress: bool) -> Optional[fatbin.FileScan]:
     """The scan of one file; None for a walked file that is neither ELF nor fatbin."""
-    if not explicit and fatbin.sniff(path) is None:
-        return None
-    return fatbin.read_file(path, embedded)
+    if not explicit:
+        try:
+            kind = fatbin.sniff_strict(path)
+        except OSError as exc:  # an unreadable file is reported, not skipped
+            return Unreadable(path, _reason(exc), False).scan()
+        if kind is None:
+            return None
+    return fatbin.read_file(path, embedded, decompress)
 
 
-def scan(paths: Sequence[str], target: Optional[Capability] = None, detail: bool = False, embedded: bool = True) -> CensusReport:
+def scan(
+    paths: Sequence[str],
+    target: Optional[Capability] = None,
+    detail: bool = False,
+    embedded: bool = True,
+    decompress: bool = True,
+) -> CensusReport:
     """Census of every ELF, cubin and fatbin file under `paths`. Never raises on
     bad files: each problem is an error string on that file's record.
 
@@ -394,13 +479,17 @@ def scan(paths: Sequence[str], target: Optional[Capability] = None, detail: bool
     directory are reported when they carry device code or could not be read,
     and counted in `without_device_code` when they are ELF files with none.
     embedded=False reads `.nv_fatbin` only (see fatbin.read_file): faster,
-    and blind to kernel databases such as cuFFT's.
+    and blind to kernel databases such as cuFFT's. decompress=False looks
+    into no compressed container (as in an image without the decoders).
+    Paths that cannot be read are rows with an error too, and are listed in
+    `unreadable`.
     """
     libraries: List[LibraryCensus] = []
     without: List[str] = []
+    walk_errors: List[Unreadable] = []
     scanned = 0
-    for path, explicit in iter_files(list(paths)):
-        result = _read_one(path, explicit, embedded)
+    for path, explicit in iter_files(list(paths), walk_errors):
+        result = _read_one(path, explicit, embedded, decompress)
         if result is None:
             continue
         scanned += 1
@@ -408,6 +497,7 @@ def scan(paths: Sequence[str], target: Optional[Capability] = None, detail: bool
             libraries.append(LibraryCensus(result))
         else:
             without.append(path)
+    libraries += [LibraryCensus(u.scan()) for u in walk_errors]
     libraries.sort(key=lambda lib: lib.path)
     report = CensusReport([str(p) for p in paths], None, libraries, scanned, sorted(without), detail, embedded)
     return report.for_target(target) if target else report

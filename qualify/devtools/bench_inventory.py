@@ -10,7 +10,10 @@
 3. Times `python -m qualify inspect --json` over all of them in one fresh
    subprocess (five times; the median is reported), the same with
    `--registered-only` (`.nv_fatbin` only: cuobjdump's coverage, without the
-   search of data sections for kernel databases), then cuobjdump
+   search of data sections for kernel databases), the full census with
+   `--no-decompress` (what the probe does inside an image, where zstandard
+   and lz4 are absent) and with pyelftools reading the ELF section table
+   (QUALIFY_ELF_READER=pyelftools; see fatbin's docstring), then cuobjdump
    `--list-elf` and `--list-ptx`, one call per file and listing, as
    cuobjdump takes one file per call. Each tool runs
    under a fresh helper process that reports its wall time and
@@ -22,6 +25,9 @@
    `CodeTarget.without_variant()`. Containers the census finds elsewhere
    (cuFFT's `.ldata`, cuBLASLt's `.cask_resource`) are counted in a column of
    their own.
+
+Wall and CPU time are both reported: on a shared machine the wall time
+depends on the other jobs, the CPU time much less.
 
 Exit status: 0 when every library agrees, 1 when one does not. The speed and
 memory targets (>= 100x faster than cuobjdump, < 200 MB peak) are reported,
@@ -63,6 +69,7 @@ class Measurement:
     wall_s: float
     peak_mb: float
     returncodes: List[int]
+    cpu_s: float = 0.0  # user + system time of the measured processes
 
 
 @dataclass
@@ -128,7 +135,7 @@ def warm_page_cache(paths: List[Path]) -> None:
 # --- measuring -------------------------------------------------------------------------
 
 
-def measure(commands: List[List[str]], outputs: List[Path]) -> Measurement:
+def measure(commands: List[List[str]], outputs: List[Path], extra_env: Optional[Dict[str, str]] = None) -> Measurement:
     """Run `commands` one after another in a fresh helper process."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump({"commands": commands, "outputs": [str(p) for p in outputs]}, fh)
@@ -136,28 +143,31 @@ def measure(commands: List[List[str]], outputs: List[Path]) -> Measurement:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "qualify.devtools.bench_inventory", "--measure", plan],
-            capture_output=True, text=True, env=_env(),
+            capture_output=True, text=True, env={**_env(), **(extra_env or {})},
         )
     finally:
         os.unlink(plan)
     if proc.returncode != 0:
         raise ExternalCommandError(f"measuring helper failed: {proc.stderr.strip()}")
     data = json.loads(proc.stdout)
-    return Measurement(data["wall_s"], data["peak_kb"] / 1024.0, data["returncodes"])
+    return Measurement(data["wall_s"], data["peak_kb"] / 1024.0, data["returncodes"], data.get("cpu_s", 0.0))
 
 
-def measure_census(libraries: List[Path], output: Path, runs: int, options: List[str]) -> Measurement:
-    """The census, `runs` times, each in a fresh process: the median wall time
-    (a shared machine is noisy) and the highest peak."""
+def measure_census(
+    libraries: List[Path], output: Path, runs: int, options: List[str], extra_env: Optional[Dict[str, str]] = None
+) -> Measurement:
+    """The census, `runs` times, each in a fresh process: the median wall and
+    CPU times (a shared machine is noisy) and the highest peak."""
     argv = [sys.executable, "-m", "qualify", "inspect", "--json", *options, *map(str, libraries)]
-    results = [measure([argv], [output]) for _ in range(runs)]
+    results = [measure([argv], [output], extra_env) for _ in range(runs)]
     for r in results:
         if r.returncodes != [0]:
             raise ExternalCommandError(f"python -m qualify inspect {' '.join(options)} failed ({r.returncodes[0]})")
     walls = [r.wall_s for r in results]
-    label = " ".join(["inspect", *options])
+    label = " ".join([*(f"{k}={v}" for k, v in (extra_env or {}).items()), "inspect", *options])
     print(f"{label} wall times (s): " + " ".join(f"{w:.3f}" for w in walls), flush=True)
-    return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0])
+    cpu = statistics.median(r.cpu_s for r in results)
+    return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0], cpu)
 
 
 def _env() -> Dict[str, str]:
@@ -175,8 +185,9 @@ def _measure_helper(plan_path: str) -> int:
         with open(output, "wb") as out:
             codes.append(subprocess.run(argv, stdout=out, stderr=subprocess.DEVNULL).returncode)
     wall = time.perf_counter() - start
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
-    print(json.dumps({"wall_s": wall, "peak_kb": peak_kb, "returncodes": codes}))
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_kb = usage.ru_maxrss  # KiB on Linux
+    print(json.dumps({"wall_s": wall, "peak_kb": peak_kb, "returncodes": codes, "cpu_s": usage.ru_utime + usage.ru_stime}))
     return 0
 
 
@@ -248,10 +259,17 @@ def library_table(rows: List[Comparison], site: Path) -> str:
 
 def summary_table(tools: List[Tuple[str, Measurement]], theirs: Measurement) -> str:
     rows = [
-        [name, f"{m.wall_s:.3f}", f"{m.peak_mb:.0f}", f"{theirs.wall_s / m.wall_s:.0f}x" if m.wall_s else "-"]
+        [
+            name,
+            f"{m.wall_s:.3f}",
+            f"{m.cpu_s:.3f}",
+            f"{m.peak_mb:.0f}",
+            f"{theirs.wall_s / m.wall_s:.0f}x" if m.wall_s else "-",
+            f"{theirs.cpu_s / m.cpu_s:.0f}x" if m.cpu_s else "-",
+        ]
         for name, m in tools
     ]
-    return _table(["TOOL", "WALL S", "PEAK MB", "SPEED-UP"], rows)
+    return _table(["TOOL", "WALL S", "CPU S", "PEAK MB", "SPEED-UP (WALL)", "SPEED-UP (CPU)"], rows)
 
 
 def target_lines(full: Measurement, registered: Measurement, theirs: Measurement) -> List[str]:
@@ -288,6 +306,8 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
         out = Path(tmp)
         full = measure_census(libraries, out / "census.json", runs, [])
         registered = measure_census(libraries, out / "registered.json", runs, ["--registered-only"])
+        plain = measure_census(libraries, out / "plain.json", runs, ["--no-decompress"])
+        elftools = measure_census(libraries, out / "elftools.json", runs, [], {"QUALIFY_ELF_READER": "pyelftools"})
         commands, outputs = [], []
         for i, path in enumerate(libraries):
             for flag in ("--list-elf", "--list-ptx"):
@@ -307,6 +327,8 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
     tools = [
         (f"qualify inspect (median of {runs})", full),
         (f"qualify inspect --registered-only (median of {runs})", registered),
+        (f"qualify inspect --no-decompress (median of {runs})", plain),
+        (f"qualify inspect, pyelftools ELF reader (median of {runs})", elftools),
         (f"cuobjdump --list-elf/--list-ptx ({len(commands)} calls)", theirs),
     ]
     print(summary_table(tools, theirs))
