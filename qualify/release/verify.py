@@ -36,6 +36,21 @@ def image_digest(ref: str) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def registry_digest(ref: str) -> Optional[str]:
+    """The digest the registry serves for `name@sha256:...`, asked by that digest (a tag can move,
+    a digest cannot); None when the registry no longer has it. Loopback registries only."""
+    from qualify.build.registry import Registry  # host side only
+
+    parsed = _parse_ref(ref)
+    host, _, repository = parsed.name.partition("/")
+    if not parsed.digest or not repository or not (":" in host or "." in host or host == "localhost"):
+        raise ConfigError(f"{ref}: not a registry/repository@sha256:... reference")
+    if not host.startswith(("127.0.0.1:", "localhost:", "[::1]:")):
+        raise ConfigError(f"{ref}: only a loopback registry can be checked here (HTTP on 127.0.0.1)",
+                          hint="release from the host whose registry holds the images")
+    return Registry(host).manifest_digest(repository, parsed.digest)
+
+
 def _parse_ref(ref: str) -> ImageRef:
     try:
         return ImageRef.parse(ref)
