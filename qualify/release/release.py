@@ -610,7 +610,8 @@ def changelog(opts: ReleaseOptions, entries: Sequence[Entry], candidates: Mappin
         lines.append(f"  ~ {e.target}: " + ("; ".join(parts) or "manifest changed"))
         old_stmt = _old_manifest(opts, tag, e.target)
         if old_stmt is not None:
-            changes = report.diff(old_stmt, parse_manifest(candidates[e.target].data, e.target))
+            changes = [c for c in report.diff(old_stmt, parse_manifest(candidates[e.target].data, e.target))
+                       if not c.startswith(("verdict:", "support_level:", "image:"))]  # in the line above
             lines += [f"      {c}" for c in changes[:max_lines]]
             if len(changes) > max_lines:
                 lines.append(f"      ... {len(changes) - max_lines} more (qualify diff)")
