@@ -337,3 +337,34 @@ def test_steps_are_ordered_and_each_is_reported(repo, keys):
                                                "tag", "push", "publish"]
     assert all(s.status == "done" for s in outcome.steps)
     assert formats.signature_path(repo / "manifests" / TAG / "sm100.json").is_file()
+
+
+def test_force_re_signs_as_its_help_says(repo, keys):
+    """A randomised signer (as cosign's ECDSA is): a re-run keeps the signature, --force makes a new one."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key_file, _ = keys
+    inner, public_key = signer.key_signer("builtin", key_file, PASSWORD.encode())
+
+    class Randomised:
+        name = "randomised"
+
+        def sign_file(self, blob, signature_out, bundle_out):
+            data = blob.read_bytes()
+            sig = inner.private_key.sign(data, ec.ECDSA(hashes.SHA256()))
+            signature_out.write_bytes(formats.encode_signature(sig))
+            bundle_out.write_bytes(formats.bundle_bytes(formats.make_bundle(data, sig, public_key)))
+            return formats.SignedFiles(blob, signature_out, bundle_out, self.name)
+
+    def run(**kw):
+        return release.run_release(options(repo, **kw), lambda: (Randomised(), public_key), served_as_recorded,
+                                   progress=lambda m: None)
+
+    run()
+    sig_file = repo / "manifests" / TAG / "sm100.json.sig"
+    first = sig_file.read_bytes()
+    outcome = run(force=True)
+    assert sig_file.read_bytes() != first and "sm100.json.sig" in outcome.written
+    assert verify.verify(verify.VerifyOptions(repo / "manifests" / TAG / "sm100.json",
+                                              key=repo / "manifests" / TAG / "cosign.pub")).verdict == "pass"

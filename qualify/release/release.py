@@ -427,9 +427,10 @@ def _reuse_signature(dest: Path, c: Candidate, public_key, staging: Path) -> boo
     return True
 
 
-def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, public_key) -> str:
+def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, public_key, force: bool = False) -> str:
+    """Sign one manifest into staging; an interrupted run's valid signature is kept, unless --force (re-sign)."""
     blob = write_atomic(staging / entry.manifest_file, c.data)
-    if _reuse_signature(dest, c, public_key, staging):
+    if not force and _reuse_signature(dest, c, public_key, staging):
         return "kept the existing signature"
     done = sign.sign_file(blob, formats.signature_path(blob), formats.bundle_path(blob))
     sig = formats.decode_signature(done.signature.read_bytes())
@@ -798,7 +799,8 @@ def _write(opts: ReleaseOptions, outcome: Outcome, steps: _Steps, candidates: Li
     try:
         def stage() -> None:
             for e in outcome.released:
-                steps.progress(f"  {e.target}: {sign_staged(e, by_target[e.target], staging, opts.directory, sign, public_key)}")
+                how = sign_staged(e, by_target[e.target], staging, opts.directory, sign, public_key, opts.force)
+                steps.progress(f"  {e.target}: {how}")
             write_atomic(staging / PUBLIC_KEY_FILE, cosign_keys.public_key_pem(public_key))
             index = release_index(opts, outcome.source_revision, outcome.released, outcome.withheld, public_key,
                                   outcome.dirty)
