@@ -53,7 +53,8 @@ from qualify.core import manifest as mf
 from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
-from qualify.release import report
+from qualify.release import changelog
+from qualify.release.publish import create_command, push, push_command, upload, upload_command
 from qualify.release.verify import ImageResolver, match_digest, parse_manifest, registry_digest, target_name
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
@@ -558,68 +559,6 @@ def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], mess
 # --- 9. tag -------------------------------------------------------------------
 
 
-def previous_release(opts: ReleaseOptions) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """The newest other tag whose commit holds a release index: (tag, index)."""
-    refs = git(opts.repo, "for-each-ref", "--sort=-creatordate", "--format=%(refname:strip=2)", "refs/tags").stdout
-    root = opts.out_root.relative_to(opts.repo).as_posix()
-    for tag in refs.split():
-        if tag == opts.tag:
-            continue
-        shown = git(opts.repo, "show", f"refs/tags/{tag}:{root}/{tag}/{INDEX_FILE}", check=False)
-        if shown.returncode != 0:
-            continue
-        try:
-            index = strict_json(shown.stdout, f"{tag}:{root}/{tag}/{INDEX_FILE}", ReleaseError)
-        except ReleaseError:
-            continue
-        if isinstance(index, dict):
-            return tag, index
-    return None
-
-
-def _old_manifest(opts: ReleaseOptions, tag: str, target: str) -> Optional[Dict[str, Any]]:
-    root = opts.out_root.relative_to(opts.repo).as_posix()
-    shown = git(opts.repo, "show", f"refs/tags/{tag}:{root}/{tag}/{target}.json", check=False)
-    if shown.returncode != 0:
-        return None
-    try:
-        return mf.parse(shown.stdout.encode("utf-8"), f"{tag}:{target}.json")
-    except VerificationError:
-        return None
-
-
-def changelog(opts: ReleaseOptions, entries: Sequence[Entry], candidates: Mapping[str, Candidate],
-              max_lines: int = 4) -> List[str]:
-    """Targets, digests, levels and verdicts since the previous release (`qualify diff` underneath)."""
-    previous = previous_release(opts)
-    if previous is None:
-        return ["Changes: first release"]
-    tag, index = previous
-    old = {t.get("target"): t for t in index.get("targets") or [] if isinstance(t, dict)}
-    lines = [f"Changes since {tag}:"]
-    for e in entries:
-        before = old.pop(e.target, None)
-        if before is None:
-            lines.append(f"  + {e.target}: new ({e.image_digest}, {e.support_level}, {e.verdict})")
-            continue
-        was = ((before.get("image") or {}).get("digest"), before.get("support_level"), before.get("verdict"))
-        if was == (e.image_digest, e.support_level, e.verdict) and before.get("manifest_sha256") == e.manifest_sha256:
-            lines.append(f"  = {e.target}: unchanged")
-            continue
-        parts = [f"{what} {a} -> {b}" for what, a, b in zip(("digest", "level", "verdict"), was,
-                                                           (e.image_digest, e.support_level, e.verdict)) if a != b]
-        lines.append(f"  ~ {e.target}: " + ("; ".join(parts) or "manifest changed"))
-        old_stmt = _old_manifest(opts, tag, e.target)
-        if old_stmt is not None:
-            changes = [c for c in report.diff(old_stmt, parse_manifest(candidates[e.target].data, e.target))
-                       if not c.startswith(("verdict:", "support_level:", "image:"))]  # in the line above
-            lines += [f"      {c}" for c in changes[:max_lines]]
-            if len(changes) > max_lines:
-                lines.append(f"      ... {len(changes) - max_lines} more (qualify diff)")
-    lines += [f"  - {name}: no longer released" for name in old]
-    return lines
-
-
 def tag_message(opts: ReleaseOptions, entries: List[Entry], withheld: List[Withheld], public_key,
                 index_sha256: str, changes: Sequence[str] = ()) -> str:
     rel = opts.folder
@@ -639,64 +578,6 @@ def tag_message(opts: ReleaseOptions, entries: List[Entry], withheld: List[Withh
 def create_tag(repo: Path, tag: str, message: str, force: bool, commit: str = "HEAD") -> str:
     git(repo, "tag", "-a", *(["-f"] if force else []), tag, commit, "-F", "-", input_text=message)
     return existing_tag(repo, tag) or ""
-
-
-# --- 10. push / 11. publish ---------------------------------------------------
-
-
-def push_command(opts: ReleaseOptions) -> List[str]:
-    return ["git", "push", *(["--force"] if opts.force else []), opts.remote, f"refs/tags/{opts.tag}"]
-
-
-def push(opts: ReleaseOptions) -> str:
-    if not opts.push:
-        return "not pushed (pass --push, or run the command)"
-    try:
-        git(opts.repo, *push_command(opts)[1:])
-    except ExternalCommandError as exc:
-        raise ReleaseError(f"the release is tagged locally, but the push failed: {exc.message}",
-                           hint=f"run: {cmd.quote(push_command(opts))}") from None
-    return "pushed"
-
-
-def upload_command(opts: ReleaseOptions, files: List[str]) -> List[str]:
-    return ["gh", "release", "upload", opts.tag, *files, *(["--clobber"] if opts.force else [])]
-
-
-def create_command(opts: ReleaseOptions, files: List[str]) -> List[str]:
-    return ["gh", "release", "create", opts.tag, "--verify-tag", "--title", opts.tag,
-            "--notes", f"Qualification release {opts.tag}: see the tag message and {opts.folder}/{INDEX_FILE}", *files]
-
-
-def gh_ready(repo: Path) -> bool:
-    """gh on PATH and logged in (`gh auth status` exits 0)."""
-    if not cmd.which("gh"):
-        return False
-    return cmd.call(["gh", "auth", "status"], cwd=str(repo), check=False, timeout=60).returncode == 0
-
-
-def upload(opts: ReleaseOptions, files: List[str], progress: Progress) -> Tuple[str, List[str]]:
-    """Upload to the GitHub release, creating it when `gh release view` says it does not exist."""
-    command = upload_command(opts, files)
-    if not opts.upload:
-        return "skipped (--no-upload)", command
-    if not gh_ready(opts.repo):
-        progress("gh is not installed or not logged in: the assets are not uploaded")
-        return "not uploaded: gh unavailable", command
-    done = cmd.call(command, cwd=str(opts.repo), echo=True, check=False, timeout=600)
-    if done.returncode == 0:
-        return "uploaded", command
-    exists = cmd.call(["gh", "release", "view", opts.tag], cwd=str(opts.repo), check=False, timeout=60)
-    if exists.returncode != 0:
-        create = create_command(opts, files)
-        made = cmd.call(create, cwd=str(opts.repo), echo=True, check=False, timeout=600)
-        if made.returncode == 0:
-            return "created the GitHub release and uploaded", create
-        command, done = create, made
-    raise ReleaseError(
-        f"the release is tagged and written, but the upload failed: {cmd.tail(done.stderr or done.stdout)}",
-        hint=f"push the tag ({cmd.quote(push_command(opts))}), then run: {cmd.quote(command)}",
-    )
 
 
 # --- orchestration ------------------------------------------------------------
@@ -761,7 +642,7 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     outcome.source_revision = steps.run("source", "find the source revision the manifests name",
                                         lambda: source_revision(opts, outcome.released))
     outcome.files = release_files(outcome.released)
-    changes = changelog(opts, outcome.released, by_target)
+    changes = changelog.changelog(opts, outcome.released, {t: c.data for t, c in by_target.items()})
     outcome.push_command = push_command(opts)
     outcome.upload_command = upload_command(opts, _files_for_upload(opts, outcome.files))
     outcome.create_command = create_command(opts, _files_for_upload(opts, outcome.files))
