@@ -82,6 +82,8 @@ def test_absurd_memory_sizes_are_refused(tmp_path, value):
 
 def test_targets_check_reports_every_error_not_only_the_first(tmp_path):
     text = FILE.read_text()
+    text = text.replace('support_level = "baseline"', 'support_level = "supported"', 1)  # sm100, and ...
+    text = text.replace('platform = "linux/amd64"', 'platform = "linux/s390x"', 1)  # ... sm100 again
     text = text.replace('suite = "bookworm"', 'suite = "-x"', 1)
     text = text.replace('torch_cuda_arch_list = "12.0;12.0a"', 'torch_cuda_arch_list = "12.0f"', 1)
     text = text.replace('torch_cuda_arch_list = "12.1;12.1a"', 'torch_cuda_arch_list = ";;"', 1)
@@ -89,8 +91,8 @@ def test_targets_check_reports_every_error_not_only_the_first(tmp_path):
     bad.write_text(text)
     out = run_qualify(["targets", "check", str(bad)], tmp_path)
     assert out.returncode == ConfigError.exit_code
-    assert "3 problems" in out.stderr
-    for word in ("suite", "'sm120'", "'sm121'"):
+    assert "5 problems" in out.stderr and out.stderr.count("target 'sm100'") == 2  # sm100 has two
+    for word in ("suite", "'sm120'", "'sm121'", "'supported'", "linux/s390x"):
         assert word in out.stderr, (word, out.stderr)
 
 

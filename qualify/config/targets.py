@@ -191,14 +191,16 @@ class _Problems:
         try:
             yield
         except ConfigError as exc:
-            self.errors.append(exc)
+            self.errors.extend(getattr(exc, "parts", None) or [exc])  # flat: one line per problem
 
     def raise_any(self) -> None:
         if len(self.errors) == 1:
             raise self.errors[0]
         if self.errors:
             lines = [str(e).replace("\n", "\n    ") for e in self.errors]
-            raise ConfigError(f"{self.path}: {len(self.errors)} problems:\n  - " + "\n  - ".join(lines))
+            combined = ConfigError(f"{self.path}: {len(self.errors)} problems:\n  - " + "\n  - ".join(lines))
+            combined.parts = list(self.errors)
+            raise combined
 
 
 def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
@@ -253,17 +255,43 @@ def _parse_hermetic(table: Mapping[str, Any], path: Path) -> Hermetic:
 
 
 def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> Target:
+    """One target; every independent problem in it is reported, not only the first."""
     where = f"target {name!r}"
     merged = dict(table)
     merged.setdefault("cuda", defaults.get("cuda"))
     _check_keys(merged, _TARGET_KEYS, path, where, required=True, optional={"triton", "runtime"})
+    problems = _Problems(path)
+    values: Dict[str, Any] = {}
+    with problems.each():
+        values["platform"] = _platform(merged, path, where)
+    with problems.each():
+        values["capability"] = _capability_and_arch_list(merged, path, where)
+    with problems.each():
+        values["support_level"] = _support_level(merged, path, where)
+    with problems.each():
+        values["gpus"] = _gpus(merged, path, where)
+    with problems.each():
+        values["base"] = _parse_base(name, merged["base"], path)
+    with problems.each():
+        values["triton"] = _triton(merged, defaults, path, where)
+    with problems.each():
+        values["runtime"] = _runtime(merged, defaults, path, where)
+    problems.raise_any()
+    return Target(name=name, description=merged["description"], cuda=merged["cuda"],
+                  torch_cuda_arch_list=merged["torch_cuda_arch_list"], **values)
 
+
+def _platform(merged: Mapping[str, Any], path: Path, where: str) -> str:
     platform = merged["platform"]
     if platform not in PLATFORMS:
         raise ConfigError(
             f"{path}: {where}: key 'platform': unknown platform {platform!r}",
             hint=f"use one of {', '.join(PLATFORMS)}",
         )
+    return platform
+
+
+def _capability_and_arch_list(merged: Mapping[str, Any], path: Path, where: str) -> arch.Capability:
     try:
         cap = arch.Capability.parse(merged["capability"])
     except arch.ArchError as exc:
@@ -275,26 +303,40 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
     problems = arch.arch_list_problems(arch_list, cap)
     if problems:
         raise ConfigError(
-            f"{path}: {where}: key 'torch_cuda_arch_list' {merged['torch_cuda_arch_list']!r} "
+            f"{path}: {where}: key 'torch_cuda_arch_list' {arch_list!r} "
             f"does not match capability {cap}: " + "; ".join(problems)
         )
+    return cap
+
+
+def _support_level(merged: Mapping[str, Any], path: Path, where: str) -> str:
     level = merged["support_level"]
     if level not in INTENDED_LEVELS:
         raise ConfigError(
             f"{path}: {where}: key 'support_level': {level!r} is not an intended level",
             hint=f"use one of {', '.join(INTENDED_LEVELS)}",
         )
+    return level
+
+
+def _gpus(merged: Mapping[str, Any], path: Path, where: str) -> Tuple[str, ...]:
     gpus = merged["gpus"]
     if not gpus or not all(isinstance(g, str) and g for g in gpus):
         raise ConfigError(f"{path}: {where}: key 'gpus' must be a non-empty list of GPU names")
+    return tuple(gpus)
 
-    base = _parse_base(name, merged["base"], path)
+
+def _triton(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, where: str) -> TritonWiring:
     triton_table = {**defaults.get("triton", {}), **merged.get("triton", {})}
     _check_keys(triton_table, _TRITON_KEYS, path, f"{where} [triton] (with [defaults.triton])", required=True)
     for key, value in triton_table.items():
         if not _TOOL_PATH_RE.fullmatch(value):
             raise ConfigError(f"{path}: {where}: key 'triton.{key}': {value!r} must be an absolute path "
                               "(letters, digits, '.', '_', '-', '+', '/')")
+    return TritonWiring(**triton_table)
+
+
+def _runtime(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, where: str) -> Runtime:
     runtime_table = {**defaults.get("runtime", {}), **merged.get("runtime", {})}
     _check_keys(runtime_table, _RUNTIME_KEYS, path, f"{where} [runtime] (with [defaults.runtime])", required=True)
     fraction = runtime_table["gpu_memory_utilization"]
@@ -303,19 +345,7 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
     gib = runtime_table["min_gpu_memory_gib"]
     if not 1 <= gib <= MAX_GPU_MEMORY_GIB:
         raise ConfigError(f"{path}: {where}: key 'runtime.min_gpu_memory_gib': {gib} is outside 1..{MAX_GPU_MEMORY_GIB}")
-    return Target(
-        name=name,
-        description=merged["description"],
-        gpus=tuple(gpus),
-        platform=platform,
-        capability=cap,
-        cuda=merged["cuda"],
-        torch_cuda_arch_list=merged["torch_cuda_arch_list"],
-        support_level=level,
-        base=base,
-        triton=TritonWiring(**triton_table),
-        runtime=Runtime(**runtime_table),
-    )
+    return Runtime(**runtime_table)
 
 
 def _parse_base(name: str, table: Any, path: Path) -> BasePin:
