@@ -151,3 +151,31 @@ def fuzz(session: nox.Session) -> None:
     """Bounded mutation campaign over the nvcc-built fixtures: `nox -s fuzz -- [--seconds N]`."""
     py = _toolenv.ensure()
     session.run(str(py), "-m", "qualify.devtools.fuzz", *session.posargs, external=True)
+
+
+def _did_you_mean() -> None:
+    """A mistyped session name gets the same "did you mean" as the CLI (nox only says it was not found)."""
+    import difflib
+
+    from nox import registry
+
+    asked, argv = [], sys.argv[1:]
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg in ("-s", "-e", "--session", "--sessions"):
+            for value in argv[i + 1:]:
+                if value.startswith("-"):
+                    break
+                asked.append(value)
+        elif arg.startswith(("--session=", "--sessions=")):
+            asked += arg.split("=", 1)[1].split(",")
+    known = list(registry.get())
+    for name in asked:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "nox -l lists the sessions"
+            print(f"nox: no session named {name!r}; {hint}", file=sys.stderr)
+
+
+_did_you_mean()

@@ -157,3 +157,44 @@ def test_failed_run_step_shows_its_tail(docker_engine, debian_python_image, tmp_
         engine.build(BuildRequest(context=tmp_path, dockerfile=tmp_path / "Dockerfile", tags=["qualify-test/fail:x"],
                                   platform="linux/amd64"))
     assert "the real reason" in str(err.value) and "exit" in str(err.value)
+
+
+def test_hermetic_dry_run_prints_the_plan_without_building_the_base(monkeypatch, tmp_path):
+    """Issue 20 bug 5: `build --base hermetic --dry-run` crashed with an ImageRefError traceback (exit 1)."""
+    from qualify.build.registry import Registry
+
+    monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("the engine was called"))
+    monkeypatch.setattr(Registry, "ensure", lambda *a, **k: pytest.fail("the registry was started"))
+    monkeypatch.setattr(Registry, "manifest_digest", lambda *a, **k: pytest.fail("the registry was asked"))
+    plan = build.plan(targets.load(), build.BuildOptions("sm121", "hermetic", "smoke"))
+    assert plan.base_kind == "hermetic" and plan.platform == "linux/arm64"
+    assert "hermetic-cuda@<digest once built>" in plan.base and plan.build_args["BASE_IMAGE"] == plan.base
+    out = subprocess.run([sys.executable, "-m", "qualify", "build", "sm121", "--base", "hermetic", "--profile", "smoke",
+                          "--dry-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "QUALIFY_REGISTRY": "127.0.0.1:1"})
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    printed = json.loads(out.stdout)
+    assert printed["labels"]["dev.blackwell-qualify.base-kind"] == "hermetic"
+    assert printed["build_args"]["TORCH_CUDA_ARCH_LIST"] == "12.1;12.1a"
+
+
+def test_two_concurrent_smoke_builds_both_succeed(docker_engine, loopback_registry, sm120, tmp_path):
+    """Issue 20 bug 4: two checkouts building the same target at once shared one context folder
+    (".iidfile: no such file or directory", exit 5). Two real builds, started together."""
+    argv = [sys.executable, "-m", "qualify", "build", "sm120", "--base", "hermetic", "--profile", "smoke",
+            "--no-qualify"]
+    logs = [open(tmp_path / f"build-{i}.log", "w+") for i in range(2)]
+    start = time.monotonic()
+    procs = [subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, text=True) for log in logs]
+    codes = [p.wait(timeout=1800) for p in procs]
+    seconds = time.monotonic() - start
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    assert codes == [0, 0], "\n---\n".join(o[-3000:] for o in outputs)
+    refs = [next(line for line in o.splitlines() if line.startswith("127.0.0.1:") and "@sha256:" in line)
+            for o in outputs]
+    assert all(r.startswith(f"{loopback_registry.address}/blackwell/sm120@sha256:") for r in refs)
+    print(f"\n[report] two concurrent sm120 smoke builds: {seconds:.1f} s")

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Set
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
@@ -434,8 +434,10 @@ class Engine:
         timeout: float = 600,
         name: Optional[str] = None,
         gpus: Optional[str] = None,
+        on_stderr_line: Optional[Callable[[str], None]] = None,
     ) -> subprocess.CompletedProcess:
-        """Run a throw-away container; mounts are (host, container, 'ro'|'rw')."""
+        """Run a throw-away container; mounts are (host, container, 'ro'|'rw').
+        `on_stderr_line` sees each stderr line as it is written (progress of long steps)."""
         argv = [self.binary, "run", "--rm"]
         if name:
             argv += ["--name", name]
@@ -451,6 +453,8 @@ class Engine:
             argv += ["-e", f"{key}={value}"]
         argv += [image, *command]
         try:
+            if on_stderr_line is not None:
+                return _run_streaming(argv, timeout, on_stderr_line)
             return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             if name:
@@ -486,6 +490,35 @@ class Engine:
         if parsed.digest and parsed.digest in own:
             return parsed.digest
         return own[0] if own else raw["Id"]
+
+
+def _run_streaming(argv: List[str], timeout: float, on_line: Callable[[str], None]) -> subprocess.CompletedProcess:
+    """subprocess.run with stderr handed to `on_line` line by line while the command runs."""
+    import threading
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, bufsize=1)
+    err_lines: List[str] = []
+    out_chunks: List[str] = []
+
+    def pump_err() -> None:
+        for line in proc.stderr:
+            err_lines.append(line)
+            on_line(line.rstrip("\n"))
+
+    threads = [threading.Thread(target=pump_err, daemon=True),
+               threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    for t in threads:
+        t.join(timeout=10)
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out_chunks), "".join(err_lines))
 
 
 class _TempFile:

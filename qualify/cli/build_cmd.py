@@ -13,10 +13,14 @@ def add_image_options(parser) -> None:
     """Options shared by build, qualify and repro (the same image is meant)."""
     parser.add_argument("target", help="a target of images/targets.toml, e.g. sm120")
     parser.add_argument("--base", choices=targets.BASE_KINDS, default="pinned",
-                        help="pinned: the nvidia/cuda digest from targets.toml; hermetic: built here from Debian + CUDA wheels")
-    parser.add_argument("--profile", choices=targets.PROFILES, default="vllm")
-    parser.add_argument("--engine", choices=("docker", "podman"), default="docker")
-    parser.add_argument("--file", default=None, help="targets file (default images/targets.toml)")
+                        help="pinned: the nvidia/cuda digest from targets.toml; hermetic: built here from Debian + "
+                        "CUDA wheels (default: %(default)s)")
+    parser.add_argument("--profile", choices=targets.PROFILES, default="vllm",
+                        help="vllm: vLLM 0.33 + torch + FlashInfer, an image of about 12 GB; smoke: Triton + a tiny "
+                        "CUDA extension, about 1.6 GB (default: %(default)s)")
+    parser.add_argument("--engine", choices=("docker", "podman"), default="docker",
+                        help="container engine (default: %(default)s)")
+    parser.add_argument("--file", default=None, help="targets file (default: images/targets.toml)")
 
 
 def configure_parser(parser) -> None:

@@ -1,4 +1,7 @@
-"""`python -m qualify diff OLD NEW [--json]`: what changed between two releases. Exit 1 when anything did."""
+"""`python -m qualify diff OLD NEW [--json]`: what changed between two manifests.
+
+Exit status as diff(1): 0 when they are the same, 1 when they differ, 2 or more on errors.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +15,16 @@ from qualify.release import report
 def configure_parser(parser) -> None:
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true",
+                        help="structured changes: kind (target, platform, capability, verdict, support_level, image, "
+                        "package, library, check), name, before, after")
 
 
 def execute(args) -> int:
-    lines = report.diff(manifest.load(args.old), manifest.load(args.new))
+    found = report.changes(manifest.load(args.old), manifest.load(args.new))
     if args.json:
-        print(json.dumps({"changes": lines}, indent=2))
+        print(json.dumps({"old": str(args.old), "new": str(args.new), "differ": bool(found),
+                          "changes": [c.as_dict() for c in found]}, indent=2, sort_keys=True))
     else:
-        print("\n".join(lines) if lines else "no differences")
-    return 0
+        print("\n".join(c.line() for c in found) if found else "no differences")
+    return 1 if found else 0

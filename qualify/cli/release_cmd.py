@@ -8,24 +8,37 @@ from pathlib import Path
 from qualify import cmd
 from qualify.core.manifest import LEVEL_RANK
 from qualify.release import release
+from qualify.release.verify import registry_digest
 from qualify.signing import signer
 
 
 def configure_parser(parser) -> None:
-    parser.add_argument("tag", help="the git tag to create, e.g. v2026.11.0")
+    parser.add_argument("tag", help="the version tag to create, e.g. v1.2.0 or v1.2.0-rc.1 (semver)")
     parser.add_argument("--from", dest="source", type=Path,
                         help="folder of qualified manifests <target>.json (default: build/manifests)")
     parser.add_argument("--min-level", choices=list(LEVEL_RANK), default=release.DEFAULT_MIN_LEVEL,
-                        help="withhold targets below this support level (default: unverified)")
+                        help="withhold targets below this support level (default: %(default)s)")
     parser.add_argument("--key", type=Path, default=Path("cosign.key"),
-                        help="cosign private key (default: cosign.key); password from COSIGN_PASSWORD "
-                        "or the terminal")
+                        help="cosign private key (default: %(default)s); password from COSIGN_PASSWORD "
+                        "or the terminal, checked before any image work")
     parser.add_argument("--signer", choices=signer.SIGNERS, default="auto",
-                        help="auto: cosign when installed, else the built-in signer")
+                        help="auto: cosign when installed, else the built-in signer (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
-                        help="re-sign, overwrite existing assets and move an existing tag")
+                        help="re-sign, overwrite the files this release writes in manifests/TAG/, remove files an "
+                        "earlier release of TAG recorded, and move an existing tag (files no release wrote are "
+                        "never touched)")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="release the other targets when some are withheld (default: a withheld target fails "
+                        "the release and nothing is tagged)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="release from a work tree with changes (recorded in release.json)")
+    parser.add_argument("--any-tag", action="store_true", help="allow a tag name that is not a semver version")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what would be signed, written, tagged, pushed and uploaded; change nothing")
+    parser.add_argument("--push", action="store_true", help="push the tag to --remote after tagging")
+    parser.add_argument("--remote", default=release.DEFAULT_REMOTE, help="git remote to push to (default: %(default)s)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: here)")
-    parser.add_argument("--no-upload", action="store_true", help="do not run gh release upload")
+    parser.add_argument("--no-upload", action="store_true", help="do not run gh release create/upload")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
 
 
@@ -35,10 +48,19 @@ def _print_human(o: release.Outcome) -> None:
         print(f"  {e.target:<12} {e.support_level:<13} {e.image_digest}  manifest sha256:{e.manifest_sha256}")
     for w in o.withheld:
         print(f"  {w.target:<12} WITHHELD      {w.reason}")
-    print(f"Tag {o.tag} ({o.tag_object[:12]}); files written: {len(o.written)}, unchanged: {len(o.unchanged)}")
+    print(f"Release commit {o.release_commit[:12]} on top of {o.source_revision[:12]}; "
+          f"tag {o.tag} ({o.tag_object[:12]}); files written: {len(o.written)}, unchanged: {len(o.unchanged)}")
+    if o.left_untouched:
+        print(f"Left untouched (no release wrote them, not part of the release): {', '.join(o.left_untouched)}")
+    if o.dirty:
+        print(f"Released from a dirty tree (--allow-dirty, recorded): {', '.join(o.dirty)}")
+    print(f"Push: {o.push}")
+    if o.push != "pushed":
+        print(f"  {cmd.quote(o.push_command)}")
     print(f"Upload: {o.upload}")
-    if o.upload != "uploaded":
+    if not o.upload.startswith(("uploaded", "created")):
         print(f"  {cmd.quote(o.upload_command)}")
+        print(f"  (when the GitHub release does not exist yet: {cmd.quote(o.create_command)})")
 
 
 def execute(args) -> int:
@@ -51,10 +73,18 @@ def execute(args) -> int:
         min_level=args.min_level,
         force=args.force,
         upload=not args.no_upload,
+        allow_partial=args.allow_partial,
+        allow_dirty=args.allow_dirty,
+        any_tag=args.any_tag,
+        dry_run=args.dry_run,
+        push=args.push,
+        remote=args.remote,
     )
-    outcome = release.run_release(opts, lambda: signer.key_signer(args.signer, args.key))
+    outcome = release.run_release(opts, lambda: signer.key_signer(args.signer, args.key), registry_digest)
     if args.json:
         print(json.dumps(outcome.as_dict(), indent=2, sort_keys=True))
+    elif args.dry_run:
+        print("\n".join(release.dry_run_lines(outcome, opts)))
     else:
         _print_human(outcome)
     return 0

@@ -1,8 +1,9 @@
-"""`python -m qualify show MANIFEST [--json]`."""
+"""`python -m qualify show MANIFEST [--json] [--width N]`."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from qualify.core import manifest
@@ -12,6 +13,9 @@ from qualify.release import report
 def configure_parser(parser) -> None:
     parser.add_argument("manifest", type=Path)
     parser.add_argument("--json", action="store_true", help="print the predicate as JSON")
+    parser.add_argument("--width", type=int, default=None,
+                        help="line width; cut text ends in an ellipsis (default: the terminal's width, "
+                        f"else {report.DEFAULT_WIDTH})")
 
 
 def execute(args) -> int:
@@ -19,5 +23,6 @@ def execute(args) -> int:
     if args.json:
         print(json.dumps(manifest.predicate(stmt), indent=2, sort_keys=True))
     else:
-        print(report.show(stmt))
+        width = args.width or shutil.get_terminal_size((report.DEFAULT_WIDTH, 24)).columns
+        print(report.show(stmt, width))
     return 0

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import tomllib
 
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import arch
 from qualify.core.errors import ConfigError
+from qualify.core.readlimit import TARGETS_LIMIT, read_small
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGETS_FILE = REPO_ROOT / "images" / "targets.toml"
@@ -47,6 +50,15 @@ _TARGET_KEYS = {
 _BASE_KEYS = {"image": str, "python": str, "source": str, "pinned": str}
 _TRITON_KEYS = {"ptxas": str, "ptxas_blackwell": str, "cuobjdump": str, "nvdisasm": str}
 _RUNTIME_KEYS = {"gpu_memory_utilization": float, "unified_memory": bool, "min_gpu_memory_gib": int}
+
+# Values that become paths, image tags or tool arguments (issue 15 item 5).
+TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+_SUITE_RE = re.compile(r"[a-z][a-z0-9.-]{0,31}")  # a Debian suite or codename; never an option
+_MIRROR_RE = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~%/+-]*)?")
+_PYTHON_RE = re.compile(r"3\.[0-9]{1,2}")
+_REPOSITORY_RE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
+_TOOL_PATH_RE = re.compile(r"/[A-Za-z0-9._/+-]*")
+MAX_GPU_MEMORY_GIB = 4096  # no GPU or unified pool is near this; larger is a typo
 
 
 @dataclass(frozen=True)
@@ -158,100 +170,192 @@ def lock_path(profile: str, platform: str, python: str) -> Path:
 
 def load(path: Optional[Path] = None) -> TargetsFile:
     path = Path(path or DEFAULT_TARGETS_FILE)
+    data = read_small(path, TARGETS_LIMIT, "targets file", ConfigError)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: targets file not found") from None
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     return parse(raw, path)
 
 
+class _Problems:
+    """Collects every refusal in the file, so `targets check` reports them all at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.errors: List[ConfigError] = []
+
+    @contextmanager
+    def each(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as exc:
+            self.errors.extend(getattr(exc, "parts", None) or [exc])  # flat: one line per problem
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            lines = [str(e).replace("\n", "\n    ") for e in self.errors]
+            combined = ConfigError(f"{self.path}: {len(self.errors)} problems:\n  - " + "\n  - ".join(lines))
+            combined.parts = list(self.errors)
+            raise combined
+
+
 def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
-    _check_keys(raw, _TOP_KEYS, path, "top level")
-    if raw.get("schema") != 1:
-        raise ConfigError(f"{path}: key 'schema' must be 1 (found {raw.get('schema')!r})")
-    hermetic = _parse_hermetic(_table(raw, "hermetic", path, "top level"), path)
-    defaults = _table(raw, "defaults", path, "top level")
-    _check_keys(defaults, _DEFAULT_KEYS, path, "[defaults]")
-    targets_raw = _table(raw, "targets", path, "top level")
-    if not targets_raw:
-        raise ConfigError(f"{path}: [targets] is empty")
+    problems = _Problems(path)
+    with problems.each():
+        _check_keys(raw, _TOP_KEYS, path, "top level")
+    with problems.each():
+        if raw.get("schema") != 1:
+            raise ConfigError(f"{path}: key 'schema' must be 1 (found {raw.get('schema')!r})")
+    hermetic = None
+    with problems.each():
+        hermetic = _parse_hermetic(_table(raw, "hermetic", path, "top level"), path)
+    defaults: Mapping[str, Any] = {}
+    with problems.each():
+        defaults = _table(raw, "defaults", path, "top level")
+        _check_keys(defaults, _DEFAULT_KEYS, path, "[defaults]")
     targets = {}
-    for name, table in targets_raw.items():
-        where = f"target {name!r}"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: {where} must be a table")
-        targets[name] = _parse_target(name, table, defaults, path)
-    promotion = raw.get("promotion") or {}
-    _check_keys(promotion, _PROMOTION_KEYS, path, "[promotion]")
-    passes = promotion.get("consecutive_passes", 7)
-    if passes < 1:
-        raise ConfigError(f"{path}: [promotion] consecutive_passes must be 1 or more (found {passes})")
+    with problems.each():
+        targets_raw = _table(raw, "targets", path, "top level")
+        if not targets_raw:
+            raise ConfigError(f"{path}: [targets] is empty")
+        for name, table in targets_raw.items():
+            with problems.each():
+                _check_name(name, path)
+                if not isinstance(table, dict):
+                    raise ConfigError(f"{path}: target {name!r} must be a table")
+                targets[name] = _parse_target(name, table, defaults, path)
+    passes = 7
+    with problems.each():
+        promotion = raw.get("promotion") or {}
+        _check_keys(promotion, _PROMOTION_KEYS, path, "[promotion]")
+        passes = promotion.get("consecutive_passes", 7)
+        if not 1 <= passes <= 1000:
+            raise ConfigError(f"{path}: [promotion] consecutive_passes must be from 1 to 1000 (found {passes})")
+    problems.raise_any()
     return TargetsFile(path, 1, hermetic, targets, passes)
+
+
+def _check_name(name: str, path: Path) -> None:
+    """Target names become image repositories, file and folder names: a strict pattern."""
+    if not TARGET_NAME_RE.fullmatch(name):
+        raise ConfigError(f"{path}: target name {name!r} is not allowed",
+                          hint="use 1-32 of a-z, 0-9 and '-', starting with a letter or digit (e.g. sm120)")
+
+
+def _check_text(path: Path, where: str, key: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+    if not pattern.fullmatch(value):
+        raise ConfigError(f"{path}: {where}: key {key!r}: {value!r} is not {what}")
 
 
 def _parse_hermetic(table: Mapping[str, Any], path: Path) -> Hermetic:
     _check_keys(table, _HERMETIC_KEYS, path, "[hermetic]", required=True)
+    where = "[hermetic]"
+    _check_text(path, where, "suite", table["suite"], _SUITE_RE, "a Debian suite name (e.g. bookworm)")
+    _check_text(path, where, "mirror", table["mirror"], _MIRROR_RE, "an http(s) URL without spaces or control characters")
+    _check_text(path, where, "python", table["python"], _PYTHON_RE, "a Python version such as 3.11")
+    _check_text(path, where, "repository", table["repository"], _REPOSITORY_RE, "an image repository name")
     return Hermetic(**{k: table[k] for k in _HERMETIC_KEYS})
 
 
 def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> Target:
+    """One target; every independent problem in it is reported, not only the first."""
     where = f"target {name!r}"
     merged = dict(table)
     merged.setdefault("cuda", defaults.get("cuda"))
     _check_keys(merged, _TARGET_KEYS, path, where, required=True, optional={"triton", "runtime"})
+    problems = _Problems(path)
+    values: Dict[str, Any] = {}
+    with problems.each():
+        values["platform"] = _platform(merged, path, where)
+    with problems.each():
+        values["capability"] = _capability_and_arch_list(merged, path, where)
+    with problems.each():
+        values["support_level"] = _support_level(merged, path, where)
+    with problems.each():
+        values["gpus"] = _gpus(merged, path, where)
+    with problems.each():
+        values["base"] = _parse_base(name, merged["base"], path)
+    with problems.each():
+        values["triton"] = _triton(merged, defaults, path, where)
+    with problems.each():
+        values["runtime"] = _runtime(merged, defaults, path, where)
+    problems.raise_any()
+    return Target(name=name, description=merged["description"], cuda=merged["cuda"],
+                  torch_cuda_arch_list=merged["torch_cuda_arch_list"], **values)
 
+
+def _platform(merged: Mapping[str, Any], path: Path, where: str) -> str:
     platform = merged["platform"]
     if platform not in PLATFORMS:
         raise ConfigError(
             f"{path}: {where}: key 'platform': unknown platform {platform!r}",
             hint=f"use one of {', '.join(PLATFORMS)}",
         )
+    return platform
+
+
+def _capability_and_arch_list(merged: Mapping[str, Any], path: Path, where: str) -> arch.Capability:
     try:
         cap = arch.Capability.parse(merged["capability"])
     except arch.ArchError as exc:
         raise ConfigError(f"{path}: {where}: key 'capability': {exc}") from None
-    problems = arch.arch_list_problems(merged["torch_cuda_arch_list"], cap)
+    arch_list = merged["torch_cuda_arch_list"]
+    if any(not entry.strip() or entry != entry.strip() for entry in arch_list.split(";")):
+        raise ConfigError(f"{path}: {where}: key 'torch_cuda_arch_list' {arch_list!r} has an empty or padded entry",
+                          hint="write entries separated by single ';', e.g. \"12.0;12.0a\"")
+    problems = arch.arch_list_problems(arch_list, cap)
     if problems:
         raise ConfigError(
-            f"{path}: {where}: key 'torch_cuda_arch_list' {merged['torch_cuda_arch_list']!r} "
+            f"{path}: {where}: key 'torch_cuda_arch_list' {arch_list!r} "
             f"does not match capability {cap}: " + "; ".join(problems)
         )
+    return cap
+
+
+def _support_level(merged: Mapping[str, Any], path: Path, where: str) -> str:
     level = merged["support_level"]
     if level not in INTENDED_LEVELS:
         raise ConfigError(
             f"{path}: {where}: key 'support_level': {level!r} is not an intended level",
             hint=f"use one of {', '.join(INTENDED_LEVELS)}",
         )
+    return level
+
+
+def _gpus(merged: Mapping[str, Any], path: Path, where: str) -> Tuple[str, ...]:
     gpus = merged["gpus"]
     if not gpus or not all(isinstance(g, str) and g for g in gpus):
         raise ConfigError(f"{path}: {where}: key 'gpus' must be a non-empty list of GPU names")
+    return tuple(gpus)
 
-    base = _parse_base(name, merged["base"], path)
+
+def _triton(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, where: str) -> TritonWiring:
     triton_table = {**defaults.get("triton", {}), **merged.get("triton", {})}
     _check_keys(triton_table, _TRITON_KEYS, path, f"{where} [triton] (with [defaults.triton])", required=True)
     for key, value in triton_table.items():
-        if not value.startswith("/"):
-            raise ConfigError(f"{path}: {where}: key 'triton.{key}': {value!r} must be an absolute path")
+        if not _TOOL_PATH_RE.fullmatch(value):
+            raise ConfigError(f"{path}: {where}: key 'triton.{key}': {value!r} must be an absolute path "
+                              "(letters, digits, '.', '_', '-', '+', '/')")
+    return TritonWiring(**triton_table)
+
+
+def _runtime(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, where: str) -> Runtime:
     runtime_table = {**defaults.get("runtime", {}), **merged.get("runtime", {})}
     _check_keys(runtime_table, _RUNTIME_KEYS, path, f"{where} [runtime] (with [defaults.runtime])", required=True)
     fraction = runtime_table["gpu_memory_utilization"]
     if not 0.05 <= fraction <= 0.98:
         raise ConfigError(f"{path}: {where}: key 'runtime.gpu_memory_utilization': {fraction} is outside 0.05..0.98")
-    return Target(
-        name=name,
-        description=merged["description"],
-        gpus=tuple(gpus),
-        platform=platform,
-        capability=cap,
-        cuda=merged["cuda"],
-        torch_cuda_arch_list=merged["torch_cuda_arch_list"],
-        support_level=level,
-        base=base,
-        triton=TritonWiring(**triton_table),
-        runtime=Runtime(**runtime_table),
-    )
+    gib = runtime_table["min_gpu_memory_gib"]
+    if not 1 <= gib <= MAX_GPU_MEMORY_GIB:
+        raise ConfigError(f"{path}: {where}: key 'runtime.min_gpu_memory_gib': {gib} is outside 1..{MAX_GPU_MEMORY_GIB}")
+    return Runtime(**runtime_table)
 
 
 def _parse_base(name: str, table: Any, path: Path) -> BasePin:
@@ -259,6 +363,7 @@ def _parse_base(name: str, table: Any, path: Path) -> BasePin:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {where}: key 'base' must be a table")
     _check_keys(table, _BASE_KEYS, path, f"{where} [base]", required=True)
+    _check_text(path, where, "base.python", table["python"], _PYTHON_RE, "a Python version such as 3.12")
     text = table["image"]
     try:
         ref = ImageRef.parse(text)

@@ -6,6 +6,9 @@ probe imports this module inside images).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
 
 class QualifyError(Exception):
     """Base class: a failure the user can act on."""
@@ -79,3 +82,47 @@ class ParseError(QualifyError):
     """A binary file that cannot be parsed (truncated, corrupt, hostile)."""
 
     exit_code = 11
+
+
+# --- the one exit-code table (the README's "Exit codes" section is generated from it) ---------
+
+@dataclass(frozen=True)
+class ExitCode:
+    code: int
+    cli: str  # what `python -m qualify ...` (and the nox sessions) mean by it
+    start_sh: str  # what ./start.sh and scripts/*.sh mean by it ("" when they never use it)
+    error: Optional[str] = None  # the error class that exits with it
+    shell_name: str = ""  # the readonly name in scripts/lib.sh
+
+
+EXIT_CODES: Tuple[ExitCode, ...] = (
+    ExitCode(0, "success; for `diff`: no differences", "deployed (or --dry-run: would deploy)"),
+    ExitCode(1, "a failing verdict; for `diff`: the manifests differ; `deploy` helpers: cannot go on",
+             "an unexpected failure (setup-host.sh: a step failed)"),
+    ExitCode(2, "configuration: targets file, options, keys", "usage: an unknown option or bad setting",
+             "ConfigError", "EX_USAGE"),
+    ExitCode(3, "container engine", "preflight: driver, GPU, memory, engine, runtime, disk or port",
+             "EngineError", "EX_PREFLIGHT"),
+    ExitCode(4, "base image not pullable", "trust gate: signature, digest or verdict refused",
+             "BaseImageError", "EX_TRUST"),
+    ExitCode(5, "a build step failed", "deploy: pull, compose, health or canary failed", "BuildError", "EX_DEPLOY"),
+    ExitCode(6, "lock or wheel hash", "a check of a running deployment failed (scripts/verify.sh)",
+             "LockError", "EX_CHECK"),
+    ExitCode(7, "an external command failed", "", "ExternalCommandError"),
+    ExitCode(8, "registry", "", "RegistryError"),
+    ExitCode(9, "verification: signature, image digest or verdict", "", "VerificationError"),
+    ExitCode(10, "release policy or repository state", "", "ReleaseError"),
+    ExitCode(11, "unparseable binary", "", "ParseError"),
+    ExitCode(20, "`deploy` helpers: no released manifest for the target", ""),
+    ExitCode(130, "interrupted (Ctrl-C)", "interrupted"),
+)
+
+
+def exit_code_table() -> Dict[int, ExitCode]:
+    return {e.code: e for e in EXIT_CODES}
+
+
+def exit_codes_markdown() -> str:
+    rows = ["| code | `python -m qualify`, nox sessions | `./start.sh`, `scripts/*.sh` |", "|---|---|---|"]
+    rows += [f"| {e.code} | {e.cli} | {e.start_sh or '—'} |" for e in EXIT_CODES]
+    return "\n".join(rows)

@@ -22,13 +22,13 @@ signature, depend only on its content.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from qualify.core.enums import CheckStatus, SupportLevel, Verdict
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
+from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://blackwell-qualify.dev/qualification/v1"
@@ -81,17 +81,47 @@ def write(path: Path, stmt: Mapping[str, Any]) -> Path:
     return write_atomic(path, dumps(stmt))
 
 
+def parse(data: bytes, where: str) -> Dict[str, Any]:
+    """The statement in `data` (strict JSON: no duplicate keys, bounded nesting), checked to be ours."""
+    stmt = strict_json(data, where, VerificationError)
+    kind = (stmt.get("_type"), stmt.get("predicateType")) if isinstance(stmt, dict) else None
+    if kind != (STATEMENT_TYPE, PREDICATE_TYPE):
+        raise VerificationError(f"{where}: not a qualification manifest (in-toto Statement v1 with {PREDICATE_TYPE})")
+    if not isinstance(stmt.get("predicate"), dict):
+        raise VerificationError(f"{where}: manifest has no predicate")
+    return stmt
+
+
+def read(path: Path) -> bytes:
+    """A manifest file's bytes: a regular file, bounded in size."""
+    return read_small(path, MANIFEST_LIMIT, "manifest", VerificationError)
+
+
 def load(path: Path) -> Dict[str, Any]:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise VerificationError(f"{path}: manifest not found") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VerificationError(f"{path}: not a JSON manifest: {exc}") from None
-    if not isinstance(data, dict) or data.get("_type") != STATEMENT_TYPE or data.get("predicateType") != PREDICATE_TYPE:
-        raise VerificationError(f"{path}: not a qualification manifest (in-toto Statement v1 with {PREDICATE_TYPE})")
-    return data
+    return parse(read(path), str(path))
+
+
+def value_problems(stmt: Mapping[str, Any]) -> List[str]:
+    """What in the predicate is not one of the known values: a verdict, a support level, check
+    statuses, and a verdict that the checks do not give. Damage is never read as a better verdict."""
+    pred = predicate(stmt)
+    problems = []
+    checks = pred.get("checks")
+    if not isinstance(checks, list) or not all(isinstance(c, dict) for c in checks):
+        return ["checks is not a list of objects"]
+    for c in checks:
+        if c.get("status") not in CheckStatus.values():
+            problems.append(f"check {c.get('id')!r} has unknown status {c.get('status')!r} "
+                            f"(known: {', '.join(CheckStatus.values())})")
+        if not isinstance(c.get("required", True), bool):
+            problems.append(f"check {c.get('id')!r}: required is {c.get('required')!r}, not true/false")
+    if pred.get("verdict") not in Verdict.values():
+        problems.append(f"unknown verdict {pred.get('verdict')!r} (known: {', '.join(Verdict.values())})")
+    elif not problems and verdict(checks) != pred["verdict"]:
+        problems.append(f"verdict {pred['verdict']!r} is not what its checks give ({verdict(checks)!r})")
+    if pred.get("support_level") not in LEVELS:
+        problems.append(f"unknown support level {pred.get('support_level')!r} (known: {', '.join(LEVELS)})")
+    return problems
 
 
 def subject_digest(stmt: Mapping[str, Any]) -> str:
@@ -111,7 +141,8 @@ def predicate(stmt: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def failing_checks(stmt: Mapping[str, Any]) -> List[Mapping[str, Any]]:
-    return [c for c in predicate(stmt).get("checks", []) if c.get("status") == CheckStatus.FAIL]
+    checks = predicate(stmt).get("checks", [])
+    return [c for c in checks if isinstance(c, dict) and c.get("status") == CheckStatus.FAIL] if isinstance(checks, list) else []
 
 
 def check(stmt: Mapping[str, Any], check_id: str) -> Optional[Mapping[str, Any]]:

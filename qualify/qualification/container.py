@@ -93,6 +93,12 @@ def stage_probe(digest: str) -> Path:
     return dest
 
 
+def _forward_progress(line: str) -> None:
+    """The probe's progress lines, shown live while it runs (a long step is not silence)."""
+    if line.startswith("[probe]"):
+        print("  " + line, file=sys.stderr, flush=True)
+
+
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
               timeout: float = 900) -> Dict[str, Any]:
     """The probe's predicate, from a throw-away container of `image`."""
@@ -110,10 +116,8 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
             mounts=[(str(mount), CONTAINER_ROOT, "ro"), (str(out_dir), "/out", "rw")],
             env={"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"},
             network="none", platform=target.platform, timeout=timeout, gpus=gpus,
+            on_stderr_line=_forward_progress,
         )
-        for line in proc.stderr.splitlines():
-            if line.startswith("[probe]"):
-                print("  " + line, file=sys.stderr, flush=True)
         result = out_dir / "predicate.json"
         if proc.returncode not in PROBE_EXITS or not result.exists():
             raise EngineError(

@@ -1,20 +1,37 @@
-"""Release qualified manifests to a git tag: check, sign, write, tag, upload.
+"""Release qualified manifests to a git tag: an ordered list of steps, each done or skipped with a reason.
 
-Steps, each a function below:
+Steps (as goreleaser's pipes; `STEPS` below is the order):
 
-1. preflight: a valid tag name; an existing tag is refused unless --force
-   (nothing is read, signed or written before this).
-2. collect + assess: every `build/manifests/<target>.json`; a target is
-   withheld, with the reason, when its image is not the one the manifest is
-   about, a check failed, or its support level is below --min-level.
-3. stage: the exact manifest bytes, `.sig`, Sigstore bundle, `cosign.pub`
-   and `release.json` are written to a staging folder beside the release.
-4. install: staged files move into `manifests/<tag>/`; files already there
-   must be identical (a re-run after an interruption continues), anything
-   else is refused unless --force. `release.json` moves last.
-5. tag: an annotated tag whose message lists each target's image digest and
-   manifest sha256. Last, so a tag exists only for a complete release.
-6. upload: `gh release upload` when gh is logged in, else the command is printed.
+1. tag: a version tag (semver, optional pre-release; any git-safe name with
+   --any-tag); an existing tag is refused unless --force; a name colliding
+   with a folder under manifests/ that no release wrote (e.g. `evidence`) is
+   refused. Nothing is read, signed or written before this.
+2. tree: a dirty work tree is refused unless --allow-dirty (recorded in the
+   release). Untracked release folders of existing tags do not count.
+3. key: the signing key is loaded and its password checked, before any image work.
+4. manifests: every `build/manifests/<target>.json` is assessed. A target is
+   withheld, with the reason, when the digest its build recorded is not the
+   manifest's, the registry no longer serves that digest (by digest, never a
+   movable tag), a check failed, or its level is below --min-level. Any
+   withheld target fails the release unless --allow-partial.
+5. source: the one source revision the released manifests name; the release
+   commit goes on top of it.
+6. sign: the exact manifest bytes, `.sig`, Sigstore bundle, `cosign.pub` and
+   `release.json` (which lists every file the release wrote) are staged.
+7. write: staged files move into `manifests/<tag>/`. Files there must be
+   identical (an interrupted run continues), else --force overwrites the
+   files this release writes and removes those an earlier release recorded;
+   files no release wrote are never touched.
+8. commit: a commit of its own (the source tree + the release folder), so
+   `git clone --branch <tag>` holds the signed release.
+9. tag: an annotated tag on that commit: digests, manifest sha256s and a
+   changelog since the previous release. Only for a release that is what was asked for.
+10. push: `git push <remote> refs/tags/<tag>` with --push, else printed.
+11. publish: `gh release upload` (the GitHub release is created when missing),
+    else the commands are printed.
+
+--dry-run runs the read-only steps and prints what would be signed, written,
+tagged, pushed and uploaded.
 """
 
 from __future__ import annotations
@@ -27,23 +44,30 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from qualify import cmd
 from qualify.core import manifest as mf
-from qualify.core.errors import EngineError, ExternalCommandError, ReleaseError, VerificationError
+from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
-from qualify.release.verify import ImageResolver, image_digest, match_digest, parse_manifest, target_name
+from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
+from qualify.release import changelog
+from qualify.release.publish import create_command, push, push_command, upload, upload_command
+from qualify.release.verify import ImageResolver, match_digest, parse_manifest, registry_digest, target_name
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
 INDEX_FILE = "release.json"
 PUBLIC_KEY_FILE = "cosign.pub"
 DEFAULT_MIN_LEVEL = "unverified"
+DEFAULT_REMOTE = "origin"
+# Semantic Versioning 2.0.0 with an optional leading v; build metadata is not allowed in a tag.
+SEMVER_RE = re.compile(r"v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                       r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?")
 _TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+_DIRTY = "-dirty"
 
 Progress = Callable[[str], None]
 SignerFactory = Callable[[], Tuple[Any, Any]]  # -> (signer with sign_file, public key)
@@ -51,14 +75,6 @@ SignerFactory = Callable[[], Tuple[Any, Any]]  # -> (signer with sign_file, publ
 
 def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-@contextmanager
-def step(progress: Progress, what: str) -> Iterator[None]:
-    start = time.monotonic()
-    progress(f"- {what} ...")
-    yield
-    progress(f"  done: {what} ({time.monotonic() - start:.1f} s)")
 
 
 @dataclass(frozen=True)
@@ -70,10 +86,21 @@ class ReleaseOptions:
     min_level: str = DEFAULT_MIN_LEVEL
     force: bool = False
     upload: bool = True
+    allow_partial: bool = False
+    allow_dirty: bool = False
+    any_tag: bool = False
+    dry_run: bool = False
+    push: bool = False
+    remote: str = DEFAULT_REMOTE
 
     @property
     def directory(self) -> Path:
         return self.out_root / self.tag
+
+    @property
+    def folder(self) -> str:
+        """The release folder relative to the repository (as it is in the release commit)."""
+        return self.directory.relative_to(self.repo).as_posix()
 
 
 @dataclass(frozen=True)
@@ -97,10 +124,23 @@ class Entry:
     manifest_sha256: str
     support_level: str
     verdict: str
+    source_revision: str = ""
 
     @property
     def manifest_file(self) -> str:
         return f"{self.target}.json"
+
+    @property
+    def files(self) -> List[str]:
+        return [self.manifest_file, self.manifest_file + formats.SIGNATURE_SUFFIX,
+                self.manifest_file + formats.BUNDLE_SUFFIX]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    name: str
+    status: str  # done | skipped
+    detail: str
 
 
 @dataclass
@@ -111,19 +151,32 @@ class Outcome:
     withheld: List[Withheld] = field(default_factory=list)
     written: List[str] = field(default_factory=list)
     unchanged: List[str] = field(default_factory=list)
+    left_untouched: List[str] = field(default_factory=list)
+    removed: List[str] = field(default_factory=list)
+    source_revision: str = ""
+    release_commit: str = ""
     tag_object: str = ""
+    tag_message: str = ""
+    dirty: List[str] = field(default_factory=list)
+    push: str = "skipped"
+    push_command: List[str] = field(default_factory=list)
     upload: str = "skipped"
     upload_command: List[str] = field(default_factory=list)
+    create_command: List[str] = field(default_factory=list)
+    dry_run: bool = False
+    files: List[str] = field(default_factory=list)
+    steps: List[StepResult] = field(default_factory=list)
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
 
-# --- 1. preflight -------------------------------------------------------------
+# --- git ----------------------------------------------------------------------
 
 
-def git(repo: Path, *args: str, check: bool = True, input_text: Optional[str] = None) -> cmd.Result:
-    return cmd.call(["git", *args], cwd=str(repo), check=check, input_text=input_text, timeout=60)
+def git(repo: Path, *args: str, check: bool = True, input_text: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None) -> cmd.Result:
+    return cmd.call(["git", *args], cwd=str(repo), check=check, input_text=input_text, timeout=120, env=env)
 
 
 def git_root(start: Path) -> Path:
@@ -140,29 +193,99 @@ def existing_tag(repo: Path, tag: str) -> Optional[str]:
     return result.stdout.strip() or None
 
 
-def preflight(opts: ReleaseOptions) -> None:
-    if not _TAG_RE.fullmatch(opts.tag) or ".." in opts.tag or opts.tag.endswith((".lock", ".")):
-        raise ReleaseError(f"{opts.tag!r} is not a usable tag name (letters, digits, . _ + -)")
+def _is_commit(repo: Path, rev: str) -> bool:
+    return git(repo, "rev-parse", "-q", "--verify", f"{rev}^{{commit}}", check=False).returncode == 0
+
+
+def _tracked_under(repo: Path, rev: str, folder: str) -> List[str]:
+    out = git(repo, "ls-tree", "-r", "--name-only", "-z", rev, "--", folder + "/", check=False).stdout
+    return [p for p in out.split("\0") if p]
+
+
+# --- 1. tag -------------------------------------------------------------------
+
+
+def check_tag_name(tag: str, any_tag: bool) -> None:
+    if not _TAG_RE.fullmatch(tag) or ".." in tag or tag.endswith((".lock", ".")):
+        raise ReleaseError(f"{tag!r} is not a usable tag name (letters, digits, . _ + -)")
+    if not any_tag and not SEMVER_RE.fullmatch(tag):
+        raise ReleaseError(f"{tag!r} is not a version tag (semver: v1.2.3 or v1.2.3-rc.1)",
+                           hint="name the release as a version, or pass --any-tag for another name")
+
+
+def _folder_collision(opts: ReleaseOptions) -> Optional[str]:
+    """Why manifests/<tag> is not this release's folder, if it is not."""
+    dest = opts.directory
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        return f"{dest} exists and is not a folder"
+    tracked = _tracked_under(opts.repo, "HEAD", opts.folder)
+    if tracked:
+        return f"{opts.folder}/ holds files committed on this branch ({', '.join(tracked[:3])}), not a release of {opts.tag}"
+    if not dest.is_dir():
+        return None
+    others = [p.name for p in dest.iterdir() if p.is_symlink() or not p.is_file()]
+    if others:
+        return f"{dest} holds folders or links ({', '.join(sorted(others)[:3])}) that no release writes"
+    index = _read_index(dest / INDEX_FILE)
+    if index is not None and index.get("tag") != opts.tag:
+        return f"{dest / INDEX_FILE} is the index of release {index.get('tag')!r}, not {opts.tag}"
+    return None
+
+
+def check_tag(opts: ReleaseOptions) -> str:
+    check_tag_name(opts.tag, opts.any_tag)
     if opts.min_level not in mf.LEVEL_RANK:
         raise ReleaseError(f"--min-level {opts.min_level!r} is not one of {', '.join(mf.LEVEL_RANK)}")
+    if not opts.directory.resolve().is_relative_to(opts.repo.resolve()):
+        raise ReleaseError(f"the release folder {opts.directory} is outside the repository {opts.repo}")
     if git(opts.repo, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False).returncode != 0:
         raise ReleaseError(f"{opts.repo} has no commit to tag")
     found = existing_tag(opts.repo, opts.tag)
     if found and not opts.force:
         raise ReleaseError(
             f"tag {opts.tag} already exists ({found[:12]}); a release never moves a tag",
-            hint="choose a new tag, or pass --force to re-sign, overwrite the assets and move the tag",
+            hint="choose a new tag, or pass --force to re-sign, rewrite the release's own files and move the tag",
         )
+    collision = _folder_collision(opts)
+    if collision:
+        raise ReleaseError(f"tag {opts.tag} collides with an existing folder: {collision}",
+                           hint="choose another tag name; a release only writes manifests/<tag>/ for itself")
+    return f"{opts.tag}" + (" (exists; --force moves it)" if found else "")
 
 
-# --- 2. collect and assess ----------------------------------------------------
+# --- 2. tree ------------------------------------------------------------------
+
+
+def dirty_paths(opts: ReleaseOptions) -> List[str]:
+    """Changed or untracked paths, except release folders of existing tags (they stay untracked here)."""
+    out = git(opts.repo, "status", "--porcelain=v1", "-z", "--untracked-files=all").stdout
+    entries = [e[3:] for e in out.split("\0") if len(e) > 3]
+    root = opts.out_root.relative_to(opts.repo).as_posix() + "/"
+    tags = set(git(opts.repo, "tag", "-l").stdout.split()) | {opts.tag}
+
+    def release_folder(path: str) -> bool:
+        return path.startswith(root) and path[len(root):].split("/", 1)[0] in tags
+
+    return [p for p in entries if not release_folder(p)]
+
+
+def check_tree(opts: ReleaseOptions) -> List[str]:
+    dirty = dirty_paths(opts)
+    if dirty and not opts.allow_dirty:
+        raise ReleaseError(f"the work tree is not clean: {', '.join(dirty[:5])}"
+                           + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else ""),
+                           hint="commit or stash the changes, or pass --allow-dirty (recorded in the release)")
+    return dirty
+
+
+# --- 4. manifests -------------------------------------------------------------
 
 
 def collect(source: Path) -> List[Candidate]:
     paths = sorted(Path(source).glob("*.json"))
     if not paths:
         raise ReleaseError(f"no manifests in {source}", hint="qualify the targets first: nox -s qualify-<target>")
-    return [Candidate(p.stem, p, p.read_bytes()) for p in paths]
+    return [Candidate(p.stem, p, read_small(p, MANIFEST_LIMIT, "manifest", ReleaseError)) for p in paths]
 
 
 def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optional[str]:
@@ -175,17 +298,36 @@ def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optiona
         return f"failing checks: {', '.join(failing)}"
     if pred.get("verdict") == "fail":
         return "verdict is fail"
+    problems = mf.value_problems(stmt)
+    if problems:
+        return "damaged manifest: " + "; ".join(problems)
     level = pred.get("support_level")
-    if level not in mf.LEVEL_RANK:
-        return f"unknown support level {level!r}"
     if mf.LEVEL_RANK[level] < mf.LEVEL_RANK[min_level]:
         return f"support level {level} is below --min-level {min_level}"
     return None
 
 
-def assess(c: Candidate, min_level: str, resolve: ImageResolver) -> Union[Entry, Withheld]:
+def _recorded_build_digest(repo: Path, stmt: Mapping[str, Any], target: str) -> Optional[Tuple[str, str]]:
+    """(record file, digest) of the build this checkout last recorded for the manifest's target/profile/base."""
+    labels = (mf.predicate(stmt).get("image") or {}).get("labels") or {}
+    profile = labels.get("dev.blackwell-qualify.profile")
+    base_kind = labels.get("dev.blackwell-qualify.base-kind")
+    if not (isinstance(profile, str) and isinstance(base_kind, str)):
+        return None
+    record = repo / "build" / "images" / f"{target}-{profile}-{base_kind}.json"
+    if not record.is_file():
+        return None
+    doc = strict_json(read_small(record, MANIFEST_LIMIT, "build record", ReleaseError), str(record), ReleaseError)
+    reference = doc.get("image_reference") if isinstance(doc, dict) else None
+    if not isinstance(reference, str) or "@" not in reference:
+        raise ReleaseError(f"{record}: build record has no image_reference by digest", hint="rebuild the target")
+    return str(record.relative_to(repo)), reference.split("@", 1)[1]
+
+
+def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[Path] = None) -> Union[Entry, Withheld]:
     try:
         stmt = parse_manifest(c.data, str(c.path))
+        mf.subject_digest(stmt)
     except VerificationError as exc:
         return Withheld(c.target, exc.message)
     reason = _policy_reason(stmt, c.target, min_level)
@@ -193,24 +335,73 @@ def assess(c: Candidate, min_level: str, resolve: ImageResolver) -> Union[Entry,
         return Withheld(c.target, reason)
     pred = mf.predicate(stmt)
     reference = (pred.get("image") or {}).get("reference")
-    if not reference:
-        return Withheld(c.target, "the manifest records no image reference")
-    # The build's tag says what was built last; a manifest of an older build of it is stale.
-    built = (pred.get("image") or {}).get("tag") or reference
+    if not isinstance(reference, str) or "@sha256:" not in reference:
+        return Withheld(c.target, "the manifest records no image reference by digest")
+    recorded = _recorded_build_digest(repo, stmt, c.target) if repo is not None else None
+    if recorded and recorded[1] != reference.split("@", 1)[1]:
+        return Withheld(c.target, f"image digest check failed: the build recorded {recorded[1]} ({recorded[0]}), "
+                        f"the manifest is for {reference.split('@', 1)[1]}; re-qualify the target")
+    # By digest, never by a tag another checkout can move.
     try:
-        actual = resolve(built)
-    except (ExternalCommandError, EngineError) as exc:
-        raise ReleaseError(f"cannot resolve image {built} of target {c.target}: {exc.message}",
-                           hint="build the image first, or release from the host that built it") from None
+        served = resolve(reference)
+    except (ExternalCommandError, EngineError, RegistryError) as exc:
+        raise ReleaseError(f"cannot check image {reference} of target {c.target}: {exc.message}",
+                           hint="start the registry the image was pushed to, or release from the host that built it"
+                           ) from None
+    if served is None:
+        return Withheld(c.target, f"image digest check failed: the registry no longer serves {reference}")
     try:
-        match_digest(stmt, built, actual)
+        match_digest(stmt, reference, served)
     except VerificationError as exc:
-        return Withheld(c.target, f"{exc.message} (built image {built} resolves to {actual})")
-    return Entry(c.target, reference, actual, hashlib.sha256(c.data).hexdigest(), pred["support_level"],
-                 pred.get("verdict", ""))
+        return Withheld(c.target, f"{exc.message} (the registry serves {served} for {reference})")
+    revision = (pred.get("toolkit") or {}).get("source_revision")
+    return Entry(c.target, reference, served, hashlib.sha256(c.data).hexdigest(), pred["support_level"],
+                 pred["verdict"], revision if isinstance(revision, str) else "")
 
 
-# --- 3. stage -----------------------------------------------------------------
+def assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: ImageResolver,
+               progress: Progress) -> Tuple[List[Entry], List[Withheld]]:
+    entries, withheld = [], []
+    for c in candidates:
+        result = assess(c, opts.min_level, resolve, opts.repo)
+        if isinstance(result, Withheld):
+            withheld.append(result)
+            progress(f"  withheld {c.target}: {result.reason}")
+        else:
+            entries.append(result)
+            progress(f"  {c.target}: {result.image_digest}, level {result.support_level}")
+    why = "; ".join(f"{w.target}: {w.reason}" for w in withheld)
+    if not entries:
+        raise ReleaseError(f"nothing to release: every target is withheld ({why})")
+    if withheld and not opts.allow_partial:
+        raise ReleaseError(f"{len(withheld)} of {len(candidates)} target(s) withheld ({why}); "
+                           "the release is not what was asked for, so nothing was signed, written or tagged",
+                           hint="fix the withheld targets, or pass --allow-partial to release the others")
+    return entries, withheld
+
+
+# --- 5. source ----------------------------------------------------------------
+
+
+def source_revision(opts: ReleaseOptions, entries: Sequence[Entry]) -> str:
+    """The one commit the released manifests were built from: the release commit's parent."""
+    named = {e.source_revision for e in entries}
+    if len(named) != 1:
+        listing = ", ".join(f"{e.target} {e.source_revision or '(none)'}" for e in entries)
+        raise ReleaseError(f"the manifests name different source revisions ({listing})",
+                           hint="qualify every target from one commit, then release")
+    revision = named.pop()
+    clean = revision[: -len(_DIRTY)] if revision.endswith(_DIRTY) else revision
+    if not re.fullmatch(r"[0-9a-f]{40}", clean) or not _is_commit(opts.repo, clean):
+        raise ReleaseError(f"the manifests name source revision {revision!r}, which is not a commit in {opts.repo}",
+                           hint="release from the repository the images were built from (git fetch)")
+    if clean != revision and not opts.allow_dirty:
+        raise ReleaseError(f"the images were built from a dirty tree ({revision})",
+                           hint="rebuild from a clean commit, or pass --allow-dirty (recorded in the release)")
+    return clean
+
+
+# --- 6. sign ------------------------------------------------------------------
 
 
 def _reuse_signature(dest: Path, c: Candidate, public_key, staging: Path) -> bool:
@@ -222,11 +413,11 @@ def _reuse_signature(dest: Path, c: Candidate, public_key, staging: Path) -> boo
     old_manifest = dest / f"{c.target}.json"
     old_sig = formats.signature_path(old_manifest)
     old_bundle = formats.bundle_path(old_manifest)
-    if not (old_manifest.is_file() and old_sig.is_file() and old_bundle.is_file()):
-        return False
-    if old_manifest.read_bytes() != c.data:
+    if not all(p.is_file() and not p.is_symlink() for p in (old_manifest, old_sig, old_bundle)):
         return False
     try:
+        if read_small(old_manifest, MANIFEST_LIMIT, "manifest", VerificationError) != c.data:
+            return False
         sig = formats.decode_signature(old_sig.read_bytes())
     except VerificationError:
         return False
@@ -237,9 +428,10 @@ def _reuse_signature(dest: Path, c: Candidate, public_key, staging: Path) -> boo
     return True
 
 
-def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, public_key) -> str:
+def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, public_key, force: bool = False) -> str:
+    """Sign one manifest into staging; an interrupted run's valid signature is kept, unless --force (re-sign)."""
     blob = write_atomic(staging / entry.manifest_file, c.data)
-    if _reuse_signature(dest, c, public_key, staging):
+    if not force and _reuse_signature(dest, c, public_key, staging):
         return "kept the existing signature"
     done = sign.sign_file(blob, formats.signature_path(blob), formats.bundle_path(blob))
     sig = formats.decode_signature(done.signature.read_bytes())
@@ -249,11 +441,15 @@ def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, pub
     return f"signed with {done.signer}"
 
 
+def release_files(entries: Sequence[Entry]) -> List[str]:
+    """Every file the release writes into its folder (release.json lists them, itself included)."""
+    return sorted([PUBLIC_KEY_FILE, INDEX_FILE] + [f for e in entries for f in e.files])
+
+
 def release_index(opts: ReleaseOptions, revision: str, entries: List[Entry], withheld: List[Withheld],
-                  public_key) -> Dict[str, Any]:
+                  public_key, dirty: Sequence[str] = ()) -> Dict[str, Any]:
     def files(e: Entry) -> Dict[str, str]:
-        return {"manifest": e.manifest_file, "signature": e.manifest_file + formats.SIGNATURE_SUFFIX,
-                "bundle": e.manifest_file + formats.BUNDLE_SUFFIX}
+        return {"manifest": e.files[0], "signature": e.files[1], "bundle": e.files[2]}
 
     return {
         "schema_version": 1,
@@ -269,10 +465,25 @@ def release_index(opts: ReleaseOptions, revision: str, entries: List[Entry], wit
             for e in entries
         ],
         "withheld": [{"target": w.target, "reason": w.reason} for w in withheld],
+        "allow_partial": bool(withheld),
+        "dirty": {"allowed": opts.allow_dirty, "paths": list(dirty)},
+        # What --force of a later run may remove: only files a release wrote itself.
+        "files": release_files(entries),
     }
 
 
-# --- 4. install ---------------------------------------------------------------
+def _read_index(path: Path) -> Optional[Dict[str, Any]]:
+    """A release folder's index, or None when absent or unreadable (then it records nothing)."""
+    if not path.is_file():
+        return None
+    try:
+        doc = strict_json(read_small(path, MANIFEST_LIMIT, "release index", ReleaseError), str(path), ReleaseError)
+    except ReleaseError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# --- 7. write -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -281,16 +492,29 @@ class InstallPlan:
     same: List[str]
     differ: List[str]
     extra: List[str]  # in the release folder, not in this release
+    removable: List[str]  # extras an earlier release recorded as its own
+
+    @property
+    def untouchable(self) -> List[str]:
+        return [n for n in self.extra if n not in self.removable]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and not a.is_symlink() and a.stat().st_size == b.stat().st_size and \
+        a.read_bytes() == b.read_bytes()
 
 
 def plan_install(staging: Path, dest: Path) -> InstallPlan:
     staged = sorted(p.name for p in staging.iterdir())
     present = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
     new = [n for n in staged if n not in present]
-    same = [n for n in staged if n in present and (dest / n).read_bytes() == (staging / n).read_bytes()]
+    same = [n for n in staged if n in present and _same_file(dest / n, staging / n)]
     differ = [n for n in staged if n in present and n not in same]
     extra = [n for n in present if n not in staged]
-    return InstallPlan(new, same, differ, extra)
+    old = _read_index(dest / INDEX_FILE) or {}
+    recorded = old.get("files") if isinstance(old.get("files"), list) else []
+    removable = [n for n in extra if n in recorded and (dest / n).is_file() and not (dest / n).is_symlink()]
+    return InstallPlan(new, same, differ, extra, removable)
 
 
 def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[str]:
@@ -299,13 +523,13 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
             f"{dest} already holds other files: "
             + "; ".join(filter(None, [plan.differ and f"differ: {', '.join(plan.differ)}",
                                       plan.extra and f"not in this release: {', '.join(plan.extra)}"])),
-            hint="pass --force to overwrite them (and move the tag if it exists)",
+            hint="pass --force to overwrite the release's own files (files no release wrote are left alone)",
         )
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staging, dest)  # one atomic step: the folder appears whole
         return plan.new
-    for name in plan.extra:
+    for name in plan.removable:
         (dest / name).unlink()
     moving = [n for n in plan.new + plan.differ if n != INDEX_FILE]
     if INDEX_FILE in plan.new + plan.differ:
@@ -315,57 +539,45 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
     return moving
 
 
-# --- 5. tag -------------------------------------------------------------------
+# --- 8. commit ----------------------------------------------------------------
+
+
+def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], message: str) -> str:
+    """A commit of the parent's tree plus the release folder's files, made in a private index:
+    the work tree, the index and every branch stay as they are."""
+    with tempfile.TemporaryDirectory(prefix="qualify-release-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(opts.repo, "read-tree", parent, env=env)
+        git(opts.repo, "rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", opts.folder, env=env)
+        for name in files:
+            blob = git(opts.repo, "hash-object", "-w", "--", str(opts.directory / name)).stdout.strip()
+            git(opts.repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{opts.folder}/{name}", env=env)
+        tree = git(opts.repo, "write-tree", env=env).stdout.strip()
+    return git(opts.repo, "commit-tree", tree, "-p", parent, "-F", "-", input_text=message).stdout.strip()
+
+
+# --- 9. tag -------------------------------------------------------------------
 
 
 def tag_message(opts: ReleaseOptions, entries: List[Entry], withheld: List[Withheld], public_key,
-                index_sha256: str) -> str:
-    rel = opts.directory.relative_to(opts.repo) if opts.directory.is_relative_to(opts.repo) else opts.directory
+                index_sha256: str, changes: Sequence[str] = ()) -> str:
+    rel = opts.folder
     lines = [f"Qualification release {opts.tag}", "", "Released targets (image digest, manifest sha256, level):"]
     lines += [f"  {e.target}  {e.image_digest}  manifest sha256:{e.manifest_sha256}  {e.support_level}"
               for e in entries]
     if withheld:
-        lines += ["", "Withheld:"] + [f"  {w.target}: {w.reason}" for w in withheld]
-    lines += ["", f"Signing key: {cosign_keys.fingerprint(public_key)} ({rel}/{PUBLIC_KEY_FILE})",
+        lines += ["", "Withheld (--allow-partial):"] + [f"  {w.target}: {w.reason}" for w in withheld]
+    if changes:
+        lines += ["", *changes]
+    key = cosign_keys.fingerprint(public_key) if public_key is not None else "<the signing key's fingerprint>"
+    lines += ["", f"Signing key: {key} ({rel}/{PUBLIC_KEY_FILE})",
               f"Index: {rel}/{INDEX_FILE} sha256:{index_sha256}"]
     return "\n".join(lines) + "\n"
 
 
-def create_tag(repo: Path, tag: str, message: str, force: bool) -> str:
-    git(repo, "tag", "-a", *(["-f"] if force else []), tag, "-F", "-", input_text=message)
+def create_tag(repo: Path, tag: str, message: str, force: bool, commit: str = "HEAD") -> str:
+    git(repo, "tag", "-a", *(["-f"] if force else []), tag, commit, "-F", "-", input_text=message)
     return existing_tag(repo, tag) or ""
-
-
-# --- 6. upload ----------------------------------------------------------------
-
-
-def upload_command(opts: ReleaseOptions, files: List[str]) -> List[str]:
-    return ["gh", "release", "upload", opts.tag, *files, *(["--clobber"] if opts.force else [])]
-
-
-def gh_ready(repo: Path) -> bool:
-    """gh on PATH and logged in (`gh auth status` exits 0)."""
-    if not cmd.which("gh"):
-        return False
-    return cmd.call(["gh", "auth", "status"], cwd=str(repo), check=False, timeout=60).returncode == 0
-
-
-def upload(opts: ReleaseOptions, files: List[str], progress: Progress) -> Tuple[str, List[str]]:
-    command = upload_command(opts, files)
-    if not opts.upload:
-        return "skipped (--no-upload)", command
-    if not gh_ready(opts.repo):
-        progress("gh is not installed or not logged in: the assets are not uploaded")
-        return "not uploaded: gh unavailable", command
-    try:
-        cmd.call(command, cwd=str(opts.repo), echo=True, timeout=600)
-    except ExternalCommandError as exc:
-        raise ReleaseError(
-            f"the release is tagged and written, but the upload failed: {exc.message}",
-            hint=f"push the tag (git push origin {opts.tag}), create the GitHub release "
-            f"(gh release create {opts.tag} --verify-tag), then run: {cmd.quote(command)}",
-        ) from None
-    return "uploaded", command
 
 
 # --- orchestration ------------------------------------------------------------
@@ -381,43 +593,84 @@ def _remove_stale_staging(parent: Path, tag: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: ImageResolver,
-                progress: Progress) -> Tuple[List[Entry], List[Withheld]]:
-    entries, withheld = [], []
-    for c in candidates:
-        result = assess(c, opts.min_level, resolve)
-        if isinstance(result, Withheld):
-            withheld.append(result)
-            progress(f"  withheld {c.target}: {result.reason}")
-        else:
-            entries.append(result)
-            progress(f"  {c.target}: {result.image_digest}, level {result.support_level}")
-    if not entries:
-        raise ReleaseError(f"nothing to release: every target is withheld "
-                           f"({'; '.join(f'{w.target}: {w.reason}' for w in withheld)})")
-    return entries, withheld
+class _Steps:
+    """Runs the ordered steps, timing each and recording it as done or skipped with the reason."""
+
+    def __init__(self, outcome: Outcome, progress: Progress) -> None:
+        self.outcome, self.progress = outcome, progress
+
+    def run(self, name: str, what: str, fn: Callable[[], Any], detail: Callable[[Any], str] = str) -> Any:
+        start = time.monotonic()
+        self.progress(f"- {name}: {what} ...")
+        result = fn()
+        text = detail(result)
+        self.outcome.steps.append(StepResult(name, "done", text))
+        self.progress(f"  done: {name} ({time.monotonic() - start:.1f} s){': ' + text if text else ''}")
+        return result
+
+    def skip(self, name: str, reason: str) -> None:
+        self.outcome.steps.append(StepResult(name, "skipped", reason))
+        self.progress(f"- {name}: skipped ({reason})")
 
 
-def _stage(opts: ReleaseOptions, staging: Path, entries: List[Entry], by_target: Dict[str, Candidate],
-           withheld: List[Withheld], make_signer: SignerFactory, progress: Progress) -> Tuple[Any, str]:
-    sign, public_key = make_signer()
-    for e in entries:
-        how = sign_staged(e, by_target[e.target], staging, opts.directory, sign, public_key)
-        progress(f"  {e.target}: {how}")
-    write_atomic(staging / PUBLIC_KEY_FILE, cosign_keys.public_key_pem(public_key))
-    revision = git(opts.repo, "rev-parse", "HEAD").stdout.strip()
-    index = canonical_json(release_index(opts, revision, entries, withheld, public_key))
-    write_atomic(staging / INDEX_FILE, index)
-    return public_key, hashlib.sha256(index).hexdigest()
+def _files_for_upload(opts: ReleaseOptions, names: Sequence[str]) -> List[str]:
+    return [f"{opts.folder}/{n}" for n in names]
 
 
-def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: ImageResolver = image_digest,
+def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: ImageResolver = registry_digest,
                 progress: Progress = stderr_progress) -> Outcome:
-    preflight(opts)
-    outcome = Outcome(opts.tag, str(opts.directory))
-    with step(progress, f"check the manifests in {opts.source}"):
-        candidates = collect(opts.source)
-        outcome.released, outcome.withheld = _assess_all(candidates, opts, resolve, progress)
+    outcome = Outcome(opts.tag, str(opts.directory), dry_run=opts.dry_run)
+    steps = _Steps(outcome, progress)
+    steps.run("tag", f"check the tag name {opts.tag}", lambda: check_tag(opts))
+    if opts.allow_dirty:
+        outcome.dirty = steps.run("tree", "note the work tree's changes (--allow-dirty)", lambda: dirty_paths(opts),
+                                  lambda d: f"{len(d)} changed path(s) recorded")
+    else:
+        steps.run("tree", "check the work tree is clean", lambda: check_tree(opts), lambda d: "clean")
+    signer = None
+    if opts.dry_run:
+        steps.skip("key", "--dry-run: nothing is signed")
+    else:
+        signer = steps.run("key", "load the signing key and check its password", make_signer,
+                           lambda s: cosign_keys.fingerprint(s[1]))
+    candidates = collect(opts.source)
+    by_target = {c.target: c for c in candidates}
+    outcome.released, outcome.withheld = steps.run(
+        "manifests", f"check {len(candidates)} manifest(s) in {opts.source} against their images, by digest",
+        lambda: assess_all(candidates, opts, resolve, progress),
+        lambda r: f"{len(r[0])} released, {len(r[1])} withheld")
+    outcome.source_revision = steps.run("source", "find the source revision the manifests name",
+                                        lambda: source_revision(opts, outcome.released))
+    outcome.files = release_files(outcome.released)
+    changes = changelog.changelog(opts, outcome.released, {t: c.data for t, c in by_target.items()})
+    outcome.push_command = push_command(opts)
+    outcome.upload_command = upload_command(opts, _files_for_upload(opts, outcome.files))
+    outcome.create_command = create_command(opts, _files_for_upload(opts, outcome.files))
+    if opts.dry_run:
+        for name in ("sign", "write", "commit", "tag", "push", "publish"):
+            steps.skip(name, "--dry-run")
+        outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, None, "<sha256>", changes)
+        return outcome
+    sign, public_key = signer
+    _write(opts, outcome, steps, candidates, sign, public_key)
+    index_sha = hashlib.sha256((opts.directory / INDEX_FILE).read_bytes()).hexdigest()
+    outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, public_key, index_sha, changes)
+    outcome.release_commit = steps.run(
+        "commit", f"commit {opts.folder}/ on top of {outcome.source_revision[:12]}",
+        lambda: release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message))
+    outcome.tag_object = steps.run("tag", f"annotated tag {opts.tag} on the release commit",
+                                   lambda: create_tag(opts.repo, opts.tag, outcome.tag_message, opts.force,
+                                                      outcome.release_commit))
+    outcome.push = steps.run("push", f"push the tag to {opts.remote}", lambda: push(opts))
+    upload_result = steps.run("publish", "upload the release files",
+                              lambda: upload(opts, _files_for_upload(opts, outcome.files), progress),
+                              lambda r: r[0])
+    outcome.upload, outcome.upload_command = upload_result
+    return outcome
+
+
+def _write(opts: ReleaseOptions, outcome: Outcome, steps: _Steps, candidates: List[Candidate], sign,
+           public_key) -> None:
     by_target = {c.target: c for c in candidates}
     # Staged beside manifests/, not in it: deploy lists manifests/ for releases,
     # and a half-made folder there must never look like one.
@@ -425,19 +678,42 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     _remove_stale_staging(staging_parent, opts.tag)
     staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(opts.tag), dir=str(staging_parent)))
     try:
-        with step(progress, f"sign {len(outcome.released)} manifest(s)"):
-            public_key, index_sha = _stage(opts, staging, outcome.released, by_target, outcome.withheld,
-                                           make_signer, progress)
-        with step(progress, f"write {opts.directory}"):
+        def stage() -> None:
+            for e in outcome.released:
+                how = sign_staged(e, by_target[e.target], staging, opts.directory, sign, public_key, opts.force)
+                steps.progress(f"  {e.target}: {how}")
+            write_atomic(staging / PUBLIC_KEY_FILE, cosign_keys.public_key_pem(public_key))
+            index = release_index(opts, outcome.source_revision, outcome.released, outcome.withheld, public_key,
+                                  outcome.dirty)
+            write_atomic(staging / INDEX_FILE, canonical_json(index))
+
+        steps.run("sign", f"sign {len(outcome.released)} manifest(s)", stage, lambda _: "")
+
+        def write() -> InstallPlan:
             plan = plan_install(staging, opts.directory)
             outcome.written = install(staging, opts.directory, plan, opts.force)
             outcome.unchanged = plan.same
+            outcome.removed = plan.removable if opts.force else []
+            outcome.left_untouched = plan.untouchable
+            return plan
+
+        steps.run("write", f"write {opts.directory}", write,
+                  lambda p: f"{len(outcome.written)} written, {len(p.same)} unchanged"
+                  + (f", left untouched (no release wrote them): {', '.join(p.untouchable)}" if p.untouchable else ""))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    with step(progress, f"tag {opts.tag}"):
-        message = tag_message(opts, outcome.released, outcome.withheld, public_key, index_sha)
-        outcome.tag_object = create_tag(opts.repo, opts.tag, message, opts.force)
-    files = sorted(str((opts.directory / n).relative_to(opts.repo)) if opts.directory.is_relative_to(opts.repo)
-                   else str(opts.directory / n) for n in os.listdir(opts.directory))
-    outcome.upload, outcome.upload_command = upload(opts, files, progress)
-    return outcome
+
+
+def dry_run_lines(o: Outcome, opts: ReleaseOptions) -> List[str]:
+    """What a dry run would do, for people."""
+    lines = [f"Dry run of release {o.tag} (nothing signed, written, tagged, pushed or uploaded)", "", "Would sign:"]
+    lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.image_digest}, {e.support_level})"
+              for e in o.released]
+    lines += ["", f"Would write {opts.folder}/:"] + [f"  {n}" for n in o.files]
+    lines += ["", f"Would commit them on top of {o.source_revision} and tag it {o.tag}"
+              + (" (moving the existing tag: --force)" if existing_tag(opts.repo, o.tag) else "") + " with:"]
+    lines += [f"  | {line}" for line in o.tag_message.rstrip("\n").splitlines()]
+    lines += ["", "Would push:", f"  {cmd.quote(o.push_command)}", "Would upload (creating the GitHub release if missing):",
+              f"  {cmd.quote(o.upload_command)}"]
+    return lines
+

@@ -2,76 +2,148 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from qualify.core import manifest
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not-run": "----"}
+ELLIPSIS = "…"
+DEFAULT_WIDTH = 100
+_MIN_WIDTH = 40
 
 
-def table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
+def clip(text: str, width: int) -> str:
+    """`text` cut to `width` characters, the cut marked with an ellipsis."""
+    text = str(text)
+    if width <= 0:
+        return ""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + ELLIPSIS
+
+
+def _fit_widths(widths: List[int], total: int, sep: int = 2) -> List[int]:
+    """Shrink the widest columns until the row fits `total` characters (each keeps at least 4)."""
+    widths = list(widths)
+    while sum(widths) + sep * (len(widths) - 1) > total:
+        i = max(range(len(widths)), key=lambda k: widths[k])
+        if widths[i] <= 4:
+            break
+        widths[i] -= 1
+    return widths
+
+
+def table(rows: Sequence[Sequence[str]], headers: Sequence[str], width: Optional[int] = None) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
-    line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
+    if width is not None:
+        widths = _fit_widths(widths, width)
+    line = lambda r: "  ".join(clip(str(v), w).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def show(stmt: Mapping[str, Any], width: int = 100) -> str:
+def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
+    """The manifest for people, every line at most `width` characters (cut text ends in an ellipsis)."""
+    width = max(width, _MIN_WIDTH)
     p = manifest.predicate(stmt)
-    t = p["target"]
+    t = p.get("target") or {}
+    toolkit = p.get("toolkit") or {}
     out = [
-        f"target     {t['name']}  capability {t['capability']}  {t['platform']}  arch list {t['torch_cuda_arch_list']}",
-        f"image      {p.get('image', {}).get('reference', manifest.subject_name(stmt))}",
-        f"base       {p.get('base', {}).get('image', '-')}",
-        f"verdict    {p['verdict']}   support level {p['support_level']}   scope {p['scope']}",
-        f"toolkit    {p['toolkit'].get('version')}  revision {p['toolkit'].get('source_revision', '-')}",
+        f"target     {t.get('name')}  capability {t.get('capability')}  {t.get('platform')}  "
+        f"arch list {t.get('torch_cuda_arch_list')}",
+        f"image      {(p.get('image') or {}).get('reference', manifest.subject_name(stmt))}",
+        f"base       {(p.get('base') or {}).get('image', '-')}",
+        f"verdict    {p.get('verdict')}   support level {p.get('support_level')}   scope {p.get('scope')}",
+        f"toolkit    {toolkit.get('version')}  revision {toolkit.get('source_revision', '-')}",
     ]
-    gpus = p.get("gpu", {}).get("devices") or []
+    gpus = (p.get("gpu") or {}).get("devices") or []
     out.append("gpu        " + (", ".join(f"{g.get('name')} ({g.get('compute_cap')})" for g in gpus) or "none visible"))
-    versions = p.get("versions", {}).get("packages", {})
+    versions = (p.get("versions") or {}).get("packages") or {}
     key = [k for k in ("torch", "triton", "vllm", "flashinfer-python", "flashinfer-cubin", "transformers") if k in versions]
     if key:
         out.append("versions   " + ", ".join(f"{k} {versions[k]}" for k in key))
-    out += ["", "checks", table([[_MARK[c["status"]], c["id"], ("" if c["required"] else "(info) ") + c["reason"][:width]]
-                                  for c in p["checks"]], ["status", "check", "reason"])]
+    out = [clip(line, width) for line in out]
+    checks = [[_MARK.get(c.get("status"), "????"), c.get("id", ""), ("" if c.get("required", True) else "(info) ")
+               + str(c.get("reason", ""))] for c in p.get("checks") or []]
+    out += ["", "checks", table(checks, ["status", "check", "reason"], width)]
     providers = p.get("providers") or []
     if providers:
-        out += ["", "providers", table([[x["kind"], x.get("variant", ""), str(x["selected"]), x["mode"], x["reason"][:width]]
-                                        for x in providers], ["kind", "variant", "selected", "mode", "reason"])]
-    libs = p.get("census", {}).get("libraries") or []
+        rows = [[x.get("kind", ""), x.get("variant", ""), str(x.get("selected")), x.get("mode", ""), x.get("reason", "")]
+                for x in providers]
+        out += ["", "providers", table(rows, ["kind", "variant", "selected", "mode", "reason"], width)]
+    libs = (p.get("census") or {}).get("libraries") or []
     if libs:
-        rows = [[lib.get("short", lib["path"]), str(lib["class"]), str(lib["best"]), " ".join(lib["sass"])[:40],
-                 " ".join(lib["ptx"])[:24]] for lib in libs]
-        out += ["", f"libraries ({len(libs)}) for {t['capability']}", table(rows, ["library", "worst", "best", "SASS", "PTX"])]
+        rows = [[lib.get("short", lib.get("path", "")), str(lib.get("class")), str(lib.get("best")),
+                 " ".join(lib.get("sass") or []), " ".join(lib.get("ptx") or [])] for lib in libs]
+        out += ["", clip(f"libraries ({len(libs)}) for {t.get('capability')}", width),
+                table(rows, ["library", "worst", "best", "SASS", "PTX"], width)]
     return "\n".join(out)
 
 
+# --- diff -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference between two manifests; `before`/`after` are None when absent."""
+
+    kind: str  # target | platform | capability | verdict | support_level | image | package | library | check
+    name: str
+    before: Optional[str]
+    after: Optional[str]
+    detail: str = ""
+
+    def line(self) -> str:
+        before = "absent" if self.before is None else self.before
+        after = "absent" if self.after is None else self.after
+        if self.kind in ("verdict", "support_level", "image", "target", "platform", "capability"):
+            return f"{self.kind}: {before} -> {after}"
+        if self.kind == "check":
+            return f"check {self.name}: {before} -> {after} ({self.detail[:120]})"
+        return f"{self.kind} {self.name}: {before} -> {after}"
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
 def _libs(p: Mapping[str, Any]) -> Dict[str, Tuple[str, ...]]:
-    return {lib.get("short", lib["path"]): (str(lib["class"]), " ".join(lib["sass"]), " ".join(lib["ptx"]))
-            for lib in p.get("census", {}).get("libraries", [])}
+    return {lib.get("short", lib.get("path")): (str(lib.get("class")), " ".join(lib.get("sass") or []),
+                                               " ".join(lib.get("ptx") or []))
+            for lib in (p.get("census") or {}).get("libraries") or []}
+
+
+def _target_changes(a: Mapping[str, Any], b: Mapping[str, Any]) -> List[Change]:
+    ta, tb = a.get("target") or {}, b.get("target") or {}
+    return [Change(key, key, ta.get(src), tb.get(src))
+            for key, src in (("target", "name"), ("platform", "platform"), ("capability", "capability"))
+            if ta.get(src) != tb.get(src)]
+
+
+def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> List[Change]:
+    a, b = manifest.predicate(old), manifest.predicate(new)
+    found = _target_changes(a, b)
+    for key in ("verdict", "support_level"):
+        if a.get(key) != b.get(key):
+            found.append(Change(key, key, a.get(key), b.get(key)))
+    if manifest.subject_digest(old) != manifest.subject_digest(new):
+        found.append(Change("image", "image", manifest.subject_digest(old), manifest.subject_digest(new)))
+    va = (a.get("versions") or {}).get("packages") or {}
+    vb = (b.get("versions") or {}).get("packages") or {}
+    for name in sorted(set(va) | set(vb)):
+        if va.get(name) != vb.get(name):
+            found.append(Change("package", name, va.get(name, "-"), vb.get(name, "-")))
+    la, lb = _libs(a), _libs(b)
+    for lib in sorted(set(la) | set(lb), key=str):
+        if la.get(lib) != lb.get(lib):
+            fmt = lambda v: f"{v[0]} [{v[1]}] [{v[2]}]"  # noqa: E731
+            found.append(Change("library", str(lib), fmt(la[lib]) if lib in la else None,
+                                fmt(lb[lib]) if lib in lb else None))
+    ca = {c.get("id"): c for c in a.get("checks") or []}
+    cb = {c.get("id"): c for c in b.get("checks") or []}
+    for cid in sorted(set(ca) | set(cb), key=str):
+        sa, sb = ca.get(cid, {}).get("status"), cb.get(cid, {}).get("status")
+        if sa != sb:
+            found.append(Change("check", str(cid), sa, sb, str(cb.get(cid, ca.get(cid)).get("reason", ""))))
+    return found
 
 
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> List[str]:
-    a, b = manifest.predicate(old), manifest.predicate(new)
-    lines: List[str] = []
-    for key in ("verdict", "support_level"):
-        if a.get(key) != b.get(key):
-            lines.append(f"{key}: {a.get(key)} -> {b.get(key)}")
-    if manifest.subject_digest(old) != manifest.subject_digest(new):
-        lines.append(f"image: {manifest.subject_digest(old)} -> {manifest.subject_digest(new)}")
-    va, vb = a.get("versions", {}).get("packages", {}), b.get("versions", {}).get("packages", {})
-    for name in sorted(set(va) | set(vb)):
-        if va.get(name) != vb.get(name):
-            lines.append(f"package {name}: {va.get(name, '-')} -> {vb.get(name, '-')}")
-    la, lb = _libs(a), _libs(b)
-    for lib in sorted(set(la) | set(lb)):
-        if la.get(lib) != lb.get(lib):
-            before = "absent" if lib not in la else f"{la[lib][0]} [{la[lib][1]}] [{la[lib][2]}]"
-            after = "absent" if lib not in lb else f"{lb[lib][0]} [{lb[lib][1]}] [{lb[lib][2]}]"
-            lines.append(f"library {lib}: {before} -> {after}")
-    ca = {c["id"]: c for c in a["checks"]}
-    cb = {c["id"]: c for c in b["checks"]}
-    for cid in sorted(set(ca) | set(cb)):
-        sa, sb = ca.get(cid, {}).get("status", "absent"), cb.get(cid, {}).get("status", "absent")
-        if sa != sb:
-            lines.append(f"check {cid}: {sa} -> {sb} ({cb.get(cid, ca.get(cid))['reason'][:120]})")
-    return lines
+    return [c.line() for c in changes(old, new)]

@@ -11,7 +11,6 @@ ones need cosign, because they need Sigstore's trust root and transparency log.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
+from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
@@ -34,6 +34,21 @@ def image_digest(ref: str) -> str:
         return Engine("docker").repo_digest(ref)
     except ImageRefError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def registry_digest(ref: str) -> Optional[str]:
+    """The digest the registry serves for `name@sha256:...`, asked by that digest (a tag can move,
+    a digest cannot); None when the registry no longer has it. Loopback registries only."""
+    from qualify.build.registry import Registry  # host side only
+
+    parsed = _parse_ref(ref)
+    host, _, repository = parsed.name.partition("/")
+    if not parsed.digest or not repository or not (":" in host or "." in host or host == "localhost"):
+        raise ConfigError(f"{ref}: not a registry/repository@sha256:... reference")
+    if not host.startswith(("127.0.0.1:", "localhost:", "[::1]:")):
+        raise ConfigError(f"{ref}: only a loopback registry can be checked here (HTTP on 127.0.0.1)",
+                          hint="release from the host whose registry holds the images")
+    return Registry(host).manifest_digest(repository, parsed.digest)
 
 
 def _parse_ref(ref: str) -> ImageRef:
@@ -78,18 +93,8 @@ class VerifyResult:
 
 
 def parse_manifest(data: bytes, where: str) -> Dict[str, Any]:
-    """The statement in `data`, checked as manifest.load checks a file."""
-    try:
-        stmt = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VerificationError(f"{where}: not a JSON manifest: {exc}") from None
-    kind = (stmt.get("_type"), stmt.get("predicateType")) if isinstance(stmt, dict) else None
-    if kind != (mf.STATEMENT_TYPE, mf.PREDICATE_TYPE):
-        raise VerificationError(f"{where}: not a qualification manifest "
-                                f"(in-toto Statement v1 with {mf.PREDICATE_TYPE})")
-    if not isinstance(stmt.get("predicate"), dict):
-        raise VerificationError(f"{where}: manifest has no predicate")
-    return stmt
+    """The statement in `data`, checked as manifest.load checks a file (strict JSON)."""
+    return mf.parse(data, where)
 
 
 def target_name(stmt: Mapping[str, Any]) -> Optional[str]:
@@ -102,10 +107,12 @@ def target_name(stmt: Mapping[str, Any]) -> Optional[str]:
 def _signature_bytes(opts: VerifyOptions) -> bytes:
     sig_file = opts.signature or formats.signature_path(opts.manifest)
     if sig_file.exists():
-        return formats.decode_signature(sig_file.read_bytes(), str(sig_file))
+        return formats.decode_signature(read_small(sig_file, SIGNATURE_LIMIT, "signature", VerificationError),
+                                        str(sig_file))
     bundle_file = opts.bundle or formats.bundle_path(opts.manifest)
     if bundle_file.exists():
-        bundle = formats.load_bundle(bundle_file.read_bytes(), str(bundle_file))
+        raw = read_small(bundle_file, BUNDLE_LIMIT, "bundle", VerificationError)
+        bundle = formats.load_bundle(raw, str(bundle_file))
         return formats.bundle_signature(bundle, str(bundle_file))
     raise VerificationError(f"signature check failed: no signature for {opts.manifest}: "
                             f"neither {sig_file} nor {bundle_file} exists")
@@ -145,7 +152,8 @@ def _check_keyless(opts: VerifyOptions, data: bytes) -> str:
             blob=blob,
             signature=sig_file if sig_file.exists() else None,
             bundle=bundle_file,
-            bundle_is_sigstore=formats.is_sigstore_bundle(bundle_file.read_bytes()),
+            bundle_is_sigstore=formats.is_sigstore_bundle(
+                read_small(bundle_file, BUNDLE_LIMIT, "bundle", VerificationError)),
             identity=opts.identity,
             issuer=opts.issuer,
         )
@@ -187,8 +195,14 @@ def check_image(stmt: Mapping[str, Any], image: Optional[str], resolve: ImageRes
 
 
 def check_verdict(stmt: Mapping[str, Any], require_pass: bool) -> List[str]:
+    """Failing checks; with require_pass, a refusal unless every value is a known one and none fails
+    (an allow-list: an unknown verdict or status is damage, never a pass)."""
     failing = [str(c.get("id")) for c in mf.failing_checks(stmt)]
     verdict = mf.predicate(stmt).get("verdict")
+    problems = mf.value_problems(stmt) if require_pass else []
+    if problems:
+        raise VerificationError(f"verdict check failed: {'; '.join(problems)}",
+                                hint="the manifest is damaged or not made by this toolkit; re-qualify the image")
     if require_pass and (verdict == "fail" or failing or verdict is None):
         detail = f"; failing checks: {', '.join(failing)}" if failing else ""
         raise VerificationError(f"verdict check failed: verdict is {verdict or 'missing'}{detail}")
@@ -197,10 +211,7 @@ def check_verdict(stmt: Mapping[str, Any], require_pass: bool) -> List[str]:
 
 def verify(opts: VerifyOptions, resolve: ImageResolver = image_digest) -> VerifyResult:
     opts.validate()
-    try:
-        data = Path(opts.manifest).read_bytes()
-    except FileNotFoundError:
-        raise VerificationError(f"{opts.manifest}: manifest not found") from None
+    data = mf.read(opts.manifest)
     how = check_signature(opts, data)
     stmt = parse_manifest(data, str(opts.manifest))
     actual = check_image(stmt, opts.image, resolve)

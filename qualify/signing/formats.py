@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from qualify.core.errors import ConfigError, VerificationError
+from qualify.core.readlimit import KEY_LIMIT, read_small, strict_json
 from qualify.signing import keys as cosign_keys
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -115,9 +116,12 @@ def encode_signature(signature_der: bytes) -> bytes:
 
 def decode_signature(text: bytes, what: str = "signature") -> bytes:
     try:
-        return base64.b64decode(b"".join(text.split()), validate=True)
-    except ValueError:
+        der = base64.b64decode(b"".join(text.split()), validate=True)
+    except ValueError:  # binascii.Error and non-ASCII input both
         raise VerificationError(f"{what}: not a base64 signature") from None
+    if not der:
+        raise VerificationError(f"{what}: empty signature")
+    return der
 
 
 def make_bundle(data: bytes, signature_der: bytes, public_key) -> dict:
@@ -140,10 +144,7 @@ def bundle_bytes(bundle: dict) -> bytes:
 
 
 def load_bundle(raw: bytes, what: str = "bundle") -> dict:
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError(f"{what}: not JSON") from None
+    doc = strict_json(raw, what, VerificationError)
     media_type = doc.get("mediaType") if isinstance(doc, dict) else None
     if media_type not in BUNDLE_MEDIA_TYPES:
         raise VerificationError(f"{what}: not a Sigstore bundle (mediaType {media_type!r})")
@@ -160,18 +161,20 @@ def is_sigstore_bundle(raw: bytes) -> bool:
 
 def bundle_signature(bundle: dict, what: str = "bundle") -> bytes:
     """The raw signature in a bundle's messageSignature."""
-    sig = (bundle.get("messageSignature") or {}).get("signature")
+    message = bundle.get("messageSignature")
+    sig = message.get("signature") if isinstance(message, dict) else None
     if not isinstance(sig, str):
-        raise VerificationError(f"{what}: has no messageSignature.signature (a DSSE bundle is not a blob signature)")
+        raise VerificationError(f"{what}: has no messageSignature.signature object with a string signature "
+                                "(a DSSE bundle is not a blob signature)")
+    if not sig.isascii():
+        raise VerificationError(f"{what}: messageSignature.signature is not base64 (non-ASCII characters)")
     return decode_signature(sig.encode("ascii"), what)
 
 
 def _read(path: Path, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}",
-                          hint="make a key pair with `python -m qualify sign generate-key`") from None
+    """A key file: a regular file of at most KEY_LIMIT bytes (`--key /dev/zero` fails at once)."""
+    return read_small(path, KEY_LIMIT, what, ConfigError,
+                      missing_hint="make a key pair with `python -m qualify sign generate-key`")
 
 
 def load_public_key_file(path: Path):

@@ -23,12 +23,14 @@ import os
 from dataclasses import dataclass
 from typing import Union
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from nacl.exceptions import CryptoError
 from nacl.secret import SecretBox
 
 from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
 
 SIGSTORE_PEM_TYPE = "ENCRYPTED SIGSTORE PRIVATE KEY"
 COSIGN_PEM_TYPE = "ENCRYPTED COSIGN PRIVATE KEY"
@@ -136,12 +138,14 @@ def _field_b64(doc: dict, *path: str, what: str) -> bytes:
 
 
 def _params_of(doc: dict, what: str) -> ScryptParams:
-    kdf, cipher = doc.get("kdf") or {}, doc.get("cipher") or {}
+    kdf, cipher = doc.get("kdf"), doc.get("cipher")
+    kdf, cipher = (kdf if isinstance(kdf, dict) else {}), (cipher if isinstance(cipher, dict) else {})
     if kdf.get("name") != "scrypt":
         raise ConfigError(f"{what}: unknown kdf {kdf.get('name')!r} (expected scrypt)")
     if cipher.get("name") != "nacl/secretbox":
         raise ConfigError(f"{what}: unknown cipher {cipher.get('name')!r} (expected nacl/secretbox)")
-    raw = kdf.get("params") or {}
+    raw = kdf.get("params")
+    raw = raw if isinstance(raw, dict) else {}
     params = ScryptParams(raw.get("N"), raw.get("r"), raw.get("p"))
     if params not in ACCEPTED_PARAMS:
         raise ConfigError(f"{what}: unsupported scrypt parameters {raw} (cosign accepts N=2^15..2^17, r=8, p=1)")
@@ -150,10 +154,7 @@ def _params_of(doc: dict, what: str) -> ScryptParams:
 
 def decrypt_pkcs8(body: bytes, password: PasswordLike, what: str = "private key") -> bytes:
     """The PKCS#8 DER inside an encrypted key body; ConfigError on a wrong password."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ConfigError(f"{what}: encrypted key body is not JSON") from None
+    doc = strict_json(body, f"{what}: encrypted key body", ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"{what}: encrypted key body is not a JSON object")
     params = _params_of(doc, what)
@@ -212,7 +213,7 @@ def load_public_key(pem: bytes, what: str = "public key"):
         raise ConfigError(f"{what}: PEM type {pem_type!r} is not PUBLIC KEY")
     try:
         return serialization.load_pem_public_key(pem)
-    except ValueError as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise ConfigError(f"{what}: not a public key: {exc}") from None
 
 

@@ -1,0 +1,41 @@
+"""One exit-code table (qualify/core/errors.py) for the CLI and start.sh, documented once in the README."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from qualify.core import errors
+from qualify.deploy import plan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_error_class_exits_with_a_code_of_the_table():
+    table = errors.exit_code_table()
+    for cls in [errors.QualifyError, *_subclasses(errors.QualifyError)]:
+        assert cls.exit_code in table, f"{cls.__name__} exits {cls.exit_code}, which the table does not list"
+    for entry in errors.EXIT_CODES:
+        if entry.error:
+            assert getattr(errors, entry.error).exit_code == entry.code
+    assert plan.NoReleaseError.exit_code in table and plan.DeployError.exit_code in table
+
+
+def test_start_sh_codes_are_the_tables():
+    text = (REPO / "scripts" / "lib.sh").read_text()
+    shell = {name: int(code) for name, code in re.findall(r"\b(EX_[A-Z]+)=(\d+)", text)}
+    named = {e.shell_name: e.code for e in errors.EXIT_CODES if e.shell_name}
+    assert shell == named
+
+
+def test_readme_exit_code_section_is_generated_from_the_table():
+    readme = (REPO / "README.md").read_text()
+    begin, end = "<!-- exit-codes:begin -->\n", "\n<!-- exit-codes:end -->"
+    assert readme.count("## Exit codes") == 1
+    assert readme[readme.index(begin) + len(begin):readme.index(end)] == errors.exit_codes_markdown()
