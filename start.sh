@@ -42,11 +42,11 @@ while [ $# -gt 0 ]; do
   case $1 in
     --dry-run | --allow-unqualified | --allow-no-gpu-runtime | --probe) args+=("$1") ;;
     --env-file)
-      [ $# -ge 2 ] || fail 2 "--env-file needs a file name" "./start.sh --env-file FILE"
+      [ $# -ge 2 ] || fail "$EX_USAGE" "--env-file needs a file name" "./start.sh --env-file FILE"
       args+=(--env-file "$2")
       shift ;;
     -h | --help) usage; exit 0 ;;
-    *) fail 2 "unknown option: $1" "see ./start.sh --help" ;;
+    *) fail "$EX_USAGE" "unknown option: $1" "see ./start.sh --help" ;;
   esac
   shift
 done

@@ -8,6 +8,9 @@
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO
+# The codes the shell part exits with itself (qualify/core/errors.py holds the table; a test compares).
+# shellcheck disable=SC2034  # EX_USAGE: used by the scripts that source this file
+readonly EX_USAGE=2 EX_PREFLIGHT=3
 PROG=${PROG:-$(basename "$0" .sh)}
 
 fail() {
@@ -24,7 +27,7 @@ python_ok() { command -v "$1" >/dev/null 2>&1 && "$1" -c 'import sys; sys.exit(s
 pick_python() {
   local c
   if [ -n "${QUALIFY_PYTHON:-}" ]; then
-    python_ok "$QUALIFY_PYTHON" || fail 3 "QUALIFY_PYTHON=$QUALIFY_PYTHON is not a Python 3.11 or newer" \
+    python_ok "$QUALIFY_PYTHON" || fail "$EX_PREFLIGHT" "QUALIFY_PYTHON=$QUALIFY_PYTHON is not a Python 3.11 or newer" \
       "point QUALIFY_PYTHON at one, or unset it"
     PY=$QUALIFY_PYTHON
     return 0
@@ -35,14 +38,14 @@ pick_python() {
       return 0
     fi
   done
-  fail 3 "no Python 3.11 or newer found; the deploy runs in the toolkit's Python" \
+  fail "$EX_PREFLIGHT" "no Python 3.11 or newer found; the deploy runs in the toolkit's Python" \
     "install python3 (3.11+), or set QUALIFY_PYTHON to one"
 }
 
 # hand_over ACTION ARG...: the deploy's Python does the rest; its exit status is ours.
 hand_over() {
   pick_python
-  "$PY" -c 'import cryptography, elftools' 2>/dev/null || fail 3 \
+  "$PY" -c 'import cryptography, elftools' 2>/dev/null || fail "$EX_PREFLIGHT" \
     "'$PY' lacks the toolkit's dependencies (cryptography, pyelftools)" \
     "python3 -m venv $REPO/.venv && $REPO/.venv/bin/pip install -e $REPO   (the scripts then use .venv)" \
     "or set QUALIFY_PYTHON to a Python with the toolkit installed"

@@ -9,9 +9,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 args=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --env-file) [ $# -ge 2 ] || fail 2 "--env-file needs a file name"; args+=(--env-file "$2"); shift ;;
+    --env-file) [ $# -ge 2 ] || fail "$EX_USAGE" "--env-file needs a file name"; args+=(--env-file "$2"); shift ;;
     -h | --help) echo "Usage: scripts/status.sh [--env-file FILE]"; exit 0 ;;
-    *) fail 2 "unknown option: $1" "see scripts/status.sh --help" ;;
+    *) fail "$EX_USAGE" "unknown option: $1" "see scripts/status.sh --help" ;;
   esac
   shift
 done

@@ -19,9 +19,9 @@ args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --purge-cache) args+=(--purge-cache) ;;
-    --env-file) [ $# -ge 2 ] || fail 2 "--env-file needs a file name"; args+=(--env-file "$2"); shift ;;
+    --env-file) [ $# -ge 2 ] || fail "$EX_USAGE" "--env-file needs a file name"; args+=(--env-file "$2"); shift ;;
     -h | --help) usage; exit 0 ;;
-    *) fail 2 "unknown option: $1" "see scripts/stop.sh --help" ;;
+    *) fail "$EX_USAGE" "unknown option: $1" "see scripts/stop.sh --help" ;;
   esac
   shift
 done

@@ -21,9 +21,9 @@ while [ $# -gt 0 ]; do
   case $1 in
     --smoke) args[1]=smoke ;;
     --full) args[1]=full ;;
-    --env-file) [ $# -ge 2 ] || fail 2 "--env-file needs a file name"; args+=(--env-file "$2"); shift ;;
+    --env-file) [ $# -ge 2 ] || fail "$EX_USAGE" "--env-file needs a file name"; args+=(--env-file "$2"); shift ;;
     -h | --help) usage; exit 0 ;;
-    *) fail 2 "unknown option: $1" "see scripts/verify.sh --help" ;;
+    *) fail "$EX_USAGE" "unknown option: $1" "see scripts/verify.sh --help" ;;
   esac
   shift
 done

@@ -122,6 +122,14 @@ def exit_code_table() -> Dict[int, ExitCode]:
     return {e.code: e for e in EXIT_CODES}
 
 
+def shell_code(name: str) -> int:
+    """The code start.sh and scripts/*.sh exit with under `name` (EX_USAGE, EX_TRUST, ...)."""
+    for e in EXIT_CODES:
+        if e.shell_name == name:
+            return e.code
+    raise KeyError(name)
+
+
 def exit_codes_markdown() -> str:
     rows = ["| code | `python -m qualify`, nox sessions | `./start.sh`, `scripts/*.sh` |", "|---|---|---|"]
     rows += [f"| {e.code} | {e.cli} | {e.start_sh or '—'} |" for e in EXIT_CODES]

@@ -10,7 +10,11 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = 2, 3, 4, 5, 6
+from qualify.core.errors import shell_code
+
+# The codes users rely on, from the one table in qualify/core/errors.py.
+EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = (
+    shell_code(n) for n in ("EX_USAGE", "EX_PREFLIGHT", "EX_TRUST", "EX_DEPLOY", "EX_CHECK"))
 RULE = "#" * 80
 
 
