@@ -12,7 +12,8 @@ command -v apt-get >/dev/null || die "apt-get not found: this script supports De
 here=$(cd "$(dirname "$0")/.." && pwd)
 # Debian's own client talks to Debian's 20.10 engine with BuildKit; a newer client without buildx cannot.
 packages=(docker.io docker-registry debootstrap qemu-user-static binfmt-support
-          podman buildah skopeo shellcheck openssl ca-certificates curl git docker-compose)
+          podman buildah skopeo shellcheck openssl ca-certificates curl git docker-compose
+          llvm)  # llvm-objcopy: the census test of libraries whose section headers were stripped
 
 missing=()
 for p in "${packages[@]}"; do

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import require
@@ -52,7 +53,7 @@ def test_openssl_verifies_our_pae_signature(key, tmp_path):
 
 def test_attest_interop_session_runs_sigstore_js():
     require(shutil.which("node") is not None and shutil.which("npm") is not None, "node and npm are needed")
-    out = subprocess.run([".venv/bin/python", "-m", "qualify.publish.interop"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "qualify.publish.interop"], capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sigstore-js: DSSE bundle v0.3 verified" in out.stdout and "openssl: PAE signature verified" in out.stdout

@@ -13,7 +13,7 @@ import pytest
 
 import images
 from qualify.build import image as build
-from qualify.build import wheelhouse
+from qualify.build import provenance, wheelhouse
 from qualify.build.engine import BuildRequest, Engine
 from qualify.config import targets
 from qualify.core.errors import BuildError, ConfigError, LockError
@@ -100,8 +100,11 @@ def test_labels_record_base_target_and_provenance(sm120):
     assert labels["org.opencontainers.image.base.digest"] == sm120.base_image.split("@", 1)[1]
     assert labels["dev.blackwell-qualify.torch-cuda-arch-list"] == t.torch_cuda_arch_list
     assert labels["dev.blackwell-qualify.target"] == "sm120"
-    for key in ("source", "revision", "version", "created"):
+    for key in ("revision", "version", "created"):
         assert labels[f"org.opencontainers.image.{key}"]
+    # The source is the repository's https URL, or absent (a clone of a local path has none): never a path.
+    source = labels.get("org.opencontainers.image.source")
+    assert source == (provenance.source_url() or None) and (source is None or source.startswith("https://"))
     assert "dev.blackwell-qualify.sha256sums" in labels
 
 

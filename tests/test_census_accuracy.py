@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, require
 from cuda_fixtures import built
 
 from qualify.core import census, fatbin
@@ -108,8 +108,7 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 def as_nobody(*args: str) -> subprocess.CompletedProcess:
     """Root ignores mode bits: unreadability is real only for another user."""
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv not installed")
+    require(shutil.which("setpriv") is not None, "setpriv (util-linux) is not installed")
     return subprocess.run([*NOBODY, sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -200,8 +199,7 @@ def test_probe_census_check_reports_unreadable(fx, public_tmp):
 
 def test_stripped_section_headers_fall_back_to_segments(fx, tmp_path):
     objcopy = shutil.which("llvm-objcopy")
-    if objcopy is None:
-        pytest.skip("llvm-objcopy not installed (apt-get install llvm)")
+    require(objcopy is not None, "llvm-objcopy is not installed (scripts/setup-host.sh installs llvm)")
     stripped = tmp_path / "libstripped.so"
     subprocess.run([objcopy, "--strip-sections", str(fx.lib("plain")), str(stripped)], check=True)
     # Still a library the loader takes.

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_slsa_and_sbom_contents(published, smoke, creds):
 
 def test_verify_image_from_the_registry_passes(published, smoke, creds):
     ref = f"{creds.address}/qualify/sm120@{smoke.digest}"
-    out = subprocess.run([".venv/bin/python", "-m", "qualify", "verify", "--image", ref, "--key",
+    out = subprocess.run([sys.executable, "-m", "qualify", "verify", "--image", ref, "--key",
                           str(published["pub"]), "--require-pass"], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, env={**os.environ, **creds.env()})
     assert out.returncode == 0, out.stderr
@@ -246,7 +247,7 @@ def test_interrupted_publish_resumes_without_resending_blobs(smoke, creds, tmp_p
               f"o=p.PublishOptions(tag='v-resume', destination=p.Destination.parse('{creds.address}/resume'), "
               f"release_root=Path('{tmp_path}/manifests'), key=Path('{key}'), password={PASSWORD!r}, "
               "attest_build=False); p.publish(o)")
-    proc = subprocess.Popen([".venv/bin/python", "-c", script], cwd=Path(__file__).parent.parent,
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
                             env={**os.environ, **creds.env()}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
