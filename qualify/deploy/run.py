@@ -151,7 +151,7 @@ class Deploy:
             raise Stop(EX_TRUST, f"trust gate: REFUSED {image}: its attestation qualifies target {result.target!r}, "
                        f"not this GPU's {self.target}", f"set IMAGE in {self.s.env_file} to the {self.target} image")
         self.ui.say(f"attestation: {result.attestation}; release key {fingerprint}")
-        passes = result.verdict in ("pass", "warn") and not result.failing_checks
+        passes = result.require_pass_ok
         decision = gate.gate_decision(result.as_dict(), passes)
         stmt = {"predicate": {"target": {"name": result.target, "profile": result.profile}}}
         trust = Trust(image, None, "", decision.reason, False, stmt)

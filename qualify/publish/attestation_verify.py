@@ -37,6 +37,7 @@ class ImageVerifyResult:
     failing_checks: List[str] = field(default_factory=list)
     predicate_types: List[str] = field(default_factory=list)
     profile: str = ""
+    require_pass_ok: bool = False  # what `--require-pass` would say (known values only, no failing check)
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -141,18 +142,23 @@ def _subject_digest(stmt: Dict[str, Any], what: str) -> str:
 
 def _result(image: str, digest: str, att_ref: str, public_key, stmt: Dict[str, Any], require_pass: bool,
             layers: list) -> ImageVerifyResult:
+    """The same verdict rules as `qualify verify` of a manifest file (an allow-list of known values)."""
+    from qualify.release.verify import check_verdict
+
     pred = stmt.get("predicate") or {}
-    failing = [str(c.get("id")) for c in pred.get("checks", []) if isinstance(c, dict) and c.get("status") == "fail"]
-    verdict = str(pred.get("verdict", "unknown"))
-    if require_pass and (verdict in ("fail", "incomplete", "unknown") or failing):
-        raise VerificationError(f"verdict check failed: {image} is {verdict!r}"
-                                + (f" with failing checks {', '.join(failing)}" if failing else ""))
+    failing = check_verdict(stmt, require_pass)
+    try:
+        check_verdict(stmt, True)
+        passes = True
+    except VerificationError:
+        passes = False
     return ImageVerifyResult(image=image, digest=digest, attestation=att_ref,
                              key=cosign_keys.fingerprint(public_key),
-                             target=str((pred.get("target") or {}).get("name", "")), verdict=verdict,
+                             target=str((pred.get("target") or {}).get("name", "")),
+                             verdict=str(pred.get("verdict", "unknown")),
                              support_level=str(pred.get("support_level", "")), failing_checks=failing,
-                             profile=str((pred.get("target") or {}).get("profile", "")),
-                             predicate_types=sorted({layer.predicate_type for layer, _ in layers}))
+                             predicate_types=sorted({layer.predicate_type for layer, _ in layers}),
+                             profile=str((pred.get("target") or {}).get("profile", "")), require_pass_ok=passes)
 
 
 def print_human(r: ImageVerifyResult, out=None) -> None:
