@@ -129,3 +129,48 @@ def test_cli_promotes_and_signs_with_the_release_key(release, tmp_path):
     result = verify.verify(verify.VerifyOptions(manifest=release / "sm120.json", key=pub,
                                                 signature=release / "sm120.json.sig"))
     assert result.support_level == "baseline"
+
+
+# --- probe manifests as evidence (qualify gpu-evidence, a Kubernetes Job, qualify merge) ----------------------
+
+
+def probe_statement(n: int, status: str = "pass", cap: str = "12.0", probe: str = PROBE) -> dict:
+    """What `qualify gpu-evidence` writes: the probe's GPU checks in a container of the released image."""
+    stmt = statement("sm120", DIGEST_A, level="unverified",
+                     statuses={"gpu.bf16-matmul": status, "gpu.triton-scratch": "pass"})
+    pred = stmt["predicate"]
+    pred["created"] = f"2026-12-{n:02d}T00:00:00Z"
+    pred["toolkit"] = {"version": "0.1.0", "probe_sha256": probe}
+    pred["gpu"] = {"visible": True, "devices": [{"name": "NVIDIA GeForce RTX 5090", "compute_cap": cap,
+                                                 "uuid": f"GPU-{n}", "driver_version": "580.1"}]}
+    pred["host"] = {"hostname": f"gpu-runner-{n}"}
+    return stmt
+
+
+def test_probe_manifests_count_by_the_same_rule(release, tmp_path):
+    paths = [mf.write(tmp_path / f"s{i}.json", probe_statement(i)) for i in range(1, 8)]
+    done = promote.promote(release, "v1", paths, TF)[0]
+    assert (done.standing.level, done.standing.consecutive_passes) == ("baseline", 7)
+    # The same manifests again count once; a failing GPU check is a product failure and demotes.
+    again = promote.promote(release, "v1", paths + [mf.write(tmp_path / "f.json", probe_statement(8, "fail"))], TF)[0]
+    assert again.new == 1 and again.standing.level != "baseline"
+
+
+def test_a_probe_manifest_must_name_its_probe_and_run_on_the_targets_gpu(release, tmp_path):
+    unnamed = probe_statement(1)
+    del unnamed["predicate"]["toolkit"]["probe_sha256"]
+    with pytest.raises(ev.EvidenceError, match="does not name its probe's sources digest"):
+        promote.promote(release, "v1", [mf.write(tmp_path / "u.json", unnamed)], TF)
+    other = mf.write(tmp_path / "o.json", probe_statement(1, probe="sha256:" + "d" * 64))
+    with pytest.raises(ev.EvidenceError, match="probe whose sources differ"):
+        promote.promote(release, "v1", [other], TF)
+    hopper = mf.write(tmp_path / "h.json", probe_statement(1, cap="9.0"))
+    with pytest.raises(ev.EvidenceError, match="capability 9.0, not the target's capability 12.0"):
+        promote.promote(release, "v1", [hopper], TF)
+
+
+def test_the_probe_records_its_own_sources_digest():
+    from qualify.probe import identity
+    from qualify.qualification import container
+
+    assert identity.sources_digest() == container.probe_sources_digest()

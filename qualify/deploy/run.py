@@ -175,10 +175,10 @@ class Deploy:
         engine.binary = self.plan.engine.cli  # the client preflight found answering
         try:
             predicate = container.run_probe(engine, trust.image, target, scope="gpu", gpus=gpus)
-            outcome = gate.probe_outcome(predicate, str(self.plan.target.capability))
+            outcome = ev.probe_outcome(predicate, str(self.plan.target.capability))
         except QualifyError as exc:  # the probe did not complete: infrastructure, it proves nothing
             predicate = {}
-            outcome = gate.ProbeOutcome(ev.Outcome.INFRASTRUCTURE, f"the probe did not complete: {exc}", ())
+            outcome = ev.ProbeOutcome(ev.Outcome.INFRASTRUCTURE, f"the probe did not complete: {exc}", ())
         record = self.evidence_record(trust, outcome, predicate, container.probe_sources_digest())
         path = self.save_evidence(trust, record)
         if outcome.outcome == ev.Outcome.PASS:
@@ -188,7 +188,7 @@ class Deploy:
         reason = f"the GPU checks {kind} on this host: {outcome.reason} (evidence: {path})"
         return replace(trust, reason=self.override(reason, trust.image)), path
 
-    def evidence_record(self, trust: Trust, outcome: gate.ProbeOutcome, predicate: Mapping[str, Any],
+    def evidence_record(self, trust: Trust, outcome: ev.ProbeOutcome, predicate: Mapping[str, Any],
                         sources: str) -> ev.Evidence:
         g = self.plan.gpu
         figures: Dict[str, float] = {}

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 from qualify import __version__
 from qualify.core import arch, manifest
 from qualify.core.enums import CheckStatus, Profile, SupportLevel
-from qualify.probe import census_check, gpu, providers, selfsufficiency, triton_checks, versions
+from qualify.probe import census_check, gpu, identity, providers, selfsufficiency, triton_checks, versions
 from qualify.probe.model import CheckResult
 
 SCOPES = ("all", "static", "gpu")
@@ -112,7 +112,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
                    "intended_support_level": t.intended_support_level.value, "triton_env": t.triton_env},
         "host": {"hostname": socket.gethostname(), "machine": platform.machine(), "python": sys.version.split()[0],
                  "executable": sys.executable, "emulated": t.emulated},
-        "toolkit": {"version": __version__},
+        "toolkit": {"version": __version__, "probe_sha256": identity.sources_digest()},
         "gpu": {"visible": has_gpu, "devices": gpus or []},
     }
     _progress(f"target {t.name} ({cap}), scope {scope}, {'GPU visible' if has_gpu else 'no GPU visible'}")

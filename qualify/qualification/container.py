@@ -10,24 +10,23 @@ and runs the image's own python3, so it qualifies what users will run.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from qualify.build.registry import STATE_DIR
 from qualify.config.targets import Target
 from qualify.core.errors import EngineError
+from qualify.probe import identity
 from qualify.probe.runner import ProbeTarget
 
 if TYPE_CHECKING:  # the engine (python-on-whales) is not needed to describe a target on a GPU host
     from qualify.build.engine import Engine
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-IMAGE_SIDE = ("__init__.py", "core", "probe")  # what goes into images; nothing else is hashed or mounted
+PACKAGE_ROOT, IMAGE_SIDE = identity.PACKAGE_ROOT, identity.IMAGE_SIDE
 CONTAINER_ROOT = "/opt/qualify"
 PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
 
@@ -44,27 +43,13 @@ def probe_target(target: Target, profile: Optional[str], emulated: bool = False)
     )
 
 
-def _image_side_files(root: Path) -> Iterator[Path]:
-    """Every file that goes into images (code and the rule data beside it), no byte-code."""
-    for name in IMAGE_SIDE:
-        path = root / name
-        if path.is_dir():
-            yield from sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                              and p.suffix not in (".pyc", ".pyo"))
-        else:
-            yield path
-
-
 def probe_sources_digest(root: Path = PACKAGE_ROOT) -> str:
     """What the probe is made of: a manifest from other probe code is not reused.
 
     Only the image side counts, so editing host-side code (release, deploy)
     keeps every cached qualification valid.
     """
-    h = hashlib.sha256()
-    for path in _image_side_files(root):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return "sha256:" + h.hexdigest()
+    return identity.sources_digest(root)
 
 
 def stage_probe(digest: str) -> Path:

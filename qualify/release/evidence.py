@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import canonical_json, write_atomic
@@ -167,6 +167,10 @@ def parse(data: bytes, where: str) -> Evidence:
 
 def load(path: Path) -> Evidence:
     path = Path(path)
+    return parse(_read(path), str(path))
+
+
+def _read(path: Path) -> bytes:
     try:
         with open(path, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
@@ -176,7 +180,7 @@ def load(path: Path) -> Evidence:
         raise EvidenceError(f"{path}: cannot read: {exc.strerror}") from None
     if len(data) > MAX_BYTES:
         raise EvidenceError(f"{path}: larger than {MAX_BYTES} bytes; not an evidence record")
-    return parse(data, str(path))
+    return data
 
 
 def sign(path: Path, key_file: Path, password: Optional[bytes] = None) -> Path:
@@ -190,3 +194,93 @@ def sign(path: Path, key_file: Path, password: Optional[bytes] = None) -> Path:
 
 def checks_summary(checks: List[Mapping[str, Any]]) -> str:
     return ", ".join(f"{c.get('id')} {c.get('status')}" for c in checks)
+
+
+# --- the GPU checks run here ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    outcome: Outcome
+    reason: str
+    checks: Sequence[Mapping[str, Any]]
+
+
+def _gpu_checks(predicate: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    return [c for c in predicate.get("checks") or [] if str(c.get("id", "")).startswith("gpu.")]
+
+
+def _named(checks: Sequence[Mapping[str, Any]]) -> str:
+    return "; ".join(f"{c.get('id')}: {c.get('status')}: {c.get('reason', '')}" for c in checks)
+
+
+def probe_outcome(predicate: Mapping[str, Any], capability: str) -> ProbeOutcome:
+    """Pass only when every required GPU check passed on a GPU of the target's capability.
+
+    A required check that failed is a product failure; one that did not run
+    (no GPU visible, a timeout) is infrastructure: it proves nothing either way.
+    """
+    checks = _gpu_checks(predicate)
+    required = [c for c in checks if c.get("required", True)]
+    failed = [c for c in required if c.get("status") == "fail"]
+    if failed:
+        return ProbeOutcome(Outcome.PRODUCT_FAILURE, _named(failed), checks)
+    not_run = [c for c in required if c.get("status") == "not-run"]
+    if not_run:
+        return ProbeOutcome(Outcome.INFRASTRUCTURE, _named(not_run), checks)
+    if not required:
+        return ProbeOutcome(Outcome.INFRASTRUCTURE, "the probe reported no required GPU check", checks)
+    devices = (predicate.get("gpu") or {}).get("devices") or []
+    seen = str((devices[0] if devices else {}).get("compute_cap", ""))
+    if seen != capability:
+        return ProbeOutcome(Outcome.INFRASTRUCTURE, f"the probe saw capability {seen or 'none'}, not {capability}",
+                            checks)
+    return ProbeOutcome(Outcome.PASS, f"{len(required)} required GPU checks passed", checks)
+
+
+# --- evidence from a probe Statement (qualify gpu-evidence, a Kubernetes Job, scripts/gpu-evidence.sh) -------
+
+
+def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidence:
+    """A probe manifest with GPU checks, as an evidence record: the same rule (probe_outcome) decides
+    pass, product failure or infrastructure; the probe's own sources digest binds it to its probe."""
+    from qualify.core import manifest as mf
+
+    pred = mf.predicate(stmt)
+    target = pred.get("target") or {}
+    capability = str(target.get("capability") or "")
+    probe = (pred.get("toolkit") or {}).get("probe_sha256")
+    if not isinstance(probe, str) or not DIGEST.fullmatch(probe):
+        raise EvidenceError(f"{where}: the probe manifest does not name its probe's sources digest "
+                            "(predicate.toolkit.probe_sha256)", hint="re-run the GPU checks with this toolkit's probe")
+    devices = [d for d in (pred.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
+    device = devices[0] if devices else {}
+    outcome = probe_outcome(pred, capability)
+    digest = mf.subject_digest(stmt)
+    host = str((pred.get("host") or {}).get("hostname") or "")
+    return Evidence(
+        release=release, target=str(target.get("name") or ""), capability=capability,
+        image_reference=f"{stmt['subject'][0].get('name')}@{digest}", image_digest=digest,
+        probe_sources_digest=probe,
+        gpu=Gpu(name=str(device.get("name") or "none"), capability=str(device.get("compute_cap") or "none"),
+                uuid_sha256=hashed(str(device.get("uuid") or "")), driver=str(device.get("driver_version") or "")),
+        host_id_sha256=hashed(host), time=str(pred.get("created") or ""), outcome=outcome.outcome,
+        reason=outcome.reason, checks=tuple(outcome.checks))
+
+
+def load_any(path: Path, release: str) -> Evidence:
+    """An evidence record (start.sh) or a probe manifest with GPU checks (qualify gpu-evidence, qualify merge)."""
+    from qualify.core import manifest as mf
+
+    path = Path(path)
+    data = _read(path)
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EvidenceError(f"{path}: not JSON: {exc}") from None
+    if isinstance(doc, dict) and doc.get("_type") == mf.STATEMENT_TYPE:
+        try:
+            return from_statement(mf.parse(data, str(path)), release, str(path))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise EvidenceError(f"{path}: not a probe manifest with a subject and GPU checks") from None
+    return parse(data, str(path))

@@ -104,7 +104,7 @@ def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign
 
     `sign(path)` signs a written file (the release key); None leaves files unsigned (tests of the rule).
     """
-    loaded = [(Path(f), ev.load(Path(f))) for f in files]
+    loaded = [(Path(f), ev.load_any(Path(f), tag)) for f in files]
     by_target: Dict[str, List[ev.Evidence]] = {}
     for path, record in loaded:
         manifest = folder / f"{record.target}.json"
