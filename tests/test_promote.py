@@ -6,6 +6,7 @@ manifests are signed with the built-in signer and verified after promotion.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -174,3 +175,20 @@ def test_the_probe_records_its_own_sources_digest():
     from qualify.qualification import container
 
     assert identity.sources_digest() == container.probe_sources_digest()
+
+
+def test_show_and_diff_give_levels_with_their_evidence_and_per_sku_figures(release, tmp_path):
+    from qualify.release import report
+
+    before = run(release, tmp_path, [record(i) for i in range(1, 8)])
+    old = mf.load(before.manifest)
+    shown = report.show(old, width=200)
+    assert "level      baseline by evidence: 7 of 7 consecutive passes (released as unverified)" in shown
+    assert shown.count("  evidence 2026-12-") == 7 and "bf16_matmul_tflops 207" in shown
+    # The next release's evidence on the same SKU is slower: diff names the figure and the change.
+    new = json.loads(json.dumps(old))
+    for e in new["predicate"]["promotion"]["evidence"]:
+        e["figures"]["bf16_matmul_tflops"] = e["figures"]["bf16_matmul_tflops"] * 0.8
+    lines = report.diff(old, new)
+    assert any(line.startswith("figure bf16_matmul_tflops on NVIDIA GeForce RTX 5090: 204 -> 163.2 (-20.0%)")
+               for line in lines), lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -54,6 +55,7 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
         f"verdict    {p.get('verdict')}   support level {p.get('support_level')}   scope {p.get('scope')}",
         f"toolkit    {toolkit.get('version')}  revision {toolkit.get('source_revision', '-')}",
     ]
+    out += _promotion_lines(p.get("promotion"))
     gpus = (p.get("gpu") or {}).get("devices") or []
     out.append("gpu        " + (", ".join(f"{g.get('name')} ({g.get('compute_cap')})" for g in gpus) or "none visible"))
     versions = (p.get("versions") or {}).get("packages") or {}
@@ -78,6 +80,33 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
     return "\n".join(out)
 
 
+def _promotion_lines(promotion: Any) -> List[str]:
+    """The level with the evidence behind it (qualify promote's record in the manifest)."""
+    if not isinstance(promotion, dict):
+        return []
+    evidence = [e for e in promotion.get("evidence") or [] if isinstance(e, dict)]
+    lines = [f"level      {promotion.get('level')} by evidence: {promotion.get('consecutive_passes')} of "
+             f"{promotion.get('required_consecutive_passes')} consecutive passes (released as "
+             f"{promotion.get('released_level')})" + (f"; {promotion['note']}" if promotion.get("note") else "")]
+    for e in evidence:
+        figures = ", ".join(f"{k} {v:g}" for k, v in sorted((e.get("figures") or {}).items()))
+        lines.append(f"  evidence {e.get('time')}  {e.get('outcome')}  {e.get('gpu')} (driver {e.get('driver')})"
+                     + (f"  {figures}" if figures else "") + f"  {e.get('file')}")
+    return lines
+
+
+def sku_figures(p: Mapping[str, Any]) -> Dict[Tuple[str, str], float]:
+    """(GPU name, figure) -> the median over the passing evidence the level rests on: a per-SKU baseline
+    (seed 000: performance is watched against each SKU's own figures, not a single number)."""
+    values: Dict[Tuple[str, str], List[float]] = {}
+    for e in (p.get("promotion") or {}).get("evidence") or []:
+        if isinstance(e, dict) and e.get("outcome") == "pass":
+            for name, value in (e.get("figures") or {}).items():
+                if isinstance(value, (int, float)):
+                    values.setdefault((str(e.get("gpu")), name), []).append(float(value))
+    return {key: statistics.median(v) for key, v in values.items()}
+
+
 # --- diff -----------------------------------------------------------------------
 
 
@@ -85,7 +114,7 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
 class Change:
     """One difference between two manifests; `before`/`after` are None when absent."""
 
-    kind: str  # target | platform | capability | verdict | support_level | image | package | library | check
+    kind: str  # target | platform | capability | verdict | support_level | image | package | library | check | figure
     name: str
     before: Optional[str]
     after: Optional[str]
@@ -98,6 +127,8 @@ class Change:
             return f"{self.kind}: {before} -> {after}"
         if self.kind == "check":
             return f"check {self.name}: {before} -> {after} ({self.detail[:120]})"
+        if self.kind == "figure":
+            return f"figure {self.name}: {before} -> {after}" + (f" ({self.detail})" if self.detail else "")
         return f"{self.kind} {self.name}: {before} -> {after}"
 
     def as_dict(self) -> Dict[str, Any]:
@@ -136,6 +167,13 @@ def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> List[Change]:
             fmt = lambda v: f"{v[0]} [{v[1]}] [{v[2]}]"  # noqa: E731
             found.append(Change("library", str(lib), fmt(la[lib]) if lib in la else None,
                                 fmt(lb[lib]) if lib in lb else None))
+    fa, fb = sku_figures(a), sku_figures(b)
+    for gpu, name in sorted(set(fa) | set(fb)):
+        before, after = fa.get((gpu, name)), fb.get((gpu, name))
+        if before != after:
+            change = f"{(after - before) / before:+.1%}" if before and after is not None else ""
+            found.append(Change("figure", f"{name} on {gpu}", None if before is None else f"{before:g}",
+                                None if after is None else f"{after:g}", change))
     ca = {c.get("id"): c for c in a.get("checks") or []}
     cb = {c.get("id"): c for c in b.get("checks") or []}
     for cid in sorted(set(ca) | set(cb), key=str):
