@@ -21,7 +21,7 @@ from qualify.build import cleanup, hermetic, provenance, wheelhouse
 from qualify.build.engine import BuildRequest, Engine
 from qualify.build.registry import STATE_DIR, Registry
 from qualify.config.imageref import ImageRef
-from qualify.config.targets import REPO_ROOT, Target, TargetsFile
+from qualify.config.targets import PROFILES, REPO_ROOT, Target, TargetsFile
 from qualify.core import arch, fsutil
 from qualify.core.errors import BuildError, ConfigError
 from qualify.core.fsutil import write_json
@@ -178,7 +178,7 @@ class _UnbuiltBase:
 
 
 def _checked_lock(tf: TargetsFile, target: Target, opts: BuildOptions) -> Path:
-    if opts.profile not in ("smoke", "vllm"):
+    if opts.profile not in PROFILES:
         raise ConfigError(f"unknown profile {opts.profile!r}", hint="use --profile smoke or --profile vllm")
     lock = target.lock_path(opts.profile, target.python_for(opts.base, tf.hermetic))
     wheelhouse.parse_lock(lock)  # refuse a missing or unhashed lock before any engine call

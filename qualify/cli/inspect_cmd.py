@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 
 from qualify.core import arch, census
 from qualify.core.errors import ConfigError, ParseError
+from qualify.tables import table
 
 _MAX_NO_CODE_LISTED = 10
 
@@ -87,11 +88,6 @@ def _short(names: Sequence[str]) -> str:
     return " ".join(n.split("_", 1)[1] for n in names) or "-"
 
 
-def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header] + rows]
-
-
 def _row(lib: census.LibraryCensus) -> List[str]:
     data = lib.to_json()
     row = [lib.path, str(data["containers"]), _short(data["sass"]), _short(data["ptx"])]
@@ -113,7 +109,7 @@ def render(report: census.CensusReport) -> str:
         header += [f"CLASS FOR {report.target}", "BEST", "NO CODE"]
     header.append("ERRORS")
     if report.libraries:
-        lines += _table(header, [_row(lib) for lib in report.libraries])
+        lines += table([_row(lib) for lib in report.libraries], header, rule=False).splitlines()
     else:
         lines.append("no ELF, cubin or fatbin files with device code found")
     lines += _no_code_lines(report)

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 
 import tomlkit
 
+from qualify import tables
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import DEFAULT_TARGETS_FILE, load
 from qualify.core.errors import ConfigError, RegistryError
@@ -100,11 +101,8 @@ def pin(path: Path = DEFAULT_TARGETS_FILE, names: Sequence[str] = (), resolver=r
 
 
 def table(changes: Sequence[PinChange]) -> str:
-    rows = [f"{'target':<13} {'tag':<45} {'old digest':<19} {'new digest':<19} status"]
-    for c in changes:
-        rows.append(f"{c.target:<13} {c.tag:<45} {c.old[:19]:<19} {c.new[:19]:<19} "
-                    f"{'CHANGED' if c.changed else 'unchanged'}")
-    return "\n".join(rows)
+    rows = [[c.target, c.tag, c.old[:19], c.new[:19], "CHANGED" if c.changed else "unchanged"] for c in changes]
+    return tables.table(rows, ["target", "tag", "old digest", "new digest", "status"], rule=False)
 
 
 def as_json(changes: Sequence[PinChange]) -> List[Dict[str, object]]:

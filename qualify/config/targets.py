@@ -18,6 +18,7 @@ import tomllib
 
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import arch
+from qualify.core.enums import BaseKind, Profile, SupportLevel
 from qualify.core.errors import ConfigError
 from qualify.core.readlimit import TARGETS_LIMIT, read_small
 
@@ -26,9 +27,10 @@ DEFAULT_TARGETS_FILE = REPO_ROOT / "images" / "targets.toml"
 LOCKS_DIR = REPO_ROOT / "images" / "locks"
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
-INTENDED_LEVELS = ("baseline", "optimized", "experimental")
-PROFILES = ("smoke", "vllm")
-BASE_KINDS = ("pinned", "hermetic")
+# The closed vocabularies live in core/enums.py; these are the values a targets file may use.
+INTENDED_LEVELS = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value, SupportLevel.EXPERIMENTAL.value)
+PROFILES = Profile.values()
+BASE_KINDS = BaseKind.values()
 
 # Allowed keys per table, with their types. An unknown key is an error.
 _TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "defaults": dict, "targets": dict}
@@ -123,11 +125,6 @@ class Target:
     @property
     def uname_machine(self) -> str:
         return {"amd64": "x86_64", "arm64": "aarch64"}[self.arch_tag]
-
-    @property
-    def gpu_name(self) -> str:
-        """ptxas's --gpu-name for this target as Triton asks for it."""
-        return arch.triton_gpu_name(self.capability)
 
     def python_for(self, base_kind: str, hermetic: Hermetic) -> str:
         return hermetic.python if base_kind == "hermetic" else self.base.python

@@ -127,10 +127,6 @@ class CodeTarget:
         return cls(kind, Capability.from_number(int(m.group(2))), Variant(m.group(3)))
 
     @classmethod
-    def sass(cls, number: int, variant: Variant = Variant.PLAIN) -> CodeTarget:
-        return cls(CodeKind.SASS, Capability.from_number(number), variant)
-
-    @classmethod
     def ptx(cls, number: int, variant: Variant = Variant.PLAIN) -> CodeTarget:
         return cls(CodeKind.PTX, Capability.from_number(number), variant)
 
@@ -291,10 +287,6 @@ def parse_torch_arch_list(text: str) -> List[TorchArch]:
             raise ArchError(f"TORCH_CUDA_ARCH_LIST {text!r}: {e} appears twice")
         seen.add(str(e))
     return entries
-
-
-def render_torch_arch_list(entries: Iterable[TorchArch]) -> str:
-    return ";".join(str(e) for e in entries)
 
 
 def gencode_flags(arch_list: str) -> List[str]:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from qualify.core import manifest as mf
+from qualify.core.enums import SupportLevel
 
 # Levels whose GPU evidence already comes from enough runs on the target (seed 000's promotion rule).
-PROVEN_LEVELS = ("baseline", "optimized")
+PROVEN_LEVELS = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value)
 
 
 class Action(str, enum.Enum):

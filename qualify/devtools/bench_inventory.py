@@ -54,6 +54,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from qualify.core import census, fatbin
 from qualify.core.arch import ArchError, CodeKind, CodeTarget
 from qualify.core.errors import ExternalCommandError, QualifyError
+from qualify.tables import table
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".cache" / "bench-venv"
@@ -231,11 +232,6 @@ def compare(lib: dict, elf_listing: str, ptx_listing: str) -> Comparison:
 # --- output ----------------------------------------------------------------------------------
 
 
-def _table(header: List[str], rows: List[List[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header] + rows)
-
-
 def _arch_key(name: str):
     target = CodeTarget.parse(name)
     return (target.kind is CodeKind.PTX, target.capability.number, target.variant.value)
@@ -254,7 +250,7 @@ def library_table(rows: List[Comparison], site: Path) -> str:
         for c in rows
     ]
     header = ["LIBRARY", "SIZE MB", "CONTAINERS", "NOT IN .nv_fatbin", "ARCHES IN .nv_fatbin (ours)", "AGREE"]
-    return _table(header, body)
+    return table(body, header, rule=False)
 
 
 def summary_table(tools: List[Tuple[str, Measurement]], theirs: Measurement) -> str:
@@ -269,7 +265,7 @@ def summary_table(tools: List[Tuple[str, Measurement]], theirs: Measurement) -> 
         ]
         for name, m in tools
     ]
-    return _table(["TOOL", "WALL S", "CPU S", "PEAK MB", "SPEED-UP (WALL)", "SPEED-UP (CPU)"], rows)
+    return table(rows, ["TOOL", "WALL S", "CPU S", "PEAK MB", "SPEED-UP (WALL)", "SPEED-UP (CPU)"], rule=False)
 
 
 def target_lines(full: Measurement, registered: Measurement, theirs: Measurement) -> List[str]:

@@ -18,13 +18,13 @@ import json
 import sys
 from typing import Dict, List, Optional
 
+from qualify import tables
 from qualify.build import image as build
 from qualify.build.engine import Engine
 from qualify.config import targets
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.probe.providers import observed_name, rules
 from qualify.qualification import container
-from qualify.release import report
 
 # A STAND-IN for the NVIDIA driver (none on a build host): enough symbols for vLLM to import.
 _STUB = " ".join(f"int {name}(void){{return 100;}}" for name in (
@@ -82,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ok = got.get(key) == want
                 mismatches += not ok
                 rows.append([cap, key, want, str(got.get(key)), "yes" if ok else "NO"])
-        print(report.table(rows, ["capability", "provider", "table", "vLLM", "agree"]))
+        print(tables.table(rows, ["capability", "provider", "table", "vLLM", "agree"]))
         print(f"{len(rows) - mismatches} of {len(rows)} choices agree")
         return 1 if mismatches else 0
     except QualifyError as exc:

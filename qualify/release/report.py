@@ -4,41 +4,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from qualify.core import manifest
+from qualify.tables import ELLIPSIS, clip, table  # noqa: F401  (ELLIPSIS: what cut text ends in)
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not-run": "----"}
-ELLIPSIS = "…"
 DEFAULT_WIDTH = 100
 _MIN_WIDTH = 40
-
-
-def clip(text: str, width: int) -> str:
-    """`text` cut to `width` characters, the cut marked with an ellipsis."""
-    text = str(text)
-    if width <= 0:
-        return ""
-    return text if len(text) <= width else text[: max(width - 1, 0)] + ELLIPSIS
-
-
-def _fit_widths(widths: List[int], total: int, sep: int = 2) -> List[int]:
-    """Shrink the widest columns until the row fits `total` characters (each keeps at least 4)."""
-    widths = list(widths)
-    while sum(widths) + sep * (len(widths) - 1) > total:
-        i = max(range(len(widths)), key=lambda k: widths[k])
-        if widths[i] <= 4:
-            break
-        widths[i] -= 1
-    return widths
-
-
-def table(rows: Sequence[Sequence[str]], headers: Sequence[str], width: Optional[int] = None) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)] if rows else [len(h) for h in headers]
-    if width is not None:
-        widths = _fit_widths(widths, width)
-    line = lambda r: "  ".join(clip(str(v), w).ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
