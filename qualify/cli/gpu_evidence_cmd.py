@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from qualify.config import targets
-from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.config.imageref import parse_pinned
 from qualify.core import manifest
 from qualify.core.errors import ConfigError
 
@@ -30,12 +30,7 @@ def execute(args) -> int:
     from qualify.build.engine import Engine
     from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
 
-    try:
-        ref = ImageRef.parse(args.image)
-    except ImageRefError as exc:
-        raise ConfigError(f"--image {args.image!r}: {exc}") from None
-    if not ref.pinned:
-        raise ConfigError(f"--image {args.image!r} is not pinned by digest", hint="give repository@sha256:<digest>")
+    ref = parse_pinned(args.image, "--image", ConfigError, hint="give repository@sha256:<digest>")
     target = targets.load(args.file).get(args.target)
     predicate = run_probe(Engine(args.engine).check(), ref.by_digest, probe_target(target, args.profile),
                           scope="gpu", gpus=args.gpus)

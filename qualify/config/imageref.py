@@ -64,3 +64,15 @@ class ImageRef:
             out += f"@{self.digest}"
         return out
 
+
+def parse_pinned(text: str, what: str, error: type = ImageRefError,
+                 hint: str = "write it as registry/name@sha256:<digest>") -> ImageRef:
+    """`text` as a reference pinned by digest, or `error` naming `what`: whatever is deployed, run or
+    published must be the image that was qualified, not what a tag points at today."""
+    try:
+        ref = ImageRef.parse(text)
+    except ImageRefError as exc:
+        raise error(f"{what} {text!r}: {exc}") from None
+    if not ref.pinned:
+        raise error(f"{what} {text!r} is not pinned by digest", hint=hint)
+    return ref

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.config.imageref import ImageRef, ImageRefError, parse_pinned
 from qualify.core import manifest as mf
 from qualify.deploy.errors import DeployError, NoReleaseError
 
@@ -125,14 +125,7 @@ def check_key_fingerprint(public_key: Path, pinned: str) -> str:
 
 
 def _digest_ref(text: str, what: str) -> ImageRef:
-    try:
-        ref = ImageRef.parse(text)
-    except ImageRefError as exc:
-        raise DeployError(f"{what}: {exc}") from None
-    if not ref.pinned:
-        raise DeployError(f"{what} {text!r} is not pinned by digest",
-                          hint="write it as registry/name@sha256:<digest>")
-    return ref
+    return parse_pinned(text, what, DeployError)
 
 
 def image_to_deploy(stmt: Mapping[str, Any], target: str, override: str = "") -> str:

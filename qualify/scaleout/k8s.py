@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from qualify.build import image as build_image
-from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.config.imageref import parse_pinned
 from qualify.config.targets import Target
 from qualify.core.errors import ConfigError
 from qualify.scaleout import yamlout
@@ -79,13 +79,8 @@ class GpuJob:
 
 def job_for(target: Target, image: str, probe_sha256: str, probe_image: Optional[str] = None,
             profile: Optional[str] = None, namespace: Optional[str] = None) -> GpuJob:
-    try:
-        ref = ImageRef.parse(image)
-    except ImageRefError as exc:
-        raise ConfigError(f"--image {image!r}: {exc}") from None
-    if not ref.pinned:
-        raise ConfigError(f"--image {image!r} is not pinned by digest",
-                          hint="give the published image as repository@sha256:<digest>: a Job must run what was released")
+    ref = parse_pinned(image, "--image", ConfigError,
+                       hint="give the published image as repository@sha256:<digest>: a Job must run what was released")
     if probe_image is None:
         suffix = "/" + build_image.image_repository(target)
         registry = ref.name[: -len(suffix)] if ref.name.endswith(suffix) else ref.name.rsplit("/", 1)[0]

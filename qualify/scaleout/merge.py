@@ -36,7 +36,7 @@ class MergeError(ConfigError):
 
 
 @dataclass(frozen=True)
-class Evidence:
+class EvidenceFile:
     source: Path
     target: str
     subject: str  # name
@@ -55,7 +55,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Merged:
-    evidence: Tuple[Evidence, ...]  # distinct, in file-name order
+    evidence: Tuple[EvidenceFile, ...]  # distinct, in file-name order
     duplicates: Tuple[Tuple[Path, Path], ...]  # (dropped, kept)
 
 
@@ -70,7 +70,7 @@ def _read(path: Path) -> bytes:
     return data
 
 
-def parse(path: Path) -> Evidence:
+def parse(path: Path) -> EvidenceFile:
     from qualify.qualification.stage import validate  # the manifest schema, checked in one place
 
     data = _read(path)
@@ -93,7 +93,7 @@ def parse(path: Path) -> Evidence:
     target = manifest.predicate(doc).get("target", {}).get("name")
     if not isinstance(target, str) or not target:
         raise MergeError(f"{path}: predicate.target.name is missing")
-    return Evidence(path, target, manifest.subject_name(doc), manifest.subject_digest(doc),
+    return EvidenceFile(path, target, manifest.subject_name(doc), manifest.subject_digest(doc),
                     "sha256:" + hashlib.sha256(canonical).hexdigest(), canonical)
 
 
@@ -113,9 +113,9 @@ def collect(inputs: Iterable[Path]) -> List[Path]:
 
 
 def merge(inputs: Iterable[Path]) -> Merged:
-    kept: Dict[str, Evidence] = {}
+    kept: Dict[str, EvidenceFile] = {}
     duplicates: List[Tuple[Path, Path]] = []
-    image_of: Dict[str, Evidence] = {}  # target -> first image evidence seen
+    image_of: Dict[str, EvidenceFile] = {}  # target -> first image evidence seen
     for path in collect(inputs):
         ev = parse(path)
         if ev.identity in kept:
