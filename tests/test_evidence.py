@@ -58,3 +58,18 @@ def test_two_gpu_evidence_shows_a_passing_allreduce_with_every_rank_and_bandwidt
     algbw = bw["bytes"] / (bw["time_us"] / 1e6) / 1e9
     assert abs(bw["algbw_gbs"] - algbw) / algbw < 1e-3 and bw["busbw_gbs"] == bw["algbw_gbs"]
     assert f"busbw {bw['busbw_gbs']:g} GB/s" in check["reason"]
+
+
+def _census_row(name: str, library: str) -> str:
+    text = (REPO / "manifests" / "evidence" / "vllm" / name).read_text()
+    return next(line for line in text.splitlines() if line.startswith(library))
+
+
+def test_vllm_wheel_census_leaves_kernel_less_containers_out_and_says_unknown_without_a_decoder():
+    """Issue 15, item 1, on the real vLLM 0.33.0 wheel: 11 kernel-less containers of `_C` are not units."""
+    c = "vllm/_C_stable_libtorch.abi3.so"
+    assert "25/107" in _census_row("census-wheel-sm120.txt", c).split()
+    assert "none" in _census_row("census-wheel-sm120.txt", "vllm/_deepselect_C.abi3.so").split()
+    undecided = _census_row("census-wheel-sm120-no-decoder.txt", c).split()
+    assert "unknown" in undecided and "none" not in undecided and "0/118" in undecided
+    assert "compatible" in _census_row("census-wheel-sm121.txt", c).split()  # best on 12.1: sm_120 code
