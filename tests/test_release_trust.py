@@ -333,9 +333,10 @@ def test_the_tag_message_has_a_changelog_since_the_previous_release(repo, keys):
 def test_steps_are_ordered_and_each_is_reported(repo, keys):
     key_file, _ = keys
     outcome = do_release(repo, key_file)
-    assert [s.name for s in outcome.steps] == ["tag", "tree", "key", "manifests", "source", "sign", "write", "commit",
-                                               "tag", "push", "publish"]
-    assert all(s.status == "done" for s in outcome.steps)
+    assert [s.name for s in outcome.steps] == ["tag", "tree", "key", "manifests", "source", "sign", "write",
+                                               "registry", "commit", "tag", "push", "publish"]
+    assert all(s.status == "done" for s in outcome.steps if s.name != "registry")
+    assert [s.status for s in outcome.steps if s.name == "registry"] == ["skipped"]  # no --publish-to
     assert formats.signature_path(repo / "manifests" / TAG / "sm100.json").is_file()
 
 
@@ -368,3 +369,26 @@ def test_force_re_signs_as_its_help_says(repo, keys):
     assert sig_file.read_bytes() != first and "sm100.json.sig" in outcome.written
     assert verify.verify(verify.VerifyOptions(repo / "manifests" / TAG / "sm100.json",
                                               key=repo / "manifests" / TAG / "cosign.pub")).verdict == "pass"
+
+
+
+def test_publishing_is_composed_between_writing_and_tagging_and_the_tag_names_the_published_images(repo, keys):
+    """The CLI composes qualify/publish in (tested against real TLS registries in test_publish.py); here a
+    STAND-IN for it writes the publication record, as publish does, so the composition alone is checked."""
+    key_file, _ = keys
+    published = f"registry.example/acme/sm100@{DIGEST_A}"
+
+    def stand_in_publish():
+        (repo / "manifests" / TAG / "published.json").write_text(json.dumps({"images": [{"target": "sm100",
+                                                                                         "reference": published}]}))
+        return ["Published to registry.example/acme:", f"  sm100  {published}"], ["published.json"]
+
+    outcome = release.run_release(options(repo), factory(key_file), served_as_recorded, progress=lambda m: None,
+                                  registry_publish=stand_in_publish)
+    names = [s.name for s in outcome.steps]
+    assert names.index("write") < names.index("registry") < names.index("commit")
+    message = git(repo, "cat-file", "-p", TAG)
+    assert f"  sm100  {published}" in message and "Published to registry.example/acme:" in message
+    assert published in git(repo, "show", f"{TAG}:manifests/{TAG}/published.json")
+    index = json.loads((repo / "manifests" / TAG / "release.json").read_text())
+    assert "published.json" in index["files"]  # a later --force may replace it: a release wrote it

@@ -40,6 +40,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: here)")
     parser.add_argument("--no-upload", action="store_true", help="do not run gh release create/upload")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    parser.add_argument("--publish-to", metavar="REGISTRY/NAMESPACE",
+                        help="also copy the images by digest, with signed attestations, to this registry before "
+                        "tagging (nox -s publish; credentials from docker's config.json); the tag message and "
+                        "published.json name the published references")
 
 
 def _print_human(o: release.Outcome) -> None:
@@ -63,6 +67,23 @@ def _print_human(o: release.Outcome) -> None:
         print(f"  (when the GitHub release does not exist yet: {cmd.quote(o.create_command)})")
 
 
+def _registry_publish(args, opts: release.ReleaseOptions):
+    """The publish stage, composed into the release between writing its folder and tagging."""
+
+    def run():
+        from qualify.publish import publish, record
+        from qualify.signing import formats
+
+        popts = publish.PublishOptions(tag=opts.tag, destination=publish.Destination.parse(args.publish_to),
+                                       release_root=opts.out_root, key=args.key, password=formats.read_password())
+        rec = publish.publish(popts)
+        path = opts.directory / record.RECORD_FILE
+        written = [p.name for p in (path, formats.signature_path(path), formats.bundle_path(path)) if p.exists()]
+        return record.tag_message_lines(rec), written
+
+    return run
+
+
 def execute(args) -> int:
     repo = release.git_root(args.repo)
     opts = release.ReleaseOptions(
@@ -80,7 +101,8 @@ def execute(args) -> int:
         push=args.push,
         remote=args.remote,
     )
-    outcome = release.run_release(opts, lambda: signer.key_signer(args.signer, args.key), registry_digest)
+    outcome = release.run_release(opts, lambda: signer.key_signer(args.signer, args.key), registry_digest,
+                                  registry_publish=_registry_publish(args, opts) if args.publish_to else None)
     if args.json:
         print(json.dumps(outcome.as_dict(), indent=2, sort_keys=True))
     elif args.dry_run:

@@ -617,8 +617,13 @@ def _files_for_upload(opts: ReleaseOptions, names: Sequence[str]) -> List[str]:
     return [f"{opts.folder}/{n}" for n in names]
 
 
+# Publishing to a registry, composed in by the CLI (qualify/publish; stages do not call each other):
+# () -> (lines for the tag message, files it wrote into the release folder).
+RegistryPublish = Callable[[], Tuple[List[str], List[str]]]
+
+
 def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: ImageResolver = registry_digest,
-                progress: Progress = stderr_progress) -> Outcome:
+                progress: Progress = stderr_progress, registry_publish: Optional[RegistryPublish] = None) -> Outcome:
     outcome = Outcome(opts.tag, str(opts.directory), dry_run=opts.dry_run)
     steps = _Steps(outcome, progress)
     steps.run("tag", f"check the tag name {opts.tag}", lambda: check_tag(opts))
@@ -647,14 +652,23 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     outcome.upload_command = upload_command(opts, _files_for_upload(opts, outcome.files))
     outcome.create_command = create_command(opts, _files_for_upload(opts, outcome.files))
     if opts.dry_run:
-        for name in ("sign", "write", "commit", "tag", "push", "publish"):
+        for name in ("sign", "write", "registry", "commit", "tag", "push", "publish"):
             steps.skip(name, "--dry-run")
         outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, None, "<sha256>", changes)
         return outcome
     sign, public_key = signer
     _write(opts, outcome, steps, candidates, sign, public_key)
+    published: List[str] = []
+    if registry_publish is None:
+        steps.skip("registry", "no --publish-to: the images stay where they were built")
+    else:
+        published, extra = steps.run("registry", "copy the images by digest, with their attestations, to the registry",
+                                     registry_publish, lambda r: f"{len(r[1])} file(s) written")
+        outcome.files = sorted(set(outcome.files) | set(extra))
+        _list_files(opts, outcome.files)
     index_sha = hashlib.sha256((opts.directory / INDEX_FILE).read_bytes()).hexdigest()
-    outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, public_key, index_sha, changes)
+    outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, public_key, index_sha,
+                                      [*changes, *([""] if changes and published else []), *published])
     outcome.release_commit = steps.run(
         "commit", f"commit {opts.folder}/ on top of {outcome.source_revision[:12]}",
         lambda: release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message))
@@ -667,6 +681,16 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
                               lambda r: r[0])
     outcome.upload, outcome.upload_command = upload_result
     return outcome
+
+
+def _list_files(opts: ReleaseOptions, files: Sequence[str]) -> None:
+    """release.json lists every file a release wrote (what a later --force may replace), published ones too."""
+    path = opts.directory / INDEX_FILE
+    index = _read_index(path)
+    if index is None:
+        raise ReleaseError(f"{path}: the release index just written cannot be read back")
+    index["files"] = sorted(files)
+    write_atomic(path, canonical_json(index))
 
 
 def _write(opts: ReleaseOptions, outcome: Outcome, steps: _Steps, candidates: List[Candidate], sign,
