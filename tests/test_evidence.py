@@ -73,3 +73,19 @@ def test_vllm_wheel_census_leaves_kernel_less_containers_out_and_says_unknown_wi
     undecided = _census_row("census-wheel-sm120-no-decoder.txt", c).split()
     assert "unknown" in undecided and "none" not in undecided and "0/118" in undecided
     assert "compatible" in _census_row("census-wheel-sm121.txt", c).split()  # best on 12.1: sm_120 code
+
+
+def test_h200_evidence_records_the_bf16_rate_and_names_its_probe():
+    doc = manifest.load(REPO / "manifests" / "evidence" / "h200" / "probe-sm120.json")
+    p = manifest.predicate(doc)
+    bf16 = {c["id"]: c for c in p["checks"]}["gpu.bf16-matmul"]
+    assert bf16["status"] == "pass" and 100 < bf16["evidence"]["tflops"] < 2000
+    assert p["toolkit"]["probe_sha256"].startswith("sha256:")
+
+
+def test_the_manifest_schema_knows_every_compatibility_class():
+    from qualify.core.arch import Compat
+
+    library = SCHEMA["properties"]["predicate"]["properties"]["census"]["properties"]["libraries"]["items"]
+    for key in ("class", "best"):
+        assert set(library["properties"][key]["enum"]) - {None} == {c.value for c in Compat}
