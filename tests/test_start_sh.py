@@ -552,3 +552,27 @@ def test_without_a_release_folder_the_registry_attestation_is_the_trust_anchor(h
     host.settings(MANIFESTS_DIR=empty, IMAGE=image, RELEASE_PUBLIC_KEY=f"{other}.pub")
     refused = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified", timeout=300)
     assert refused.returncode == 4 and "its attestation in the registry does not verify" in refused.stderr
+
+
+def test_a_release_tag_the_checkout_lacks_is_fetched_from_its_github_release_and_verified(host, docker_engine,
+                                                                                          tmp_path):
+    """A deploy host that cloned the source, not the release: RELEASE_TAG names a release whose folder is not
+    here. The STAND-IN `gh` (tests/standin/gh; GitHub is not reachable from these machines) serves the release's
+    assets as `nox -s release` uploads them; start.sh downloads them into manifests/<tag>/ and verifies them."""
+    released(host)
+    assets = tmp_path / "github-assets"
+    shutil.move(str(host.manifests / "v1.0.0"), str(assets / "v1.0.0"))
+    (host.root / "bin" / "gh").symlink_to(REPO / "tests" / "standin" / "gh")
+    host.settings(RELEASE_TAG="v1.0.0")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", STANDIN_GH_ASSETS=str(assets))
+    assert done.returncode == 0, done.stderr
+    assert "release v1.0.0: fetched its files from the GitHub release" in done.stderr
+    assert (host.manifests / "v1.0.0" / "sm120.json.sig").is_file()
+    assert "trust gate: passed" in done.stderr
+    # A tampered asset is fetched too, and refused by the signature check: the download vouches for nothing.
+    shutil.rmtree(host.manifests / "v1.0.0")
+    stmt = json.loads((assets / "v1.0.0" / "sm120.json").read_text())
+    stmt["predicate"]["support_level"] = "optimized"
+    (assets / "v1.0.0" / "sm120.json").write_text(json.dumps(stmt))
+    refused = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", STANDIN_GH_ASSETS=str(assets))
+    assert refused.returncode == 4 and "signature" in refused.stderr

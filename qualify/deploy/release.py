@@ -36,6 +36,40 @@ def release_tags(manifests_dir: Path, target: str) -> List[str]:
     return sorted(tags, key=_version_key)
 
 
+_TAG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+def fetch_release(manifests_dir: Path, tag: str, github_repo: str = "") -> Optional[Path]:
+    """The release's files from its GitHub release (`gh release download`) into manifests/<tag>/, when this
+    checkout lacks them; None when there is no gh. They are verified afterwards exactly as checked-out ones."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    gh = shutil.which("gh")
+    if gh is None:
+        return None
+    if not _TAG_NAME.fullmatch(tag):
+        raise DeployError(f"RELEASE_TAG={tag!r} is not a tag name", hint="use the release's version tag, e.g. v1.2.0")
+    dest = manifests_dir / tag
+    if dest.exists():
+        return None  # a folder is here: it is what the release has, never overwritten
+    manifests_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{tag}.download-", dir=manifests_dir))  # not a release until whole
+    argv = [gh, "release", "download", tag, "--dir", str(tmp)] + (["--repo", github_repo] if github_repo else [])
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        proc = None
+    if proc is None or proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        said = (proc.stderr or proc.stdout).strip()[-300:] if proc else "timed out after 600 s"
+        raise DeployError(f"gh release download {tag} failed: {said}",
+                          hint="check `gh auth status` and RELEASE_GITHUB_REPO, or check the release tag out")
+    tmp.rename(dest)
+    return dest
+
+
 def release_files(manifests_dir: Path, target: str, tag: str = "") -> ReleaseFiles:
     """The manifest, signature and public key of `tag` (the newest release when empty)."""
     tags = release_tags(manifests_dir, target)

@@ -76,13 +76,28 @@ class Deploy:
                    f"update this checkout to a release that has one (git pull --tags), or set RELEASE_TAG in {self.s.env_file}",
                    f"or, at your own risk: set IMAGE=registry/name@sha256:... in {self.s.env_file} and pass --allow-unqualified")
 
+    def release_files(self, manifests: Path) -> rel.ReleaseFiles:
+        """The release's files from this checkout, or from its GitHub release when RELEASE_TAG names one this
+        checkout lacks (a deploy host that cloned the source, not the release tag)."""
+        tag = self.s["RELEASE_TAG"]
+        try:
+            return rel.release_files(manifests, self.target, tag)
+        except NoReleaseError:
+            if not tag or (manifests / tag).exists():
+                raise
+            fetched = rel.fetch_release(manifests, tag, self.s["RELEASE_GITHUB_REPO"])
+            if fetched is None:
+                raise
+            self.ui.say(f"release {tag}: fetched its files from the GitHub release into {fetched}")
+            return rel.release_files(manifests, self.target, tag)
+
     def trust_gate(self) -> Trust:
         from qualify.release import verify as vf  # cryptography: needed from here on, not for preflight
 
         manifests = self.s.path("MANIFESTS_DIR")
         self.ui.say(f"trust gate: release {self.s['RELEASE_TAG'] or '(newest)'} for {self.target} under {manifests}")
         try:
-            files = rel.release_files(manifests, self.target, self.s["RELEASE_TAG"])
+            files = self.release_files(manifests)
             stmt = mf.load(files.manifest)
             image = rel.image_to_deploy(stmt, self.target, self.s["IMAGE"])
             pinned = self.s["RELEASE_KEY_FINGERPRINT"]
