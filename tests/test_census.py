@@ -198,7 +198,8 @@ def test_explicit_paths(fx, tmp_path):
 # --- runs in images: Python 3.9, standard library only -----------------------------
 
 
-OWN_MODULES = ["qualify/core/fatbin.py", "qualify/core/census.py", "qualify/cli/inspect_cmd.py"]
+OWN_MODULES = ["qualify/core/fatbin.py", "qualify/core/fatbin_model.py", "qualify/core/elf.py", "qualify/core/kernels.py",
+               "qualify/core/census.py", "qualify/cli/inspect_cmd.py"]
 
 
 @pytest.mark.parametrize("module", OWN_MODULES)

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, require
 from cuda_fixtures import built
 
-from qualify.core import census, fatbin
+from qualify.core import census, elf, fatbin
 from qualify.core.arch import Capability, Compat
 
 BLACKWELL = ["10.0", "10.3", "12.0", "12.1"]
@@ -210,7 +210,7 @@ def test_stripped_section_headers_fall_back_to_segments(fx, tmp_path):
     assert scan.ok, scan.errors
     original = fatbin.read_file(str(fx.lib("plain")))
     assert [[e.name for e in c.entries] for c in scan.containers] == [[e.name for e in c.entries] for c in original.containers]
-    assert all(c.section.startswith(fatbin.SEGMENT_PREFIX) and c.registered for c in scan.containers)
+    assert all(c.section.startswith(elf.SEGMENT_PREFIX) and c.registered for c in scan.containers)
     for target in BLACKWELL:
         assert judged(stripped, target).klass == judged(fx.lib("plain"), target).klass
 

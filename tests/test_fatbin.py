@@ -15,7 +15,7 @@ from conftest import REPO, require
 from cuda_fixtures import COMPRESSION_FLAGS, SO_GENCODES, built, cuobjdump_arches, deadline, find_cuobjdump
 from elftools.elf.elffile import ELFFile
 
-from qualify.core import fatbin
+from qualify.core import fatbin, fatbin_model
 from qualify.core.arch import Variant
 
 EXPECTED_CODE = {
@@ -30,7 +30,7 @@ def fx(nvcc, tmp_path_factory):
     return built(nvcc, tmp_path_factory)
 
 
-def names(container: fatbin.Container) -> List[str]:
+def names(container: fatbin_model.Container) -> List[str]:
     return [e.name for e in container.entries]
 
 
@@ -216,7 +216,7 @@ def test_benchmark_comparison(fx, cuobjdump):
 # --- damaged files: error records, never exceptions or hangs ------------------------------
 
 
-def read_damaged(path: Path) -> fatbin.FileScan:
+def read_damaged(path: Path) -> fatbin_model.FileScan:
     with deadline(10):
         scan = fatbin.read_file(str(path))
     assert all(isinstance(e, str) and e for e in scan.errors)
@@ -297,7 +297,7 @@ def test_zero_sizes_are_not_loops(fx, tmp_path):
     scan = read_damaged(out)
     assert scan.containers[1].entries == [] and scan.errors
     # Entries with an empty payload advance by their header.
-    data = struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 16, 0x40 * 20000)
+    data = struct.pack("<IHHQ", fatbin_model.FATBIN_MAGIC, 1, 16, 0x40 * 20000)
     entry = bytearray(0x40)
     struct.pack_into("<HxxIQ", entry, 0, 2, 0x40, 0)
     struct.pack_into("<I", entry, 0x1C, 120)
@@ -419,7 +419,7 @@ def test_memory_stays_bounded(tmp_path):
 
 def test_record_counts_are_bounded(tmp_path, monkeypatch):
     """A file of millions of tiny valid records must not exhaust memory."""
-    empty = struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 16, 0)
+    empty = struct.pack("<IHHQ", fatbin_model.FATBIN_MAGIC, 1, 16, 0)
     many = tmp_path / "empties.fatbin"
     many.write_bytes(empty * 50)
     monkeypatch.setattr(fatbin, "MAX_CONTAINERS", 10)
@@ -430,17 +430,17 @@ def test_record_counts_are_bounded(tmp_path, monkeypatch):
     struct.pack_into("<HxxIQ", entry, 0, 2, 0x40, 0)
     struct.pack_into("<I", entry, 0x1C, 120)
     big = tmp_path / "entries.fatbin"
-    big.write_bytes(struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 16, 0x40 * 1000) + bytes(entry) * 1000)
+    big.write_bytes(struct.pack("<IHHQ", fatbin_model.FATBIN_MAGIC, 1, 16, 0x40 * 1000) + bytes(entry) * 1000)
     monkeypatch.setattr(fatbin, "MAX_ENTRIES", 100)
     assert "stopped after 100 entries" in read_damaged(big).errors[-1]
 
 
 def test_error_count_is_bounded(tmp_path):
-    bad = struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 9, 16, 0)  # version 9, over and over
+    bad = struct.pack("<IHHQ", fatbin_model.FATBIN_MAGIC, 9, 16, 0)  # version 9, over and over
     path = tmp_path / "bad.fatbin"
     path.write_bytes(bad * 1000)
     scan = read_damaged(path)
-    assert len(scan.errors) == fatbin.MAX_ERRORS + 1 and "stopped after" in scan.errors[-1]
+    assert len(scan.errors) == fatbin_model.MAX_ERRORS + 1 and "stopped after" in scan.errors[-1]
 
 
 @pytest.mark.parametrize("near, first, window", [(0, 1, 5), (0, 4, 4), (64, 16, 1 << 16), (0, 7, 9)])
@@ -454,18 +454,18 @@ def test_next_match_finds_every_needle_in_order(tmp_path, monkeypatch, near, fir
     data = bytearray(rng.getrandbits(8) for _ in range(200_000))
     for _ in range(60):  # planted needles, some overlapping or adjacent
         pos = rng.randrange(len(data) - 8)
-        data[pos : pos + 8] = fatbin.CONTAINER_PREFIX
+        data[pos : pos + 8] = fatbin_model.CONTAINER_PREFIX
     path = tmp_path / "blob"
     path.write_bytes(bytes(data))
-    expected, i = [], data.find(fatbin.CONTAINER_PREFIX)
+    expected, i = [], data.find(fatbin_model.CONTAINER_PREFIX)
     while i >= 0:
         expected.append(i)
-        i = data.find(fatbin.CONTAINER_PREFIX, i + 1)
+        i = data.find(fatbin_model.CONTAINER_PREFIX, i + 1)
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        reader = fatbin._ContainerReader(mm, fatbin.FileScan(str(path), "unknown", len(data)))
+        reader = fatbin._ContainerReader(mm, fatbin_model.FileScan(str(path), "unknown", len(data)))
         found, pos = [], 0
         while True:
-            pos = reader.next_match(fatbin.CONTAINER_PREFIX, pos, len(data))
+            pos = reader.next_match(fatbin_model.CONTAINER_PREFIX, pos, len(data))
             if pos >= len(data):
                 break
             found.append(pos)

@@ -7,8 +7,8 @@ Public API:
     CensusReport.for_target(target) -> CensusReport   (re-judge, no re-read)
     CensusReport.to_json() -> dict
     iter_files(paths) -> Iterator[Tuple[str, bool]]   ((path, given explicitly))
-    judge(scan: fatbin.FileScan, target: Capability) -> TargetVerdict
-    fatbin.read_file(path, embedded=True) -> fatbin.FileScan   (one file, never raises)
+    judge(scan: fatbin_model.FileScan, target: Capability) -> TargetVerdict
+    fatbin.read_file(path, embedded=True) -> fatbin_model.FileScan   (one file, never raises)
 
 How a library is judged for a target (arch.compatibility and arch.best do
 every architecture decision):
@@ -70,7 +70,7 @@ and no-code units by file offset, architecture lists by capability:
             "no_code": [{"section": s, "offset": <int> | null, "containers": n,
                          "sass": [...], "ptx": [...]}]
           },
-          "details": [<container>, ...]   # only with detail=True: fatbin.Container.to_json()
+          "details": [<container>, ...]   # only with detail=True: fatbin_model.Container.to_json()
         }
       ]
     }
@@ -85,7 +85,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
-from qualify.core import fatbin
+from qualify.core import fatbin, fatbin_model, kernels
 from qualify.core.arch import (
     Capability,
     CodeKind,
@@ -106,10 +106,10 @@ ROLE_RELOCATABLE = "relocatable"
 
 _CLASSES = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.UNKNOWN, Compat.NONE]
 _COMPRESSIONS = ("none", "lz4", "zstd", "unknown")
-_STUBS = (fatbin.STUB_YES, fatbin.STUB_NO, fatbin.STUB_UNKNOWN)
+_STUBS = (fatbin_model.STUB_YES, fatbin_model.STUB_NO, fatbin_model.STUB_UNKNOWN)
 
 
-def role(container: fatbin.Container) -> str:
+def role(container: fatbin_model.Container) -> str:
     if container.relocatable:
         return ROLE_RELOCATABLE
     return ROLE_REGISTERED if container.registered else ROLE_EMBEDDED
@@ -123,14 +123,14 @@ def _names(targets: Iterable[CodeTarget]) -> List[str]:
     return [str(t) for t in sorted(set(targets), key=_target_key)]
 
 
-def _entry_keys(containers: Iterable[fatbin.Container]) -> Set[Tuple[int, int, Variant]]:
+def _entry_keys(containers: Iterable[fatbin_model.Container]) -> Set[Tuple[int, int, Variant]]:
     """Distinct (kind, arch, variant) of the entries: tens of thousands of
     entries in a library, a dozen distinct keys."""
     return {(e.kind_code, e.arch_number, e.variant) for c in containers for e in c.entries}
 
 
 def _targets_of(keys: Iterable[Tuple[int, int, Variant]]) -> List[CodeTarget]:
-    found = (fatbin.code_target_of(*key) for key in keys)
+    found = (fatbin_model.code_target_of(*key) for key in keys)
     return [t for t in found if t is not None]
 
 
@@ -147,7 +147,7 @@ class Unit:
 
     section: str
     offset: Optional[int]  # None for an embedded section judged as a whole
-    containers: List[fatbin.Container]
+    containers: List[fatbin_model.Container]
 
     def targets(self) -> List[CodeTarget]:
         """The distinct SASS and PTX targets of the unit."""
@@ -160,7 +160,7 @@ class Unit:
         unsure = {(e.kind_code, e.arch_number) for c in self.containers for e in c.entries if not e.variant_known}
         out = []
         for t in self.targets():
-            if (fatbin.KIND_CUBIN if t.kind is CodeKind.SASS else fatbin.KIND_PTX, t.capability.number) in unsure:
+            if (fatbin_model.KIND_CUBIN if t.kind is CodeKind.SASS else fatbin_model.KIND_PTX, t.capability.number) in unsure:
                 out.append(compatibility_variant_unknown(t, target))
             else:
                 out.append(compatibility(t, target))
@@ -171,7 +171,7 @@ class Unit:
     @property
     def holds_kernels(self) -> bool:
         """Some container is known to hold a kernel (not merely unknown)."""
-        return any(c.kernels == fatbin.KERNELS_YES for c in self.containers)
+        return any(c.kernels == kernels.KERNELS_YES for c in self.containers)
 
     def to_json(self) -> dict:
         targets = self.targets()
@@ -208,7 +208,7 @@ class TargetVerdict:
         }
 
 
-def units(scan: fatbin.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
+def units(scan: fatbin_model.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
     """The units to judge, in file order, and how many containers were left out and why."""
     excluded = {"link_stub": 0, "relocatable": 0, "no_driver_code": 0, "no_kernel": 0}
     out: List[Unit] = []
@@ -217,11 +217,11 @@ def units(scan: fatbin.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
         r = role(c)
         if r == ROLE_RELOCATABLE:
             excluded["relocatable"] += 1
-        elif c.link_stub == fatbin.STUB_YES:
+        elif c.link_stub == fatbin_model.STUB_YES:
             excluded["link_stub"] += 1
         elif not c.damaged and not any(e.code_target is not None for e in c.entries):
             excluded["no_driver_code"] += 1  # a damaged one is judged: its lost entries may be code
-        elif c.kernels == fatbin.KERNELS_NO:
+        elif c.kernels == kernels.KERNELS_NO:
             excluded["no_kernel"] += 1  # read whole: nothing to launch, nothing to miss
         elif r == ROLE_REGISTERED:
             out.append(Unit(c.section, c.offset, [c]))
@@ -252,7 +252,7 @@ def needs_cross_generation_jit(unit: Unit, target: Capability) -> bool:
     return all(is_cross_generation(t, target) for t in runnable)
 
 
-def judge(scan: fatbin.FileScan, target: Capability) -> TargetVerdict:
+def judge(scan: fatbin_model.FileScan, target: Capability) -> TargetVerdict:
     judged, excluded = units(scan)
     counts: Dict[Compat, int] = {}
     no_code: List[Unit] = []
@@ -275,7 +275,7 @@ def judge(scan: fatbin.FileScan, target: Capability) -> TargetVerdict:
 
 @dataclass
 class LibraryCensus:
-    scan: fatbin.FileScan
+    scan: fatbin_model.FileScan
     verdict: Optional[TargetVerdict] = None
 
     @property
@@ -283,7 +283,7 @@ class LibraryCensus:
         return self.scan.path
 
     def sections(self) -> Dict[str, dict]:
-        grouped: Dict[str, List[fatbin.Container]] = {}
+        grouped: Dict[str, List[fatbin_model.Container]] = {}
         for c in self.scan.containers:
             grouped.setdefault(c.section, []).append(c)
         out = {}
@@ -303,7 +303,7 @@ class LibraryCensus:
         others = sorted(
             (number, variant.value, kind, variant)
             for kind, number, variant in keys
-            if fatbin.code_target_of(kind, number, variant) is None
+            if fatbin_model.code_target_of(kind, number, variant) is None
         )
         compression = dict.fromkeys(_COMPRESSIONS, 0)
         stubs = dict.fromkeys(_STUBS, 0)
@@ -322,8 +322,8 @@ class LibraryCensus:
             "entries": entries,
             "sass": _kind_names(targets, CodeKind.SASS),
             "ptx": _kind_names(targets, CodeKind.PTX),
-            "lto_ir": [fatbin.entry_name(k, n, v) for n, _, k, v in others if k == fatbin.KIND_LTO_IR],
-            "other_kinds": [fatbin.entry_name(k, n, v) for n, _, k, v in others if k != fatbin.KIND_LTO_IR],
+            "lto_ir": [fatbin_model.entry_name(k, n, v) for n, _, k, v in others if k == fatbin_model.KIND_LTO_IR],
+            "other_kinds": [fatbin_model.entry_name(k, n, v) for n, _, k, v in others if k != fatbin_model.KIND_LTO_IR],
             "compression": compression,
             "link_stubs": stubs,
             "sections": self.sections(),
@@ -386,10 +386,10 @@ class Unreadable:
     reason: str
     directory: bool
 
-    def scan(self) -> fatbin.FileScan:
+    def scan(self) -> fatbin_model.FileScan:
         """As a census row, so every reader of the libraries sees the error."""
         what = "cannot list directory" if self.directory else "cannot read"
-        return fatbin.FileScan(path=self.path, format="directory" if self.directory else "unknown", size=0,
+        return fatbin_model.FileScan(path=self.path, format="directory" if self.directory else "unknown", size=0,
                                errors=[f"{what}: {self.reason}"], unreadable=True)
 
 
@@ -453,7 +453,7 @@ def _walk(root: str, unreadable: List[Unreadable]) -> Iterator[str]:
                 yield full
 
 
-def _read_one(path: str, explicit: bool, embedded: bool, decompress: bool) -> Optional[fatbin.FileScan]:
+def _read_one(path: str, explicit: bool, embedded: bool, decompress: bool) -> Optional[fatbin_model.FileScan]:
     """The scan of one file; None for a walked file that is neither ELF nor fatbin."""
     if not explicit:
         try:

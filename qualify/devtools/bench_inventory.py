@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from qualify.core import census, fatbin
+from qualify.core import census, fatbin_model
 from qualify.core.arch import ArchError, CodeKind, CodeTarget
 from qualify.core.errors import ExternalCommandError, QualifyError
 from qualify.tables import table
@@ -122,7 +122,8 @@ def find_libraries(site: Path) -> List[Path]:
     """Every file whose `.nv_fatbin` holds a container (what cuobjdump can list)."""
     report = census.scan([str(site)])
     return [
-        Path(lib.path) for lib in report.libraries if any(c.section == fatbin.SECTION_REGISTERED for c in lib.scan.containers)
+        Path(lib.path) for lib in report.libraries
+        if any(c.section == fatbin_model.SECTION_REGISTERED for c in lib.scan.containers)
     ]
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from qualify.core import census, fatbin
+from qualify.core import census, fatbin, fatbin_model
 from qualify.core.arch import Capability
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,10 +57,10 @@ def _fixtures(given: Optional[str]) -> List[bytes]:
 def _anchors(data: bytes) -> List[int]:
     """Offsets worth hitting: ELF header fields, container and entry headers."""
     out = [18, 24, 32, 40, 48, 58, 60, 62]
-    pos = data.find(fatbin.MAGIC_BYTES)
+    pos = data.find(fatbin_model.MAGIC_BYTES)
     while pos >= 0 and len(out) < 400:
         out += [pos + 4, pos + 6, pos + 8, pos + 16, pos + 20, pos + 24, pos + 32, pos + 44, pos + 56, pos + 72]
-        pos = data.find(fatbin.MAGIC_BYTES, pos + 4)
+        pos = data.find(fatbin_model.MAGIC_BYTES, pos + 4)
     return [o for o in out if o < len(data)]
 
 
