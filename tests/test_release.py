@@ -89,7 +89,7 @@ def builtin_factory(key_file: Path):
     return lambda: signer.key_signer("builtin", key_file, PASSWORD.encode())
 
 
-def do_release(root, key_file, resolve=built_images, **kw) -> release.Outcome:
+def do_release(root, key_file, resolve=built_images, **kw) -> release.ReleaseResult:
     return release.run_release(options(root, **kw), builtin_factory(key_file), resolve, progress=lambda m: None)
 
 

@@ -81,7 +81,7 @@ def factory(key_file: Path, calls=None):
     return make
 
 
-def do_release(root: Path, key_file: Path, resolve=served_as_recorded, **kw) -> release.Outcome:
+def do_release(root: Path, key_file: Path, resolve=served_as_recorded, **kw) -> release.ReleaseResult:
     return release.run_release(options(root, **kw), factory(key_file), resolve, progress=lambda m: None)
 
 

@@ -32,7 +32,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
 
+from qualify.build.progress import PushProgress
 from qualify.config.imageref import ImageRef
 from qualify.core.errors import BaseImageError, BuildError, EngineError
 
@@ -255,7 +255,8 @@ class Engine:
 
     def push(self, ref: str) -> str:
         """Push `name:tag` and return the registry's manifest digest, saying how it goes."""
-        progress = PushProgress(ref, self.inspect(ref))
+        info = self.inspect(ref)
+        progress = PushProgress(ref, info.size if info else 0)
         if self.name == "podman":
             with _TempFile() as digestfile:
                 self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref], timeout=1800)
@@ -553,44 +554,6 @@ def _tail(exc: DockerException, chars: int = 300) -> str:
     """What the engine said, briefly (python-on-whales keeps its stderr)."""
     said = (getattr(exc, "stderr", None) or getattr(exc, "stdout", None) or str(exc)).strip()
     return said[-chars:]
-
-
-class PushProgress:
-    """Progress of one push from the engine's per-layer lines: layers done, time, and at the end the rate.
-    A 12 GB image takes minutes; a silent push looks hung."""
-
-    def __init__(self, ref: str, info: Optional[ImageInfo], every_s: float = 10.0) -> None:
-        self.ref, self.size = ref, info.size if info else 0
-        self.start = self.last = time.monotonic()
-        self.every_s = every_s
-        self.layers: Dict[str, str] = {}
-
-    def line(self, text: str) -> None:
-        layer, _, state = text.partition(": ")
-        if state in ("Preparing", "Waiting", "Pushing", "Pushed", "Layer already exists"):
-            self.layers[layer] = state
-        elif state.startswith("Mounted from"):
-            self.layers[layer] = "Layer already exists"
-        else:
-            return
-        now = time.monotonic()
-        if now - self.last >= self.every_s or state in ("Pushed", "Layer already exists"):
-            self.last = now
-            print(f"[push] {self.ref}: {self._counts()}, {now - self.start:.0f} s", file=sys.stderr, flush=True)
-
-    def _counts(self) -> str:
-        pushed = sum(1 for s in self.layers.values() if s == "Pushed")
-        present = sum(1 for s in self.layers.values() if s == "Layer already exists")
-        return f"{pushed + present}/{len(self.layers)} layers done ({present} already in the registry)"
-
-    def done(self) -> None:
-        seconds = max(time.monotonic() - self.start, 1e-3)
-        present = sum(1 for s in self.layers.values() if s == "Layer already exists")
-        size = f"; image {self.size / 1e9:.2f} GB" if self.size else ""
-        # A rate means something only when every layer travelled (the engine reports no per-layer bytes).
-        rate = f", {self.size / seconds / 1e6:.0f} MB/s" if self.size and self.layers and not present else ""
-        counts = f": {self._counts()}" if self.layers else ""
-        print(f"[push] {self.ref}: done in {seconds:.1f} s{counts}{size}{rate}", file=sys.stderr, flush=True)
 
 
 def _full_id(image_id: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from qualify import cmd
 from qualify.core.manifest import LEVEL_RANK
-from qualify.release import release
+from qualify.release import gitops, model, release
 from qualify.release.verify import registry_digest
 from qualify.signing import signer
 
@@ -16,7 +16,7 @@ def configure_parser(parser) -> None:
     parser.add_argument("tag", help="the version tag to create, e.g. v1.2.0 or v1.2.0-rc.1 (semver)")
     parser.add_argument("--from", dest="source", type=Path,
                         help="folder of qualified manifests <target>.json (default: build/manifests)")
-    parser.add_argument("--min-level", choices=list(LEVEL_RANK), default=release.DEFAULT_MIN_LEVEL,
+    parser.add_argument("--min-level", choices=list(LEVEL_RANK), default=model.DEFAULT_MIN_LEVEL,
                         help="withhold targets below this support level (default: %(default)s)")
     parser.add_argument("--key", type=Path, default=Path("cosign.key"),
                         help="cosign private key (default: %(default)s); password from COSIGN_PASSWORD "
@@ -36,7 +36,7 @@ def configure_parser(parser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print what would be signed, written, tagged, pushed and uploaded; change nothing")
     parser.add_argument("--push", action="store_true", help="push the tag to --remote after tagging")
-    parser.add_argument("--remote", default=release.DEFAULT_REMOTE, help="git remote to push to (default: %(default)s)")
+    parser.add_argument("--remote", default=model.DEFAULT_REMOTE, help="git remote to push to (default: %(default)s)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: here)")
     parser.add_argument("--no-upload", action="store_true", help="do not run gh release create/upload")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary")
@@ -46,7 +46,7 @@ def configure_parser(parser) -> None:
                         "published.json name the published references")
 
 
-def _print_human(o: release.Outcome) -> None:
+def _print_human(o: model.ReleaseResult) -> None:
     print(f"Released {o.tag}: {len(o.released)} target(s) in {o.directory}")
     for e in o.released:
         print(f"  {e.target:<12} {e.support_level:<13} {e.image_digest}  manifest sha256:{e.manifest_sha256}")
@@ -85,7 +85,7 @@ def _registry_publish(args, opts: release.ReleaseOptions):
 
 
 def execute(args) -> int:
-    repo = release.git_root(args.repo)
+    repo = gitops.git_root(args.repo)
     opts = release.ReleaseOptions(
         tag=args.tag,
         repo=repo,

@@ -44,25 +44,33 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from qualify import cmd
 from qualify.core import manifest as mf
-from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
+from qualify.core.errors import ReleaseError, VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 from qualify.release import changelog
+from qualify.release.assess import assess_all, collect
+from qualify.release.gitops import create_tag, existing_tag, git, is_commit, release_commit, tracked_under
+from qualify.release.model import (
+    Candidate,
+    ReleasedTarget,
+    ReleaseOptions,
+    ReleaseResult,
+    StepResult,
+    Withheld,
+)
 from qualify.release.publish import create_command, push, push_command, upload, upload_command
-from qualify.release.verify import ImageResolver, match_digest, parse_manifest, registry_digest, target_name
+from qualify.release.verify import ImageResolver, registry_digest
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
 INDEX_FILE = "release.json"
 PUBLIC_KEY_FILE = "cosign.pub"
-DEFAULT_MIN_LEVEL = "unverified"
-DEFAULT_REMOTE = "origin"
 # Semantic Versioning 2.0.0 with an optional leading v; build metadata is not allowed in a tag.
 SEMVER_RE = re.compile(r"v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
                        r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?")
@@ -77,129 +85,29 @@ def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class ReleaseOptions:
-    tag: str
-    repo: Path
-    source: Path
-    out_root: Path
-    min_level: str = DEFAULT_MIN_LEVEL
-    force: bool = False
-    upload: bool = True
-    allow_partial: bool = False
-    allow_dirty: bool = False
-    any_tag: bool = False
-    dry_run: bool = False
-    push: bool = False
-    remote: str = DEFAULT_REMOTE
-
-    @property
-    def directory(self) -> Path:
-        return self.out_root / self.tag
-
-    @property
-    def folder(self) -> str:
-        """The release folder relative to the repository (as it is in the release commit)."""
-        return self.directory.relative_to(self.repo).as_posix()
 
 
-@dataclass(frozen=True)
-class Candidate:
-    target: str
-    path: Path
-    data: bytes
 
 
-@dataclass(frozen=True)
-class Withheld:
-    target: str
-    reason: str
 
 
-@dataclass(frozen=True)
-class Entry:
-    target: str
-    reference: str
-    image_digest: str
-    manifest_sha256: str
-    support_level: str
-    verdict: str
-    source_revision: str = ""
-
-    @property
-    def manifest_file(self) -> str:
-        return f"{self.target}.json"
-
-    @property
-    def files(self) -> List[str]:
-        return [self.manifest_file, self.manifest_file + formats.SIGNATURE_SUFFIX,
-                self.manifest_file + formats.BUNDLE_SUFFIX]
 
 
-@dataclass(frozen=True)
-class StepResult:
-    name: str
-    status: str  # done | skipped
-    detail: str
 
 
-@dataclass
-class Outcome:
-    tag: str
-    directory: str
-    released: List[Entry] = field(default_factory=list)
-    withheld: List[Withheld] = field(default_factory=list)
-    written: List[str] = field(default_factory=list)
-    unchanged: List[str] = field(default_factory=list)
-    left_untouched: List[str] = field(default_factory=list)
-    removed: List[str] = field(default_factory=list)
-    source_revision: str = ""
-    release_commit: str = ""
-    tag_object: str = ""
-    tag_message: str = ""
-    dirty: List[str] = field(default_factory=list)
-    push: str = "skipped"
-    push_command: List[str] = field(default_factory=list)
-    upload: str = "skipped"
-    upload_command: List[str] = field(default_factory=list)
-    create_command: List[str] = field(default_factory=list)
-    dry_run: bool = False
-    files: List[str] = field(default_factory=list)
-    steps: List[StepResult] = field(default_factory=list)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
 
 
 # --- git ----------------------------------------------------------------------
 
 
-def git(repo: Path, *args: str, check: bool = True, input_text: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None) -> cmd.Result:
-    return cmd.call(["git", *args], cwd=str(repo), check=check, input_text=input_text, timeout=120, env=env)
 
 
-def git_root(start: Path) -> Path:
-    if not Path(start).is_dir():
-        raise ReleaseError(f"{start} is not a folder")
-    result = git(start, "rev-parse", "--show-toplevel", check=False)
-    if result.returncode != 0:
-        raise ReleaseError(f"{start} is not in a git work tree", hint="run the release from the repository")
-    return Path(result.stdout.strip())
 
 
-def existing_tag(repo: Path, tag: str) -> Optional[str]:
-    result = git(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False)
-    return result.stdout.strip() or None
 
 
-def _is_commit(repo: Path, rev: str) -> bool:
-    return git(repo, "rev-parse", "-q", "--verify", f"{rev}^{{commit}}", check=False).returncode == 0
 
 
-def _tracked_under(repo: Path, rev: str, folder: str) -> List[str]:
-    out = git(repo, "ls-tree", "-r", "--name-only", "-z", rev, "--", folder + "/", check=False).stdout
-    return [p for p in out.split("\0") if p]
 
 
 # --- 1. tag -------------------------------------------------------------------
@@ -218,7 +126,7 @@ def _folder_collision(opts: ReleaseOptions) -> Optional[str]:
     dest = opts.directory
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         return f"{dest} exists and is not a folder"
-    tracked = _tracked_under(opts.repo, "HEAD", opts.folder)
+    tracked = tracked_under(opts.repo, "HEAD", opts.folder)
     if tracked:
         return f"{opts.folder}/ holds files committed on this branch ({', '.join(tracked[:3])}), not a release of {opts.tag}"
     if not dest.is_dir():
@@ -281,109 +189,20 @@ def check_tree(opts: ReleaseOptions) -> List[str]:
 # --- 4. manifests -------------------------------------------------------------
 
 
-def collect(source: Path) -> List[Candidate]:
-    paths = sorted(Path(source).glob("*.json"))
-    if not paths:
-        raise ReleaseError(f"no manifests in {source}", hint="qualify the targets first: nox -s qualify-<target>")
-    return [Candidate(p.stem, p, read_small(p, MANIFEST_LIMIT, "manifest", ReleaseError)) for p in paths]
 
 
-def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optional[str]:
-    pred = mf.predicate(stmt)
-    named = target_name(stmt)
-    if named and named != target:
-        return f"the manifest is for target {named!r}, not {target!r}"
-    failing = [str(c.get("id")) for c in mf.failing_checks(stmt)]
-    if failing:
-        return f"failing checks: {', '.join(failing)}"
-    if pred.get("verdict") == "fail":
-        return "verdict is fail"
-    problems = mf.value_problems(stmt)
-    if problems:
-        return "damaged manifest: " + "; ".join(problems)
-    level = pred.get("support_level")
-    if mf.LEVEL_RANK[level] < mf.LEVEL_RANK[min_level]:
-        return f"support level {level} is below --min-level {min_level}"
-    return None
 
 
-def _recorded_build_digest(repo: Path, stmt: Mapping[str, Any], target: str) -> Optional[Tuple[str, str]]:
-    """(record file, digest) of the build this checkout last recorded for the manifest's target/profile/base."""
-    labels = (mf.predicate(stmt).get("image") or {}).get("labels") or {}
-    profile = labels.get("dev.blackwell-qualify.profile")
-    base_kind = labels.get("dev.blackwell-qualify.base-kind")
-    if not (isinstance(profile, str) and isinstance(base_kind, str)):
-        return None
-    record = repo / "build" / "images" / f"{target}-{profile}-{base_kind}.json"
-    if not record.is_file():
-        return None
-    doc = strict_json(read_small(record, MANIFEST_LIMIT, "build record", ReleaseError), str(record), ReleaseError)
-    reference = doc.get("image_reference") if isinstance(doc, dict) else None
-    if not isinstance(reference, str) or "@" not in reference:
-        raise ReleaseError(f"{record}: build record has no image_reference by digest", hint="rebuild the target")
-    return str(record.relative_to(repo)), reference.split("@", 1)[1]
 
 
-def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[Path] = None) -> Union[Entry, Withheld]:
-    try:
-        stmt = parse_manifest(c.data, str(c.path))
-        mf.subject_digest(stmt)
-    except VerificationError as exc:
-        return Withheld(c.target, exc.message)
-    reason = _policy_reason(stmt, c.target, min_level)
-    if reason:
-        return Withheld(c.target, reason)
-    pred = mf.predicate(stmt)
-    reference = (pred.get("image") or {}).get("reference")
-    if not isinstance(reference, str) or "@sha256:" not in reference:
-        return Withheld(c.target, "the manifest records no image reference by digest")
-    recorded = _recorded_build_digest(repo, stmt, c.target) if repo is not None else None
-    if recorded and recorded[1] != reference.split("@", 1)[1]:
-        return Withheld(c.target, f"image digest check failed: the build recorded {recorded[1]} ({recorded[0]}), "
-                        f"the manifest is for {reference.split('@', 1)[1]}; re-qualify the target")
-    # By digest, never by a tag another checkout can move.
-    try:
-        served = resolve(reference)
-    except (ExternalCommandError, EngineError, RegistryError) as exc:
-        raise ReleaseError(f"cannot check image {reference} of target {c.target}: {exc.message}",
-                           hint="start the registry the image was pushed to, or release from the host that built it"
-                           ) from None
-    if served is None:
-        return Withheld(c.target, f"image digest check failed: the registry no longer serves {reference}")
-    try:
-        match_digest(stmt, reference, served)
-    except VerificationError as exc:
-        return Withheld(c.target, f"{exc.message} (the registry serves {served} for {reference})")
-    revision = (pred.get("toolkit") or {}).get("source_revision")
-    return Entry(c.target, reference, served, hashlib.sha256(c.data).hexdigest(), pred["support_level"],
-                 pred["verdict"], revision if isinstance(revision, str) else "")
 
 
-def assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: ImageResolver,
-               progress: Progress) -> Tuple[List[Entry], List[Withheld]]:
-    entries, withheld = [], []
-    for c in candidates:
-        result = assess(c, opts.min_level, resolve, opts.repo)
-        if isinstance(result, Withheld):
-            withheld.append(result)
-            progress(f"  withheld {c.target}: {result.reason}")
-        else:
-            entries.append(result)
-            progress(f"  {c.target}: {result.image_digest}, level {result.support_level}")
-    why = "; ".join(f"{w.target}: {w.reason}" for w in withheld)
-    if not entries:
-        raise ReleaseError(f"nothing to release: every target is withheld ({why})")
-    if withheld and not opts.allow_partial:
-        raise ReleaseError(f"{len(withheld)} of {len(candidates)} target(s) withheld ({why}); "
-                           "the release is not what was asked for, so nothing was signed, written or tagged",
-                           hint="fix the withheld targets, or pass --allow-partial to release the others")
-    return entries, withheld
 
 
 # --- 5. source ----------------------------------------------------------------
 
 
-def source_revision(opts: ReleaseOptions, entries: Sequence[Entry]) -> str:
+def source_revision(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> str:
     """The one commit the released manifests were built from: the release commit's parent."""
     named = {e.source_revision for e in entries}
     if len(named) != 1:
@@ -392,7 +211,7 @@ def source_revision(opts: ReleaseOptions, entries: Sequence[Entry]) -> str:
                            hint="qualify every target from one commit, then release")
     revision = named.pop()
     clean = revision[: -len(_DIRTY)] if revision.endswith(_DIRTY) else revision
-    if not re.fullmatch(r"[0-9a-f]{40}", clean) or not _is_commit(opts.repo, clean):
+    if not re.fullmatch(r"[0-9a-f]{40}", clean) or not is_commit(opts.repo, clean):
         raise ReleaseError(f"the manifests name source revision {revision!r}, which is not a commit in {opts.repo}",
                            hint="release from the repository the images were built from (git fetch)")
     if clean != revision and not opts.allow_dirty:
@@ -428,7 +247,7 @@ def _reuse_signature(dest: Path, c: Candidate, public_key, staging: Path) -> boo
     return True
 
 
-def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, public_key, force: bool = False) -> str:
+def sign_staged(entry: ReleasedTarget, c: Candidate, staging: Path, dest: Path, sign, public_key, force: bool = False) -> str:
     """Sign one manifest into staging; an interrupted run's valid signature is kept, unless --force (re-sign)."""
     blob = write_atomic(staging / entry.manifest_file, c.data)
     if not force and _reuse_signature(dest, c, public_key, staging):
@@ -441,14 +260,14 @@ def sign_staged(entry: Entry, c: Candidate, staging: Path, dest: Path, sign, pub
     return f"signed with {done.signer}"
 
 
-def release_files(entries: Sequence[Entry]) -> List[str]:
+def release_files(entries: Sequence[ReleasedTarget]) -> List[str]:
     """Every file the release writes into its folder (release.json lists them, itself included)."""
     return sorted([PUBLIC_KEY_FILE, INDEX_FILE] + [f for e in entries for f in e.files])
 
 
-def release_index(opts: ReleaseOptions, revision: str, entries: List[Entry], withheld: List[Withheld],
+def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],
                   public_key, dirty: Sequence[str] = ()) -> Dict[str, Any]:
-    def files(e: Entry) -> Dict[str, str]:
+    def files(e: ReleasedTarget) -> Dict[str, str]:
         return {"manifest": e.files[0], "signature": e.files[1], "bundle": e.files[2]}
 
     return {
@@ -542,24 +361,12 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
 # --- 8. commit ----------------------------------------------------------------
 
 
-def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], message: str) -> str:
-    """A commit of the parent's tree plus the release folder's files, made in a private index:
-    the work tree, the index and every branch stay as they are."""
-    with tempfile.TemporaryDirectory(prefix="qualify-release-index-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git(opts.repo, "read-tree", parent, env=env)
-        git(opts.repo, "rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", opts.folder, env=env)
-        for name in files:
-            blob = git(opts.repo, "hash-object", "-w", "--", str(opts.directory / name)).stdout.strip()
-            git(opts.repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{opts.folder}/{name}", env=env)
-        tree = git(opts.repo, "write-tree", env=env).stdout.strip()
-    return git(opts.repo, "commit-tree", tree, "-p", parent, "-F", "-", input_text=message).stdout.strip()
 
 
 # --- 9. tag -------------------------------------------------------------------
 
 
-def tag_message(opts: ReleaseOptions, entries: List[Entry], withheld: List[Withheld], public_key,
+def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: List[Withheld], public_key,
                 index_sha256: str, changes: Sequence[str] = ()) -> str:
     rel = opts.folder
     lines = [f"Qualification release {opts.tag}", "", "Released targets (image digest, manifest sha256, level):"]
@@ -575,9 +382,6 @@ def tag_message(opts: ReleaseOptions, entries: List[Entry], withheld: List[Withh
     return "\n".join(lines) + "\n"
 
 
-def create_tag(repo: Path, tag: str, message: str, force: bool, commit: str = "HEAD") -> str:
-    git(repo, "tag", "-a", *(["-f"] if force else []), tag, commit, "-F", "-", input_text=message)
-    return existing_tag(repo, tag) or ""
 
 
 # --- orchestration ------------------------------------------------------------
@@ -596,7 +400,7 @@ def _remove_stale_staging(parent: Path, tag: str) -> None:
 class _Steps:
     """Runs the ordered steps, timing each and recording it as done or skipped with the reason."""
 
-    def __init__(self, outcome: Outcome, progress: Progress) -> None:
+    def __init__(self, outcome: ReleaseResult, progress: Progress) -> None:
         self.outcome, self.progress = outcome, progress
 
     def run(self, name: str, what: str, fn: Callable[[], Any], detail: Callable[[Any], str] = str) -> Any:
@@ -623,8 +427,8 @@ RegistryPublish = Callable[[], Tuple[List[str], List[str]]]
 
 
 def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: ImageResolver = registry_digest,
-                progress: Progress = stderr_progress, registry_publish: Optional[RegistryPublish] = None) -> Outcome:
-    outcome = Outcome(opts.tag, str(opts.directory), dry_run=opts.dry_run)
+                progress: Progress = stderr_progress, registry_publish: Optional[RegistryPublish] = None) -> ReleaseResult:
+    outcome = ReleaseResult(opts.tag, str(opts.directory), dry_run=opts.dry_run)
     steps = _Steps(outcome, progress)
     steps.run("tag", f"check the tag name {opts.tag}", lambda: check_tag(opts))
     if opts.allow_dirty:
@@ -693,7 +497,7 @@ def _list_files(opts: ReleaseOptions, files: Sequence[str]) -> None:
     write_atomic(path, canonical_json(index))
 
 
-def _write(opts: ReleaseOptions, outcome: Outcome, steps: _Steps, candidates: List[Candidate], sign,
+def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], sign,
            public_key) -> None:
     by_target = {c.target: c for c in candidates}
     # Staged beside manifests/, not in it: deploy lists manifests/ for releases,
@@ -728,7 +532,7 @@ def _write(opts: ReleaseOptions, outcome: Outcome, steps: _Steps, candidates: Li
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def dry_run_lines(o: Outcome, opts: ReleaseOptions) -> List[str]:
+def dry_run_lines(o: ReleaseResult, opts: ReleaseOptions) -> List[str]:
     """What a dry run would do, for people."""
     lines = [f"Dry run of release {o.tag} (nothing signed, written, tagged, pushed or uploaded)", "", "Would sign:"]
     lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.image_digest}, {e.support_level})"

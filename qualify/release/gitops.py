@@ -1,0 +1,65 @@
+"""The release's git operations: the release commit built in a private index (the work tree, the index
+and the branches stay as they are), the annotated tag, and the questions asked of the repository."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence
+
+from qualify import cmd
+from qualify.core.errors import ReleaseError
+from qualify.release.model import ReleaseOptions
+
+
+def git(repo: Path, *args: str, check: bool = True, input_text: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None) -> cmd.Result:
+    return cmd.call(["git", *args], cwd=str(repo), check=check, input_text=input_text, timeout=120, env=env)
+
+
+
+def git_root(start: Path) -> Path:
+    if not Path(start).is_dir():
+        raise ReleaseError(f"{start} is not a folder")
+    result = git(start, "rev-parse", "--show-toplevel", check=False)
+    if result.returncode != 0:
+        raise ReleaseError(f"{start} is not in a git work tree", hint="run the release from the repository")
+    return Path(result.stdout.strip())
+
+
+
+def existing_tag(repo: Path, tag: str) -> Optional[str]:
+    result = git(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False)
+    return result.stdout.strip() or None
+
+
+
+def is_commit(repo: Path, rev: str) -> bool:
+    return git(repo, "rev-parse", "-q", "--verify", f"{rev}^{{commit}}", check=False).returncode == 0
+
+
+
+def tracked_under(repo: Path, rev: str, folder: str) -> List[str]:
+    out = git(repo, "ls-tree", "-r", "--name-only", "-z", rev, "--", folder + "/", check=False).stdout
+    return [p for p in out.split("\0") if p]
+
+
+
+def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], message: str) -> str:
+    """A commit of the parent's tree plus the release folder's files, made in a private index:
+    the work tree, the index and every branch stay as they are."""
+    with tempfile.TemporaryDirectory(prefix="qualify-release-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(opts.repo, "read-tree", parent, env=env)
+        git(opts.repo, "rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", opts.folder, env=env)
+        for name in files:
+            blob = git(opts.repo, "hash-object", "-w", "--", str(opts.directory / name)).stdout.strip()
+            git(opts.repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{opts.folder}/{name}", env=env)
+        tree = git(opts.repo, "write-tree", env=env).stdout.strip()
+    return git(opts.repo, "commit-tree", tree, "-p", parent, "-F", "-", input_text=message).stdout.strip()
+
+
+
+def create_tag(repo: Path, tag: str, message: str, force: bool, commit: str = "HEAD") -> str:
+    git(repo, "tag", "-a", *(["-f"] if force else []), tag, commit, "-F", "-", input_text=message)
+    return existing_tag(repo, tag) or ""

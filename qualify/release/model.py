@@ -1,0 +1,112 @@
+"""What a release is made of and what it gives back: options, candidates, released and withheld
+targets, the steps' results. Typed hand-offs between the release's steps (release.py) and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List
+
+from qualify.signing import formats
+
+DEFAULT_MIN_LEVEL = "unverified"
+DEFAULT_REMOTE = "origin"
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    tag: str
+    repo: Path
+    source: Path
+    out_root: Path
+    min_level: str = DEFAULT_MIN_LEVEL
+    force: bool = False
+    upload: bool = True
+    allow_partial: bool = False
+    allow_dirty: bool = False
+    any_tag: bool = False
+    dry_run: bool = False
+    push: bool = False
+    remote: str = DEFAULT_REMOTE
+
+    @property
+    def directory(self) -> Path:
+        return self.out_root / self.tag
+
+    @property
+    def folder(self) -> str:
+        """The release folder relative to the repository (as it is in the release commit)."""
+        return self.directory.relative_to(self.repo).as_posix()
+
+
+
+@dataclass(frozen=True)
+class Candidate:
+    target: str
+    path: Path
+    data: bytes
+
+
+
+@dataclass(frozen=True)
+class Withheld:
+    target: str
+    reason: str
+
+
+
+@dataclass(frozen=True)
+class ReleasedTarget:
+    target: str
+    reference: str
+    image_digest: str
+    manifest_sha256: str
+    support_level: str
+    verdict: str
+    source_revision: str = ""
+
+    @property
+    def manifest_file(self) -> str:
+        return f"{self.target}.json"
+
+    @property
+    def files(self) -> List[str]:
+        return [self.manifest_file, self.manifest_file + formats.SIGNATURE_SUFFIX,
+                self.manifest_file + formats.BUNDLE_SUFFIX]
+
+
+
+@dataclass(frozen=True)
+class StepResult:
+    name: str
+    status: str  # done | skipped
+    detail: str
+
+
+
+@dataclass
+class ReleaseResult:
+    tag: str
+    directory: str
+    released: List[ReleasedTarget] = field(default_factory=list)
+    withheld: List[Withheld] = field(default_factory=list)
+    written: List[str] = field(default_factory=list)
+    unchanged: List[str] = field(default_factory=list)
+    left_untouched: List[str] = field(default_factory=list)
+    removed: List[str] = field(default_factory=list)
+    source_revision: str = ""
+    release_commit: str = ""
+    tag_object: str = ""
+    tag_message: str = ""
+    dirty: List[str] = field(default_factory=list)
+    push: str = "skipped"
+    push_command: List[str] = field(default_factory=list)
+    upload: str = "skipped"
+    upload_command: List[str] = field(default_factory=list)
+    create_command: List[str] = field(default_factory=list)
+    dry_run: bool = False
+    files: List[str] = field(default_factory=list)
+    steps: List[StepResult] = field(default_factory=list)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
