@@ -18,6 +18,11 @@ nox.options.sessions = ["tests"]
 _TF = _targets.load()
 
 
+def _module(session: nox.Session, module: str) -> None:
+    """Run `python -m MODULE -- POSARGS` in the shared toolkit venv (developer tools, interop checks)."""
+    session.run(str(_toolenv.ensure()), "-m", module, *session.posargs, external=True)
+
+
 def _qualify(session: nox.Session, *args: str) -> None:
     """Run `python -m qualify ARGS -- POSARGS` in the shared toolkit venv."""
     py = _toolenv.ensure()
@@ -115,22 +120,19 @@ def merge(session: nox.Session) -> None:
 @nox.session(name="bench-inventory", python=False)
 def bench_inventory(session: nox.Session) -> None:
     """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""
-    py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.devtools.bench_inventory", *session.posargs, external=True)
+    _module(session, "qualify.devtools.bench_inventory")
 
 
 @nox.session(name="vllm-rules", python=False)
 def vllm_rules(session: nox.Session) -> None:
     """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""
-    py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.devtools.vllm_rules", *session.posargs, external=True)
+    _module(session, "qualify.devtools.vllm_rules")
 
 
 @nox.session(name="cosign-interop", python=False)
 def cosign_interop(session: nox.Session) -> None:
     """Where cosign is installed: it verifies our built-in signatures and its keys load in our signer."""
-    py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.devtools.cosign_interop", external=True)
+    _module(session, "qualify.devtools.cosign_interop")
 
 
 @nox.session(python=False)
@@ -142,15 +144,13 @@ def publish(session: nox.Session) -> None:
 @nox.session(name="attest-interop", python=False)
 def attest_interop(session: nox.Session) -> None:
     """Our DSSE envelopes and bundles checked by sigstore-js (npm) and openssl over the PAE."""
-    py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.publish.interop", *session.posargs, external=True)
+    _module(session, "qualify.publish.interop")
 
 
 @nox.session(name="fuzz", python=False)
 def fuzz(session: nox.Session) -> None:
     """Bounded mutation campaign over the nvcc-built fixtures: `nox -s fuzz -- [--seconds N]`."""
-    py = _toolenv.ensure()
-    session.run(str(py), "-m", "qualify.devtools.fuzz", *session.posargs, external=True)
+    _module(session, "qualify.devtools.fuzz")
 
 
 def _did_you_mean() -> None:
