@@ -9,6 +9,7 @@ from typing import Any, List, Mapping, Optional
 
 from qualify.config.imageref import ImageRef, ImageRefError, parse_pinned
 from qualify.core import manifest as mf
+from qualify.core.readlimit import read_small
 from qualify.deploy.errors import DeployError, NoReleaseError
 
 
@@ -109,12 +110,13 @@ def published_image(files: ReleaseFiles, target: str, subject: str) -> Optional[
     if not path.exists():
         return None
     sig = formats.signature_path(path)
-    data = _bounded(path, MAX_PUBLISHED_BYTES)
+    data = read_small(path, MAX_PUBLISHED_BYTES, "publication record", DeployError)
     if not sig.is_file():
         raise DeployError(f"{path} has no signature ({sig.name})",
                           hint="restore the release folder from the release tag: the publication record is signed")
     key = formats.load_public_key_file(files.public_key)
-    if not formats.verify_bytes(key, data, formats.decode_signature(_bounded(sig, 4096), str(sig))):
+    signature = formats.decode_signature(read_small(sig, 4096, "publication record signature", DeployError), str(sig))
+    if not formats.verify_bytes(key, data, signature):
         raise DeployError(f"{path}: its signature does not verify with {files.public_key}",
                           hint="do not deploy from it; restore the release folder from the release tag")
     try:
@@ -129,16 +131,6 @@ def published_image(files: ReleaseFiles, target: str, subject: str) -> Optional[
         raise DeployError(f"{path} names {ref} for {target}, not the qualified image {subject}",
                           hint="the publication and the manifests disagree: restore the release folder")
     return str(ref)
-
-
-def _bounded(path: Path, limit: int) -> bytes:
-    if not path.is_file():
-        raise DeployError(f"{path}: not a regular file")
-    with open(path, "rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise DeployError(f"{path}: larger than {limit} bytes")
-    return data
 
 
 def check_key_fingerprint(public_key: Path, pinned: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import canonical_json, write_atomic
+from qualify.core.readlimit import read_small
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
 MAX_BYTES = 4 << 20  # a record is a few kB; refuse anything that is not one
@@ -171,16 +172,7 @@ def load(path: Path) -> Evidence:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise EvidenceError(f"{path}: evidence file not found") from None
-    except OSError as exc:
-        raise EvidenceError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(data) > MAX_BYTES:
-        raise EvidenceError(f"{path}: larger than {MAX_BYTES} bytes; not an evidence record")
-    return data
+    return read_small(path, MAX_BYTES, "evidence file", EvidenceError)
 
 
 def sign(path: Path, key_file: Path, password: Optional[bytes] = None) -> Path:

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, List, Tuple
 from qualify.core import manifest
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
+from qualify.core.readlimit import read_small
 
 MAX_BYTES = 64 << 20  # a manifest is tens of kB; a pod log a few MB at most
 HOST_PREFIX = "host:"
@@ -60,14 +61,7 @@ class Merged:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise MergeError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(data) > MAX_BYTES:
-        raise MergeError(f"{path}: larger than {MAX_BYTES} bytes; not evidence")
-    return data
+    return read_small(path, MAX_BYTES, "evidence file", MergeError)
 
 
 def parse(path: Path) -> EvidenceFile:
