@@ -56,7 +56,7 @@ def path_of(fx, key: str, compression: str = "default") -> Path:
 def verdict(path: Path, target: str, decompress: bool = True) -> census.TargetVerdict:
     report = census.scan([str(path)], Capability.parse(target), decompress=decompress)
     (lib,) = report.libraries
-    assert lib.scan.ok, lib.scan.errors
+    assert lib.summary.ok, lib.summary.errors
     return lib.verdict
 
 
@@ -190,9 +190,9 @@ def test_explicit_paths(fx, tmp_path):
     report = census.scan([plain, plain, str(text), str(tmp_path / "missing.so")])
     by_path = {lib.path: lib for lib in report.libraries}
     assert len(report.libraries) == 3  # the duplicate is read once
-    assert by_path[plain].scan.ok
-    assert "unknown magic" in by_path[str(text)].scan.errors[0]
-    assert "cannot read" in by_path[str(tmp_path / "missing.so")].scan.errors[0]
+    assert by_path[plain].summary.ok
+    assert "unknown magic" in by_path[str(text)].summary.errors[0]
+    assert "cannot read" in by_path[str(tmp_path / "missing.so")].summary.errors[0]
 
 
 # --- runs in images: Python 3.9, standard library only -----------------------------

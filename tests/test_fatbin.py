@@ -462,7 +462,7 @@ def test_next_match_finds_every_needle_in_order(tmp_path, monkeypatch, near, fir
         expected.append(i)
         i = data.find(fatbin_model.CONTAINER_PREFIX, i + 1)
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        reader = fatbin._ContainerReader(mm, fatbin_model.FileScan(str(path), "unknown", len(data)))
+        reader = fatbin.ContainerReader(mm, fatbin_model.FileScan(str(path), "unknown", len(data)))
         found, pos = [], 0
         while True:
             pos = reader.next_match(fatbin_model.CONTAINER_PREFIX, pos, len(data))

@@ -11,12 +11,13 @@ given): the census is then incomplete, and says which paths it is missing.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 from typing import List, Optional, Sequence
 
-from qualify.core import arch, census
+from qualify.core import arch, census, workers
 from qualify.core.errors import ConfigError, ParseError
 from qualify.tables import table
 
@@ -38,6 +39,13 @@ def configure_parser(parser) -> None:
         action="store_true",
         help="never decompress (as inside an image): compressed containers' kernels are then unknown",
     )
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=workers.default_jobs(),
+        metavar="N",
+        help=f"read files in N processes (default: the CPUs here, at most {workers.MAX_DEFAULT_JOBS}; 1: in this process)",
+    )
 
 
 def execute(args) -> int:
@@ -46,7 +54,8 @@ def execute(args) -> int:
     if missing:
         raise ConfigError(f"no such file or directory: {', '.join(missing)}", hint="check the PATH arguments")
     report = census.scan(
-        args.paths, target, detail=args.detail, embedded=not args.registered_only, decompress=not args.no_decompress
+        args.paths, target, detail=args.detail, embedded=not args.registered_only, decompress=not args.no_decompress,
+        jobs=args.jobs,
     )
     if args.json:
         json.dump(report.to_json(), sys.stdout, sort_keys=True, indent=2)
@@ -57,6 +66,16 @@ def execute(args) -> int:
         sys.stderr.write(f"error: {len(report.unreadable)} path(s) could not be read; the census is incomplete\n")
         return ParseError.exit_code
     return 0
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"--jobs {text!r}: give a whole number of processes from 1 to 256")
+    return value
 
 
 def _missing(path: str) -> bool:
@@ -93,11 +112,11 @@ def _row(lib: census.LibraryCensus) -> List[str]:
     row = [lib.path, str(data["containers"]), _short(data["sass"]), _short(data["ptx"])]
     verdict = data["verdict"]
     if verdict is not None:
-        klass = verdict["class"] or ("-" if lib.scan.errors else "no code")
+        klass = verdict["class"] or ("-" if lib.summary.errors else "no code")
         if verdict["cross_generation_jit"]:
             klass += " (cross-gen JIT)"
         row += [klass, verdict["best"] or "-", f"{len(verdict['no_code'])}/{verdict['units']}"]
-    row.append(str(len(lib.scan.errors)) if lib.scan.errors else "")
+    row.append(str(len(lib.summary.errors)) if lib.summary.errors else "")
     return row
 
 
@@ -140,8 +159,8 @@ def _error_lines(report: census.CensusReport) -> List[str]:
     lines: List[str] = []
     for lib in report.with_errors:
         lines.append(f"\n{lib.path}: could not be fully parsed:")
-        lines += [f"  {reason}" for reason in lib.scan.errors[:_MAX_NO_CODE_LISTED]]
-        hidden = len(lib.scan.errors) - _MAX_NO_CODE_LISTED
+        lines += [f"  {reason}" for reason in lib.summary.errors[:_MAX_NO_CODE_LISTED]]
+        hidden = len(lib.summary.errors) - _MAX_NO_CODE_LISTED
         if hidden > 0:
             lines.append(f"  ... and {hidden} more (--json lists all)")
     return lines

@@ -7,8 +7,8 @@ Public API:
     CensusReport.for_target(target) -> CensusReport   (re-judge, no re-read)
     CensusReport.to_json() -> dict
     iter_files(paths) -> Iterator[Tuple[str, bool]]   ((path, given explicitly))
-    judge(scan: fatbin_model.FileScan, target: Capability) -> TargetVerdict
-    fatbin.read_file(path, embedded=True) -> fatbin_model.FileScan   (one file, never raises)
+    judge(file: summary.FileSummary, target: Capability) -> TargetVerdict
+    summary.summarize(fatbin.read_file(path, embedded=True)) -> summary.FileSummary   (one file, never raises)
 
 How a library is judged for a target (arch.compatibility and arch.best do
 every architecture decision):
@@ -83,105 +83,30 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from qualify.core import fatbin, fatbin_model, kernels
+from qualify.core import fatbin, fatbin_model, kernels, parts, summary, workers
 from qualify.core.arch import (
     Capability,
     CodeKind,
-    CodeTarget,
     Compat,
-    Variant,
     best,
     compatibility,
-    compatibility_variant_unknown,
     is_cross_generation,
 )
 
 SCHEMA_VERSION = 1
 
-ROLE_REGISTERED = "registered"
-ROLE_EMBEDDED = "embedded"
-ROLE_RELOCATABLE = "relocatable"
+# Re-exported: the JSON's section roles and the units judged live with the summary.
+ROLE_REGISTERED = summary.ROLE_REGISTERED
+ROLE_EMBEDDED = summary.ROLE_EMBEDDED
+ROLE_RELOCATABLE = summary.ROLE_RELOCATABLE
+Unit = summary.Unit
 
 _CLASSES = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.UNKNOWN, Compat.NONE]
-_COMPRESSIONS = ("none", "lz4", "zstd", "unknown")
-_STUBS = (fatbin_model.STUB_YES, fatbin_model.STUB_NO, fatbin_model.STUB_UNKNOWN)
-
-
-def role(container: fatbin_model.Container) -> str:
-    if container.relocatable:
-        return ROLE_RELOCATABLE
-    return ROLE_REGISTERED if container.registered else ROLE_EMBEDDED
-
-
-def _target_key(t: CodeTarget) -> Tuple[int, str]:
-    return (t.capability.number, t.variant.value)
-
-
-def _names(targets: Iterable[CodeTarget]) -> List[str]:
-    return [str(t) for t in sorted(set(targets), key=_target_key)]
-
-
-def _entry_keys(containers: Iterable[fatbin_model.Container]) -> Set[Tuple[int, int, Variant]]:
-    """Distinct (kind, arch, variant) of the entries: tens of thousands of
-    entries in a library, a dozen distinct keys."""
-    return {(e.kind_code, e.arch_number, e.variant) for c in containers for e in c.entries}
-
-
-def _targets_of(keys: Iterable[Tuple[int, int, Variant]]) -> List[CodeTarget]:
-    found = (fatbin_model.code_target_of(*key) for key in keys)
-    return [t for t in found if t is not None]
-
-
-def _kind_names(targets: Iterable[CodeTarget], kind: CodeKind) -> List[str]:
-    return _names(t for t in targets if t.kind is kind)
 
 
 # --- judging ------------------------------------------------------------------
-
-
-@dataclass
-class Unit:
-    """What is judged as one: a registered container, or an embedded section."""
-
-    section: str
-    offset: Optional[int]  # None for an embedded section judged as a whole
-    containers: List[fatbin_model.Container]
-
-    def targets(self) -> List[CodeTarget]:
-        """The distinct SASS and PTX targets of the unit."""
-        return _targets_of(_entry_keys(self.containers))
-
-    def classes(self, target: Capability) -> List[Compat]:
-        """The class of each distinct target, UNKNOWN where the bytes that
-        decide could not be read: a cubin whose a/f note is damaged, or a
-        container read only in part (its missing entries may be anything)."""
-        unsure = {(e.kind_code, e.arch_number) for c in self.containers for e in c.entries if not e.variant_known}
-        out = []
-        for t in self.targets():
-            if (fatbin_model.KIND_CUBIN if t.kind is CodeKind.SASS else fatbin_model.KIND_PTX, t.capability.number) in unsure:
-                out.append(compatibility_variant_unknown(t, target))
-            else:
-                out.append(compatibility(t, target))
-        if any(c.damaged for c in self.containers):
-            out.append(Compat.UNKNOWN)
-        return out
-
-    @property
-    def holds_kernels(self) -> bool:
-        """Some container is known to hold a kernel (not merely unknown)."""
-        return any(c.kernels == kernels.KERNELS_YES for c in self.containers)
-
-    def to_json(self) -> dict:
-        targets = self.targets()
-        return {
-            "section": self.section,
-            "offset": self.offset,
-            "containers": len(self.containers),
-            "sass": _kind_names(targets, CodeKind.SASS),
-            "ptx": _kind_names(targets, CodeKind.PTX),
-        }
 
 
 @dataclass
@@ -208,31 +133,6 @@ class TargetVerdict:
         }
 
 
-def units(scan: fatbin_model.FileScan) -> Tuple[List[Unit], Dict[str, int]]:
-    """The units to judge, in file order, and how many containers were left out and why."""
-    excluded = {"link_stub": 0, "relocatable": 0, "no_driver_code": 0, "no_kernel": 0}
-    out: List[Unit] = []
-    pools: Dict[str, Unit] = {}
-    for c in scan.containers:
-        r = role(c)
-        if r == ROLE_RELOCATABLE:
-            excluded["relocatable"] += 1
-        elif c.link_stub == fatbin_model.STUB_YES:
-            excluded["link_stub"] += 1
-        elif not c.damaged and not any(e.code_target is not None for e in c.entries):
-            excluded["no_driver_code"] += 1  # a damaged one is judged: its lost entries may be code
-        elif c.kernels == kernels.KERNELS_NO:
-            excluded["no_kernel"] += 1  # read whole: nothing to launch, nothing to miss
-        elif r == ROLE_REGISTERED:
-            out.append(Unit(c.section, c.offset, [c]))
-        elif c.section in pools:
-            pools[c.section].containers.append(c)
-        else:
-            pools[c.section] = Unit(c.section, None, [c])
-            out.append(pools[c.section])
-    return out, excluded
-
-
 def unit_class(unit: Unit, target: Capability) -> Compat:
     """The best class of the unit's code. `none` only when a container is known
     to hold a kernel: a unit whose kernels could not be looked for (compressed,
@@ -252,13 +152,13 @@ def needs_cross_generation_jit(unit: Unit, target: Capability) -> bool:
     return all(is_cross_generation(t, target) for t in runnable)
 
 
-def judge(scan: fatbin_model.FileScan, target: Capability) -> TargetVerdict:
-    judged, excluded = units(scan)
+def judge(file: summary.FileSummary, target: Capability) -> TargetVerdict:
+    """The verdict for `target` (`summary.summarize(fatbin.read_file(path))`)."""
     counts: Dict[Compat, int] = {}
     no_code: List[Unit] = []
     worst: Optional[Compat] = None
     cross = False
-    for unit in judged:
+    for unit in file.units:
         klass = unit_class(unit, target)
         counts[klass] = counts.get(klass, 0) + 1
         if klass is Compat.NONE:
@@ -267,7 +167,7 @@ def judge(scan: fatbin_model.FileScan, target: Capability) -> TargetVerdict:
             worst = klass
         cross = cross or needs_cross_generation_jit(unit, target)
     top = best(counts) if counts else None
-    return TargetVerdict(target, worst, top, counts, cross, len(judged), excluded, no_code)
+    return TargetVerdict(target, worst, top, counts, cross, len(file.units), dict(file.excluded), no_code)
 
 
 # --- per library ---------------------------------------------------------------
@@ -275,62 +175,39 @@ def judge(scan: fatbin_model.FileScan, target: Capability) -> TargetVerdict:
 
 @dataclass
 class LibraryCensus:
-    scan: fatbin_model.FileScan
+    summary: summary.FileSummary
     verdict: Optional[TargetVerdict] = None
 
     @property
     def path(self) -> str:
-        return self.scan.path
-
-    def sections(self) -> Dict[str, dict]:
-        grouped: Dict[str, List[fatbin_model.Container]] = {}
-        for c in self.scan.containers:
-            grouped.setdefault(c.section, []).append(c)
-        out = {}
-        for name, containers in grouped.items():
-            targets = _targets_of(_entry_keys(containers))
-            out[name] = {
-                "containers": len(containers),
-                "role": role(containers[0]),
-                "sass": _kind_names(targets, CodeKind.SASS),
-                "ptx": _kind_names(targets, CodeKind.PTX),
-            }
-        return out
+        return self.summary.path
 
     def to_json(self, detail: bool = False) -> dict:
-        keys = _entry_keys(self.scan.containers)
-        targets = _targets_of(keys)
+        file = self.summary
+        targets = summary.targets_of(file.keys)
         others = sorted(
             (number, variant.value, kind, variant)
-            for kind, number, variant in keys
+            for kind, number, variant in file.keys
             if fatbin_model.code_target_of(kind, number, variant) is None
         )
-        compression = dict.fromkeys(_COMPRESSIONS, 0)
-        stubs = dict.fromkeys(_STUBS, 0)
-        entries = 0
-        for c in self.scan.containers:
-            entries += len(c.entries)
-            stubs[c.link_stub] += 1
-            for e in c.entries:
-                compression[e.compression] += 1
         out = {
-            "path": self.scan.path,
-            "format": self.scan.format,
-            "size": self.scan.size,
-            "errors": list(self.scan.errors),
-            "containers": len(self.scan.containers),
-            "entries": entries,
-            "sass": _kind_names(targets, CodeKind.SASS),
-            "ptx": _kind_names(targets, CodeKind.PTX),
+            "path": file.path,
+            "format": file.format,
+            "size": file.size,
+            "errors": list(file.errors),
+            "containers": file.containers,
+            "entries": file.entries,
+            "sass": summary.kind_names(targets, CodeKind.SASS),
+            "ptx": summary.kind_names(targets, CodeKind.PTX),
             "lto_ir": [fatbin_model.entry_name(k, n, v) for n, _, k, v in others if k == fatbin_model.KIND_LTO_IR],
             "other_kinds": [fatbin_model.entry_name(k, n, v) for n, _, k, v in others if k != fatbin_model.KIND_LTO_IR],
-            "compression": compression,
-            "link_stubs": stubs,
-            "sections": self.sections(),
+            "compression": dict(file.compression),
+            "link_stubs": dict(file.link_stubs),
+            "sections": {sec.name: sec.to_json() for sec in file.sections},
             "verdict": self.verdict.to_json() if self.verdict else None,
         }
         if detail:
-            out["details"] = [c.to_json() for c in self.scan.containers]
+            out["details"] = list(file.details or ())
         return out
 
 
@@ -346,19 +223,19 @@ class CensusReport:
 
     def for_target(self, target: Optional[Capability]) -> CensusReport:
         """The same census judged for another target (files are not read again)."""
-        libs = [LibraryCensus(lib.scan, judge(lib.scan, target) if target else None) for lib in self.libraries]
+        libs = [LibraryCensus(lib.summary, judge(lib.summary, target) if target else None) for lib in self.libraries]
         return CensusReport(
             self.paths, target, libs, self.files_scanned, list(self.without_device_code), self.detail, self.embedded
         )
 
     @property
     def with_errors(self) -> List[LibraryCensus]:
-        return [lib for lib in self.libraries if lib.scan.errors]
+        return [lib for lib in self.libraries if lib.summary.errors]
 
     @property
     def unreadable(self) -> List[LibraryCensus]:
         """Paths that could not be opened, listed or examined at all."""
-        return [lib for lib in self.libraries if lib.scan.unreadable]
+        return [lib for lib in self.libraries if lib.summary.unreadable]
 
     def to_json(self) -> dict:
         return {
@@ -453,16 +330,75 @@ def _walk(root: str, unreadable: List[Unreadable]) -> Iterator[str]:
                 yield full
 
 
-def _read_one(path: str, explicit: bool, embedded: bool, decompress: bool) -> Optional[fatbin_model.FileScan]:
-    """The scan of one file; None for a walked file that is neither ELF nor fatbin."""
-    if not explicit:
+@dataclass(frozen=True)
+class ReadTask:
+    """One file for a reader (in this process or a worker's)."""
+
+    path: str
+    explicit: bool
+    embedded: bool
+    decompress: bool
+    detail: bool
+
+
+def read_one(task: ReadTask) -> Optional[summary.FileSummary]:
+    """The summary of one file; None for a walked file that is neither ELF nor fatbin."""
+    if not task.explicit:
         try:
-            kind = fatbin.sniff_strict(path)
+            kind = fatbin.sniff_strict(task.path)
         except OSError as exc:  # an unreadable file is reported, not skipped
-            return Unreadable(path, _reason(exc), False).scan()
+            return summary.summarize(Unreadable(task.path, _reason(exc), False).scan())
         if kind is None:
             return None
-    return fatbin.read_file(path, embedded, decompress)
+    return summary.summarize(fatbin.read_file(task.path, task.embedded, task.decompress), task.detail)
+
+
+def _read_all(tasks: List[ReadTask], jobs: int) -> List[Optional[summary.FileSummary]]:
+    """Every file's summary; with jobs > 1, large files are cut into parts
+    (core/parts.py) so that no one file holds up the rest."""
+    if jobs <= 1 or not tasks:
+        return workers.run_all(read_one, tasks, jobs, _task_cost, _crashed)
+    if tasks[0].decompress:
+        kernels.load_decoders()  # before the workers fork: each would import them again
+    work: List[object] = []
+    spans: List[Tuple[int, int]] = []  # per task: where its items are in `work`
+    for task in tasks:
+        pieces = parts.plan(task.path, task.embedded, task.decompress, task.detail) if jobs >= parts.MIN_JOBS else None
+        spans.append((len(work), len(pieces) if pieces else 0))
+        work.extend(pieces if pieces else [task])
+    done = workers.run_all(_read_item, work, jobs, _item_cost, _item_crashed)
+    out: List[Optional[summary.FileSummary]] = []
+    for task, (at, count) in zip(tasks, spans):
+        if not count:
+            out.append(done[at])  # type: ignore[arg-type]
+            continue
+        joined = parts.join(work[at : at + count], done[at : at + count], _task_cost(task))  # type: ignore[arg-type]
+        # Parts that do not join up exactly (or a worker that died): read the file whole, in a process of its own.
+        out.append(joined if joined is not None else workers.run_alone(read_one, task, _crashed))
+    return out
+
+
+def _read_item(item: object):
+    return parts.read_part(item) if isinstance(item, parts.PartTask) else read_one(item)  # type: ignore[arg-type]
+
+
+def _item_cost(item: object) -> int:
+    return item.cost if isinstance(item, parts.PartTask) else _task_cost(item)  # type: ignore[arg-type]
+
+
+def _item_crashed(item: object, reason: str):
+    return None if isinstance(item, parts.PartTask) else _crashed(item, reason)  # type: ignore[arg-type]
+
+
+def _task_cost(task: ReadTask) -> int:
+    try:
+        return os.stat(task.path).st_size
+    except OSError:
+        return 0
+
+
+def _crashed(task: ReadTask, reason: str) -> summary.FileSummary:
+    return summary.summarize(fatbin_model.FileScan(path=task.path, format="unknown", size=_task_cost(task), errors=[reason]))
 
 
 def scan(
@@ -471,6 +407,7 @@ def scan(
     detail: bool = False,
     embedded: bool = True,
     decompress: bool = True,
+    jobs: int = 1,
 ) -> CensusReport:
     """Census of every ELF, cubin and fatbin file under `paths`. Never raises on
     bad files: each problem is an error string on that file's record.
@@ -482,22 +419,24 @@ def scan(
     and blind to kernel databases such as cuFFT's. decompress=False looks
     into no compressed container (as in an image without the decoders).
     Paths that cannot be read are rows with an error too, and are listed in
-    `unreadable`.
+    `unreadable`. jobs > 1 reads files in that many worker processes
+    (core/workers.py); the report is the same.
     """
     libraries: List[LibraryCensus] = []
     without: List[str] = []
     walk_errors: List[Unreadable] = []
+    tasks = [ReadTask(path, explicit, embedded, decompress, detail) for path, explicit in iter_files(list(paths), walk_errors)]
+    results = _read_all(tasks, jobs)
     scanned = 0
-    for path, explicit in iter_files(list(paths), walk_errors):
-        result = _read_one(path, explicit, embedded, decompress)
+    for task, result in zip(tasks, results):
         if result is None:
             continue
         scanned += 1
-        if result.containers or result.errors or explicit:
+        if result.containers or result.errors or task.explicit:
             libraries.append(LibraryCensus(result))
         else:
-            without.append(path)
-    libraries += [LibraryCensus(u.scan()) for u in walk_errors]
+            without.append(task.path)
+    libraries += [LibraryCensus(summary.summarize(u.scan())) for u in walk_errors]
     libraries.sort(key=lambda lib: lib.path)
     report = CensusReport([str(p) for p in paths], None, libraries, scanned, sorted(without), detail, embedded)
     return report.for_target(target) if target else report

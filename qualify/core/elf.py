@@ -17,38 +17,29 @@ from typing import List, Optional, Tuple
 ELF_MAGIC = b"\x7fELF"
 
 
-
 MAX_SECTIONS = 200_000  # relocatable objects built with -ffunction-sections have many
-
 
 
 EM_CUDA = 190
 
 
-
 SHT_PROGBITS = 1
-
 
 
 SHT_NOBITS = 8
 
 
-
 SHF_ALLOC = 0x2
-
 
 
 SHF_EXECINSTR = 0x4
 
 
-
 _NAME_LIMIT = 256
-
 
 
 class FormatError(Exception):
     """Internal: the bytes do not follow the format (becomes an error string)."""
-
 
 
 @dataclass(frozen=True)
@@ -62,7 +53,6 @@ class Section:
     @property
     def end(self) -> int:
         return self.offset + self.size
-
 
 
 @dataclass(frozen=True)
@@ -103,7 +93,6 @@ class ElfHeader:
         raise FormatError(f"unknown ELF class {ei_class}")
 
 
-
 def section_table(mm: mmap.mmap, elf: ElfHeader) -> List[Section]:
     """All section headers, bounds-checked against the file."""
     if elf.shoff == 0:
@@ -132,7 +121,6 @@ def section_table(mm: mmap.mmap, elf: ElfHeader) -> List[Section]:
     return sections
 
 
-
 def _raw_section(mm: mmap.mmap, elf: ElfHeader, index: int) -> Tuple[int, int, int, int, int, int]:
     """(name, type, flags, offset, size, link) of one section header."""
     pos = elf.shoff + index * elf.shentsize
@@ -141,7 +129,6 @@ def _raw_section(mm: mmap.mmap, elf: ElfHeader, index: int) -> Tuple[int, int, i
     else:
         name, sh_type, flags, _addr, offset, size, link = struct.unpack_from("<IIIIIII", mm, pos)
     return name, sh_type, flags, offset, size, link
-
 
 
 def _section_name(mm: mmap.mmap, strtab, name_off: int) -> str:
@@ -153,7 +140,6 @@ def _section_name(mm: mmap.mmap, strtab, name_off: int) -> str:
     end = min(start + size, start + name_off + _NAME_LIMIT)
     raw = mm[start + name_off : end]
     return raw.split(b"\0", 1)[0].decode("ascii", "replace")
-
 
 
 def _section_table_pyelftools(mm: mmap.mmap, elf: ElfHeader) -> List[Section]:
@@ -174,18 +160,14 @@ def _section_table_pyelftools(mm: mmap.mmap, elf: ElfHeader) -> List[Section]:
         raise FormatError(str(exc)) from None
 
 
-
 # pyelftools names section types; the census needs only these two.
 _SHT_CODES = {"SHT_PROGBITS": SHT_PROGBITS, "SHT_NOBITS": SHT_NOBITS}
-
 
 
 SECTION_READERS = {"own": section_table, "pyelftools": _section_table_pyelftools}
 
 
-
 ELF_READER = os.environ.get("QUALIFY_ELF_READER", "own")
-
 
 
 # Program headers: what the loader maps. Without a section table the
@@ -193,17 +175,13 @@ ELF_READER = os.environ.get("QUALIFY_ELF_READER", "own")
 _PT_LOAD = 1
 
 
-
 _PF_X = 0x1
-
 
 
 MAX_SEGMENTS = 4096
 
 
-
 SEGMENT_PREFIX = "PT_LOAD@"  # section label of containers found through a segment
-
 
 
 def segments(mm: mmap.mmap, elf: ElfHeader) -> List[Section]:

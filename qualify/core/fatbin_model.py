@@ -66,7 +66,6 @@ def code_target_of(kind_code: int, arch_number: int, variant: Variant) -> Option
         return None
 
 
-
 def entry_name(kind_code: int, arch_number: int, variant: Variant) -> str:
     """`sm_120a`, `compute_121`, `lto_75` (nvcc's `code=lto_75`), or `kind<N>_<arch>`."""
     target = code_target_of(kind_code, arch_number, variant)
@@ -74,7 +73,6 @@ def entry_name(kind_code: int, arch_number: int, variant: Variant) -> str:
         return str(target)
     prefix = "lto" if kind_code == KIND_LTO_IR else f"kind{kind_code}"
     return f"{prefix}_{arch_number}{variant.value}"
-
 
 
 @dataclass
@@ -155,7 +153,6 @@ class Entry:
         }
 
 
-
 @dataclass
 class Container:
     """One fatbin container: roughly one compiled source file."""
@@ -196,6 +193,8 @@ class Container:
         """yes: nvlink device-link stub only; no: holds code; unknown: cannot tell."""
         if not self.entries:
             return STUB_UNKNOWN
+        if len(self.entries) == 1:  # most containers; the rule below gives the same
+            return self.entries[0].link_stub
         statuses = {e.link_stub for e in self.entries}
         if statuses == {STUB_YES}:
             return STUB_YES
@@ -216,7 +215,6 @@ class Container:
         }
 
 
-
 @dataclass
 class FileScan:
     """Everything read from one file."""
@@ -235,3 +233,31 @@ class FileScan:
     @property
     def entries(self) -> List[Entry]:
         return [e for c in self.containers for e in c.entries]
+
+
+# How a file is read: an ordered list of steps (fatbin.elf_walks), so that a
+# large file can be read in parts by several processes (core/parts.py).
+WALK_REGISTERED = "registered"  # containers back to back (`.nv_fatbin`, a standalone fatbin)
+WALK_EMBEDDED = "embedded"  # containers found by their prefix in a data section or segment
+WALK_ERROR = "error"  # a problem found while planning, reported in its place
+
+
+@dataclass(frozen=True)
+class Walk:
+    kind: str
+    section: str
+    start: int
+    end: int  # the section's end: a container is parsed up to it, whichever part found it
+    stop: Optional[int] = None  # a part of a section: only containers that start before `stop`
+    resync: bool = False  # a part that starts inside the section: what precedes its first container is the previous part's
+    message: str = ""  # WALK_ERROR
+
+
+@dataclass(frozen=True)
+class WalkEdge:
+    """Where a part's walk began and ended, for joining it to its neighbours."""
+
+    first: Optional[int]  # the first container it parsed (None: none starts in the part)
+    cont: int  # where the walk would go on
+    gap_check: bool  # registered walks: the bytes from `cont` to the next container must be zero
+

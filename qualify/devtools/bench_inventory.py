@@ -8,17 +8,21 @@
 2. Finds every library in it with a `.nv_fatbin` section, and reads each file
    once, untimed, so that both tools run with a warm page cache.
 3. Times `python -m qualify inspect --json` over all of them in one fresh
-   subprocess (five times; the median is reported), the same with
+   subprocess (five times; the median is reported): as users run it (worker
+   processes, one per CPU up to core/workers.MAX_DEFAULT_JOBS), in one
+   process (`--jobs 1`; the two outputs must be byte-identical), with
    `--registered-only` (`.nv_fatbin` only: cuobjdump's coverage, without the
-   search of data sections for kernel databases), the full census with
-   `--no-decompress` (what the probe does inside an image, where zstandard
-   and lz4 are absent) and with pyelftools reading the ELF section table
+   search of data sections for kernel databases), with `--no-decompress`
+   (what the probe does inside an image, where zstandard and lz4 are absent)
+   and with pyelftools reading the ELF section table
    (QUALIFY_ELF_READER=pyelftools; see fatbin's docstring), then cuobjdump
    `--list-elf` and `--list-ptx`, one call per file and listing, as
-   cuobjdump takes one file per call. Each tool runs
-   under a fresh helper process that reports its wall time and
-   `getrusage(RUSAGE_CHILDREN).ru_maxrss`, so neither tool's peak memory is
-   mixed with the other's (or with pip's).
+   cuobjdump takes one file per call. Each tool runs under a fresh helper
+   process that reports its wall time, the CPU time of all its descendants
+   (workers included) and `getrusage(RUSAGE_CHILDREN).ru_maxrss` (the
+   largest single process), so neither tool's figures are mixed with the
+   other's (or with pip's). One more, untimed run of each census samples the
+   summed PSS of its whole process tree: the memory of all workers together.
 4. Checks per library that the architecture sets agree. cuobjdump lists only
    `.nv_fatbin` and prints `f` cubins without their suffix (and PTX as
    `sm_XY.ptx`), so the comparison is of the `.nv_fatbin` entries, by
@@ -27,7 +31,8 @@
    their own.
 
 Wall and CPU time are both reported: on a shared machine the wall time
-depends on the other jobs, the CPU time much less.
+depends on the other jobs, the CPU time much less; and with worker processes
+the wall time is what a user waits while the CPU time is the work done.
 
 Exit status: 0 when every library agrees, 1 when one does not. The speed and
 memory targets (>= 100x faster than cuobjdump, < 200 MB peak) are reported,
@@ -51,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
-from qualify.core import census, fatbin_model
+from qualify.core import census, fatbin_model, workers
 from qualify.core.arch import ArchError, CodeKind, CodeTarget
 from qualify.core.errors import ExternalCommandError, QualifyError
 from qualify.tables import table
@@ -70,7 +75,8 @@ class Measurement:
     wall_s: float
     peak_mb: float
     returncodes: List[int]
-    cpu_s: float = 0.0  # user + system time of the measured processes
+    cpu_s: float = 0.0  # user + system time of the measured processes (workers included)
+    tree_mb: Optional[float] = None  # peak summed PSS of the process tree (measure(..., tree=True); None: not measurable)
 
 
 @dataclass
@@ -123,7 +129,7 @@ def find_libraries(site: Path) -> List[Path]:
     report = census.scan([str(site)])
     return [
         Path(lib.path) for lib in report.libraries
-        if any(c.section == fatbin_model.SECTION_REGISTERED for c in lib.scan.containers)
+        if any(sec.name == fatbin_model.SECTION_REGISTERED for sec in lib.summary.sections)
     ]
 
 
@@ -137,10 +143,12 @@ def warm_page_cache(paths: List[Path]) -> None:
 # --- measuring -------------------------------------------------------------------------
 
 
-def measure(commands: List[List[str]], outputs: List[Path], extra_env: Optional[Dict[str, str]] = None) -> Measurement:
+def measure(
+    commands: List[List[str]], outputs: List[Path], extra_env: Optional[Dict[str, str]] = None, tree: bool = False
+) -> Measurement:
     """Run `commands` one after another in a fresh helper process."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"commands": commands, "outputs": [str(p) for p in outputs]}, fh)
+        json.dump({"commands": commands, "outputs": [str(p) for p in outputs], "tree": tree}, fh)
         plan = fh.name
     try:
         proc = subprocess.run(
@@ -152,7 +160,9 @@ def measure(commands: List[List[str]], outputs: List[Path], extra_env: Optional[
     if proc.returncode != 0:
         raise ExternalCommandError(f"measuring helper failed: {proc.stderr.strip()}")
     data = json.loads(proc.stdout)
-    return Measurement(data["wall_s"], data["peak_kb"] / 1024.0, data["returncodes"], data.get("cpu_s", 0.0))
+    peak = data["peak_kb"] / 1024.0
+    tree = data["tree_peak_kb"] / 1024.0 if data["tree_peak_kb"] is not None else None
+    return Measurement(data["wall_s"], peak, data["returncodes"], data["cpu_s"], tree)
 
 
 def measure_census(
@@ -169,7 +179,8 @@ def measure_census(
     label = " ".join([*(f"{k}={v}" for k, v in (extra_env or {}).items()), "inspect", *options])
     print(f"{label} wall times (s): " + " ".join(f"{w:.3f}" for w in walls), flush=True)
     cpu = statistics.median(r.cpu_s for r in results)
-    return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0], cpu)
+    tree = measure([argv], [output], extra_env, tree=True).tree_mb  # one more run, untimed
+    return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0], cpu, tree)
 
 
 def _env() -> Dict[str, str]:
@@ -179,18 +190,56 @@ def _env() -> Dict[str, str]:
 
 
 def _measure_helper(plan_path: str) -> int:
-    """Inside the helper: run the plan, print wall time and the children's peak RSS."""
+    """Inside the helper: run the plan, print wall time and the children's peak
+    RSS (the largest single process: ru_maxrss); with "tree", also the peak of
+    the summed PSS of each command's whole process tree (its workers too),
+    sampled every 10 ms (an untimed run: the sampling costs CPU)."""
     plan = json.loads(Path(plan_path).read_text())
     codes = []
+    tree_peak_kb: Optional[int] = None  # stays None where /proc has no smaps_rollup (gVisor, say)
     start = time.perf_counter()
     for argv, output in zip(plan["commands"], plan["outputs"]):
         with open(output, "wb") as out:
-            codes.append(subprocess.run(argv, stdout=out, stderr=subprocess.DEVNULL).returncode)
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
+            while plan.get("tree") and proc.poll() is None:
+                sample = _tree_pss_kb(proc.pid)
+                if sample is not None:
+                    tree_peak_kb = max(tree_peak_kb or 0, sample)
+                time.sleep(0.01)
+            codes.append(proc.wait())
     wall = time.perf_counter() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak_kb = usage.ru_maxrss  # KiB on Linux
-    print(json.dumps({"wall_s": wall, "peak_kb": peak_kb, "returncodes": codes, "cpu_s": usage.ru_utime + usage.ru_stime}))
+    print(json.dumps({"wall_s": wall, "peak_kb": peak_kb, "returncodes": codes,
+                      "cpu_s": usage.ru_utime + usage.ru_stime, "tree_peak_kb": tree_peak_kb}))
     return 0
+
+
+def _tree_pss_kb(root: int) -> Optional[int]:
+    """Summed PSS (shared pages divided among their sharers, so forked workers
+    are not counted twice) of `root` and its descendants."""
+    parents: Dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        grew = bool(found)
+        tree |= found
+    total, read = 0, False
+    for pid in tree:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        read = True
+        total += sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:"))
+    return total if read else None
 
 
 # --- comparing ----------------------------------------------------------------------------
@@ -261,27 +310,52 @@ def summary_table(tools: List[Tuple[str, Measurement]], theirs: Measurement) -> 
             f"{m.wall_s:.3f}",
             f"{m.cpu_s:.3f}",
             f"{m.peak_mb:.0f}",
+            f"{m.tree_mb:.0f}" if m.tree_mb is not None else "-",
             f"{theirs.wall_s / m.wall_s:.0f}x" if m.wall_s else "-",
             f"{theirs.cpu_s / m.cpu_s:.0f}x" if m.cpu_s else "-",
         ]
         for name, m in tools
     ]
-    return table(rows, ["TOOL", "WALL S", "CPU S", "PEAK MB", "SPEED-UP (WALL)", "SPEED-UP (CPU)"], rule=False)
+    header = ["TOOL", "WALL S", "CPU S", "PEAK MB (ONE PROCESS)", "PEAK MB (ALL)", "SPEED-UP (WALL)", "SPEED-UP (CPU)"]
+    return table(rows, header, rule=False)
 
 
-def target_lines(full: Measurement, registered: Measurement, theirs: Measurement) -> List[str]:
+def target_lines(full: Measurement, registered: Measurement, theirs: Measurement, single: Measurement, jobs: int) -> List[str]:
+    """The targets are on wall time (what a user waits), as the default runs
+    them; the one-process figures are printed beside them, not hidden."""
+
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
     lines = []
-    for name, m in (("same coverage as cuobjdump (--registered-only)", registered), ("full census", full)):
+    rows = (
+        (f"same coverage as cuobjdump (--registered-only, {jobs} processes)", registered),
+        (f"full census ({jobs} processes)", full),
+    )
+    for name, m in rows:
         speedup = theirs.wall_s / m.wall_s if m.wall_s else float("inf")
         lines.append(
             f"target >= {TARGET_SPEEDUP:.0f}x faster than cuobjdump, {name}: "
             f"{verdict(speedup >= TARGET_SPEEDUP)} ({speedup:.0f}x)"
         )
-    peak = max(full.peak_mb, registered.peak_mb)
-    lines.append(f"target peak memory < {TARGET_PEAK_MB:.0f} MB: {verdict(peak < TARGET_PEAK_MB)} ({peak:.0f} MB)")
+    lines.append(
+        f"for reference, full census in one process (--jobs 1): {theirs.wall_s / single.wall_s:.0f}x on wall time, "
+        f"{theirs.cpu_s / single.cpu_s:.0f}x on CPU time; full census with {jobs} processes: "
+        f"{theirs.cpu_s / full.cpu_s:.0f}x on CPU time"
+    )
+    trees = [m.tree_mb for m in (full, registered, single)]
+    if any(t is None for t in trees):
+        largest = max(full.peak_mb, registered.peak_mb, single.peak_mb)
+        lines.append(
+            f"target peak memory < {TARGET_PEAK_MB:.0f} MB (all processes together): NOT MEASURED (no "
+            f"/proc/PID/smaps_rollup here); the largest single process peaked at {largest:.0f} MB"
+        )
+    else:
+        peak = max(trees)
+        lines.append(
+            f"target peak memory < {TARGET_PEAK_MB:.0f} MB (all processes together): "
+            f"{verdict(peak < TARGET_PEAK_MB)} ({peak:.0f} MB)"
+        )
     return lines
 
 
@@ -302,9 +376,12 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
     with tempfile.TemporaryDirectory(prefix="bench-inventory-") as tmp:
         out = Path(tmp)
         full = measure_census(libraries, out / "census.json", runs, [])
+        single = measure_census(libraries, out / "single.json", runs, ["--jobs", "1"])
         registered = measure_census(libraries, out / "registered.json", runs, ["--registered-only"])
         plain = measure_census(libraries, out / "plain.json", runs, ["--no-decompress"])
         elftools = measure_census(libraries, out / "elftools.json", runs, [], {"QUALIFY_ELF_READER": "pyelftools"})
+        if (out / "census.json").read_bytes() != (out / "single.json").read_bytes():
+            raise QualifyError("the census with one process and with several differ", hint=f"compare them in {out}")
         commands, outputs = [], []
         for i, path in enumerate(libraries):
             for flag in ("--list-elf", "--list-ptx"):
@@ -321,8 +398,10 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
     print()
     print(library_table(rows, site))
     print()
+    jobs = workers.default_jobs()
     tools = [
-        (f"qualify inspect (median of {runs})", full),
+        (f"qualify inspect, {jobs} processes (median of {runs})", full),
+        (f"qualify inspect --jobs 1 (median of {runs})", single),
         (f"qualify inspect --registered-only (median of {runs})", registered),
         (f"qualify inspect --no-decompress (median of {runs})", plain),
         (f"qualify inspect, pyelftools ELF reader (median of {runs})", elftools),
@@ -330,7 +409,7 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
     ]
     print(summary_table(tools, theirs))
     print()
-    for line in target_lines(full, registered, theirs):
+    for line in target_lines(full, registered, theirs, single, jobs):
         print(line)
     for c in rows:
         if not c.agree:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from qualify.core import census, fatbin, fatbin_model
+from qualify.core import census, fatbin, fatbin_model, summary
 from qualify.core.arch import Capability
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,9 +91,9 @@ def _mutate(data: bytes, rng: random.Random) -> bytes:
 
 def _one(path: str) -> None:
     for decompress in (True, False):
-        scan = fatbin.read_file(path, decompress=decompress)
+        file = summary.summarize(fatbin.read_file(path, decompress=decompress), detail=True)
         for target in TARGETS:
-            census.judge(scan, target)
+            census.judge(file, target)
 
 
 def _run_once(check: Callable[[], None], limit: float, memory_kb: int) -> str:

@@ -1,0 +1,294 @@
+"""What the census keeps of a file once it has been read.
+
+A FileScan holds every container and entry (cuFFT: 24k of each); judging a
+target and writing the JSON need far less: the units to judge, the distinct
+(kind, arch, variant) keys, and counts. `summarize` computes that where the
+file was read, so a worker process hands back a few hundred small records
+instead of tens of thousands of objects (pickling cuFFT's FileScan costs
+more than reading the file). Everything here is independent of the target:
+one summary is judged for any number of targets.
+
+Standard library only, Python 3.9 compatible (runs inside images).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+from qualify.core import fatbin_model, kernels
+from qualify.core.arch import CodeKind, CodeTarget, Compat, Variant, compatibility, compatibility_variant_unknown
+
+ROLE_REGISTERED = "registered"
+ROLE_EMBEDDED = "embedded"
+ROLE_RELOCATABLE = "relocatable"
+
+COMPRESSIONS = ("none", "lz4", "zstd", "unknown")
+STUBS = (fatbin_model.STUB_YES, fatbin_model.STUB_NO, fatbin_model.STUB_UNKNOWN)
+EXCLUSIONS = ("link_stub", "relocatable", "no_driver_code", "no_kernel")
+
+EntryKey = Tuple[int, int, Variant]  # (kind code, arch number, variant): a dozen distinct per library
+
+
+def role(container: fatbin_model.Container) -> str:
+    if container.relocatable:
+        return ROLE_RELOCATABLE
+    return ROLE_REGISTERED if container.registered else ROLE_EMBEDDED
+
+
+def targets_of(keys: FrozenSet[EntryKey]) -> List[CodeTarget]:
+    found = (fatbin_model.code_target_of(*key) for key in keys)
+    return [t for t in found if t is not None]
+
+
+def _target_key(t: CodeTarget) -> Tuple[int, str]:
+    return (t.capability.number, t.variant.value)
+
+
+def kind_names(targets: List[CodeTarget], kind: CodeKind) -> List[str]:
+    return [str(t) for t in sorted({t for t in targets if t.kind is kind}, key=_target_key)]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What is judged as one: a registered container, or an embedded section."""
+
+    section: str
+    offset: Optional[int]  # None for an embedded section judged as a whole
+    containers: int
+    keys: FrozenSet[EntryKey]
+    unsure: FrozenSet[Tuple[int, int]]  # (kind, arch) whose a/f variant could not be read
+    damaged: bool  # a container read only in part: its missing entries may be anything
+    holds_kernels: bool  # some container is known to hold a kernel (not merely unknown)
+
+    def targets(self) -> List[CodeTarget]:
+        """The distinct SASS and PTX targets of the unit."""
+        return targets_of(self.keys)
+
+    def classes(self, target) -> List[Compat]:
+        """The class of each distinct target, UNKNOWN where the bytes that
+        decide could not be read."""
+        out = []
+        for t in self.targets():
+            kind = fatbin_model.KIND_CUBIN if t.kind is CodeKind.SASS else fatbin_model.KIND_PTX
+            if (kind, t.capability.number) in self.unsure:
+                out.append(compatibility_variant_unknown(t, target))
+            else:
+                out.append(compatibility(t, target))
+        if self.damaged:
+            out.append(Compat.UNKNOWN)
+        return out
+
+    def to_json(self) -> dict:
+        targets = self.targets()
+        return {
+            "section": self.section,
+            "offset": self.offset,
+            "containers": self.containers,
+            "sass": kind_names(targets, CodeKind.SASS),
+            "ptx": kind_names(targets, CodeKind.PTX),
+        }
+
+
+@dataclass(frozen=True)
+class SectionSummary:
+    name: str
+    containers: int
+    role: str
+    keys: FrozenSet[EntryKey]
+
+    def to_json(self) -> dict:
+        targets = targets_of(self.keys)
+        return {
+            "containers": self.containers,
+            "role": self.role,
+            "sass": kind_names(targets, CodeKind.SASS),
+            "ptx": kind_names(targets, CodeKind.PTX),
+        }
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    """One file as the census sees it."""
+
+    path: str
+    format: str
+    size: int
+    errors: Tuple[str, ...]
+    unreadable: bool
+    containers: int
+    entries: int
+    keys: FrozenSet[EntryKey]
+    compression: Tuple[Tuple[str, int], ...]  # entries, in COMPRESSIONS order
+    link_stubs: Tuple[Tuple[str, int], ...]  # containers, in STUBS order
+    sections: Tuple[SectionSummary, ...]  # in file order
+    units: Tuple[Unit, ...]  # in file order
+    excluded: Tuple[Tuple[str, int], ...]  # containers left out of judging, in EXCLUSIONS order
+    details: Optional[Tuple[dict, ...]] = None  # every container's JSON (summarize(detail=True))
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
+    """One pass over the containers (cuFFT has 24k): counts, keys per
+    section, and the units to judge."""
+    compression = dict.fromkeys(COMPRESSIONS, 0)
+    stubs = dict.fromkeys(STUBS, 0)
+    acc = _Units()
+    entries = 0
+    sections: Dict[str, _Section] = {}
+    for c in scan.containers:
+        ents = c.entries
+        entries += len(ents)
+        stub = c.link_stub
+        stubs[stub] += 1
+        keys = set()
+        for e in ents:
+            compression[e.compression] += 1
+            keys.add((e.kind_code, e.arch_number, e.variant))
+        sec = sections.get(c.section)
+        if sec is None:
+            sec = sections[c.section] = _Section(c.section, role(c))
+        sec.count += 1
+        sec.keys |= keys
+        acc.add(c, sec.role, stub, keys)
+    units, excluded = acc.result()
+    return FileSummary(
+        path=scan.path,
+        format=scan.format,
+        size=scan.size,
+        errors=tuple(scan.errors),
+        unreadable=scan.unreadable,
+        containers=len(scan.containers),
+        entries=entries,
+        keys=frozenset(k for sec in sections.values() for k in sec.keys),
+        compression=tuple(compression.items()),
+        link_stubs=tuple(stubs.items()),
+        sections=tuple(SectionSummary(sec.name, sec.count, sec.role, frozenset(sec.keys)) for sec in sections.values()),
+        units=tuple(units),
+        excluded=tuple((k, excluded[k]) for k in EXCLUSIONS),
+        details=tuple(c.to_json() for c in scan.containers) if detail else None,
+    )
+
+
+def merge(parts: List[FileSummary], errors: List[str], size: int) -> FileSummary:
+    """One file's summary from the summaries of its parts, in file order
+    (core/parts.py). An embedded section cut into parts is still one unit,
+    placed where its first container is; `errors` are the parts' errors with
+    those found while joining them."""
+    first = parts[0]
+    sections: Dict[str, _Section] = {}
+    order: List[object] = []
+    pools: Dict[str, _Pool] = {}
+    for part in parts:
+        for sec in part.sections:
+            acc = sections.get(sec.name)
+            if acc is None:
+                acc = sections[sec.name] = _Section(sec.name, sec.role)
+            acc.count += sec.containers
+            acc.keys |= sec.keys
+        for unit in part.units:
+            if unit.offset is not None:
+                order.append(unit)
+                continue
+            pool = pools.get(unit.section)
+            if pool is None:
+                pool = pools[unit.section] = _Pool(unit.section)
+                order.append(pool)
+            pool.count += unit.containers
+            pool.keys |= unit.keys
+            pool.unsure |= unit.unsure
+            pool.damaged = pool.damaged or unit.damaged
+            pool.holds_kernels = pool.holds_kernels or unit.holds_kernels
+    return FileSummary(
+        path=first.path,
+        format=first.format,
+        size=size,
+        errors=tuple(errors),
+        unreadable=False,
+        containers=sum(p.containers for p in parts),
+        entries=sum(p.entries for p in parts),
+        keys=frozenset(k for p in parts for k in p.keys),
+        compression=_sum_counts([p.compression for p in parts]),
+        link_stubs=_sum_counts([p.link_stubs for p in parts]),
+        sections=tuple(SectionSummary(sec.name, sec.count, sec.role, frozenset(sec.keys)) for sec in sections.values()),
+        units=tuple(u.unit() if isinstance(u, _Pool) else u for u in order),
+        excluded=_sum_counts([p.excluded for p in parts]),
+        details=tuple(d for p in parts for d in (p.details or ())) if first.details is not None else None,
+    )
+
+
+def _sum_counts(counts: List[Tuple[Tuple[str, int], ...]]) -> Tuple[Tuple[str, int], ...]:
+    total: Dict[str, int] = {}
+    for pairs in counts:
+        for key, n in pairs:
+            total[key] = total.get(key, 0) + n
+    return tuple(total.items())
+
+
+class _Section:
+    def __init__(self, name: str, role: str) -> None:
+        self.name, self.role, self.count, self.keys = name, role, 0, set()
+
+
+class _Pool:
+    """An embedded section's containers, gathered into one unit."""
+
+    def __init__(self, section: str) -> None:
+        self.section, self.count, self.keys, self.unsure = section, 0, set(), set()
+        self.damaged = self.holds_kernels = False
+
+    def add(self, c: fatbin_model.Container, keys: set, unsure: set) -> None:
+        self.count += 1
+        self.keys |= keys
+        self.unsure |= unsure
+        self.damaged = self.damaged or c.damaged
+        self.holds_kernels = self.holds_kernels or c.kernels == kernels.KERNELS_YES
+
+    def unit(self) -> Unit:
+        keys, unsure = frozenset(self.keys), frozenset(self.unsure)
+        return Unit(self.section, None, self.count, keys, unsure, self.damaged, self.holds_kernels)
+
+
+@functools.cache
+def _loadable(key: EntryKey) -> bool:
+    return fatbin_model.code_target_of(*key) is not None
+
+
+class _Units:
+    """The units to judge, in file order, and how many containers were left out and why."""
+
+    def __init__(self) -> None:
+        self.excluded = dict.fromkeys(EXCLUSIONS, 0)
+        self.order: List[object] = []  # Unit or _Pool, in file order
+        self.pools: Dict[str, _Pool] = {}
+        self.interned: Dict[FrozenSet[EntryKey], FrozenSet[EntryKey]] = {}  # thousands of units, a dozen key sets
+
+    def add(self, c: fatbin_model.Container, r: str, stub: str, keys: set) -> None:
+        excluded = self.excluded
+        if r == ROLE_RELOCATABLE:
+            excluded["relocatable"] += 1
+        elif stub == fatbin_model.STUB_YES:
+            excluded["link_stub"] += 1
+        elif not c.damaged and not any(map(_loadable, keys)):
+            excluded["no_driver_code"] += 1  # a damaged one is judged: its lost entries may be code
+        elif c.kernels == kernels.KERNELS_NO:
+            excluded["no_kernel"] += 1  # read whole: nothing to launch, nothing to miss
+        else:
+            unsure = {(e.kind_code, e.arch_number) for e in c.entries if not e.variant_known}
+            if r == ROLE_REGISTERED:
+                frozen = frozenset(keys)
+                frozen = self.interned.setdefault(frozen, frozen)
+                holds = c.kernels == kernels.KERNELS_YES
+                self.order.append(Unit(c.section, c.offset, 1, frozen, frozenset(unsure), c.damaged, holds))
+            else:
+                if c.section not in self.pools:
+                    self.pools[c.section] = _Pool(c.section)
+                    self.order.append(self.pools[c.section])
+                self.pools[c.section].add(c, keys, unsure)
+
+    def result(self) -> Tuple[List[Unit], Dict[str, int]]:
+        return [u.unit() if isinstance(u, _Pool) else u for u in self.order], self.excluded
