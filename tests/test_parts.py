@@ -153,3 +153,19 @@ def test_small_files_and_few_workers_are_not_cut(fx, monkeypatch, joins):
     cut_every(monkeypatch, 97)
     report(paths, JOBS - 1)  # too few workers to gain from parts
     assert joins["parts"] == 0
+
+
+def test_fuzz_checks_parts_against_the_whole_file(fx, monkeypatch):
+    """`nox -s fuzz` reads every mutant in parts too: agreeing parts are ok,
+    parts that join into another summary are a `mismatch`."""
+    import dataclasses
+    import resource
+
+    from qualify.devtools import fuzz
+
+    path = str(fx.lib("plain", "zstd"))
+    memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + (1 << 20)
+    assert fuzz._run_once(lambda: fuzz._one(path), 60, memory) == "ok"
+    join = parts.join
+    monkeypatch.setattr(parts, "join", lambda *a: dataclasses.replace(join(*a), containers=join(*a).containers + 1))
+    assert fuzz._run_once(lambda: fuzz._one(path), 60, memory) == "mismatch"

@@ -1,4 +1,8 @@
-"""`python -m qualify inspect PATH... [--target 12.1] [--json [--detail]] [--registered-only]`.
+"""`python -m qualify inspect PATH... [--target 12.1] [--json [--detail]] [--registered-only] [--jobs N]`.
+
+Files are read by worker processes (one per CPU, at most 8; `--jobs 1` reads
+in this process), large ones in parts; the report is the same either way
+(core/workers.py, core/parts.py).
 
 The census reports; it does not judge: the exit status is 0 whenever the scan
 ran, even when libraries have no code for the target or files could not be

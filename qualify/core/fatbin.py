@@ -29,14 +29,17 @@ Where containers live in an ELF file:
 
 The ELF section table is read with `struct` rather than pyelftools: it is
 thirty lines, every bound is checked here, and importing pyelftools alone
-takes ~33 ms. Measured with `nox -s bench-inventory` (2026-11-30, 2-core
-build host under load 5, torch 2.14.1's 22 CUDA libraries, median of 3):
-own reader 1.50 s wall / 0.89 s CPU, pyelftools (QUALIFY_ELF_READER=
-pyelftools, same JSON output) 1.40 s wall / 0.93 s CPU: within the noise
-on wall time, ~5% on CPU time, so the difference is not large. The switch to
-pyelftools as the default is held back only because neither reaches the
->= 100x-over-cuobjdump condition for the full census yet (89x and 96x wall;
-see issue 15); once the census does, pyelftools should become the default.
+takes ~33 ms. Measured with `nox -s bench-inventory` (2026-11-30, same JSON
+output either way): on the 16-core GPU host's 31 CUDA libraries the full
+census takes 0.354 s with this reader and 0.555 s with pyelftools
+(QUALIFY_ELF_READER=pyelftools), which would miss the >= 100x-over-cuobjdump
+target (80x); on the 2-core build host 0.420 s against 0.437 s. So this
+reader stays the default (ARCHITECTURE.md, "Where we wrote our own code").
+
+A file's reading is an ordered list of walks (`elf_walks`): each walks one
+section's containers, and a walk can be bounded to the containers that start
+in a byte range, so that core/parts.py can read one large file in several
+processes and join the parts into exactly this reader's result.
 
 Pages of the mapping count in the resident set once touched, so they are
 given back (MADV_DONTNEED) as the walk moves on: peak memory stays near

@@ -72,17 +72,26 @@ class PartResult:
     stopped: bool  # a per-file limit was reached: the part is incomplete
 
 
-def plan(path: str, embedded: bool, decompress: bool, detail: bool) -> Optional[List[PartTask]]:
+def plan(
+    path: str,
+    embedded: bool,
+    decompress: bool,
+    detail: bool,
+    part_bytes: Optional[int] = None,
+    min_file_bytes: Optional[int] = None,
+) -> Optional[List[PartTask]]:
     """The parts of a large ELF library, or None to read it whole (small, not
-    a sectioned ELF file, unreadable, or nothing worth cutting)."""
-    part_bytes = PART_BYTES
+    a sectioned ELF file, unreadable, or nothing worth cutting). The sizes
+    default to PART_BYTES and MIN_FILE_BYTES (the fuzz cuts every few bytes)."""
+    part_bytes = part_bytes or PART_BYTES
+    min_file_bytes = MIN_FILE_BYTES if min_file_bytes is None else min_file_bytes
     try:
         fd = fatbin.open_regular(path)
     except OSError:
         return None
     try:
         size = os.fstat(fd).st_size
-        if size < max(MIN_FILE_BYTES, part_bytes):
+        if size < max(min_file_bytes, part_bytes):
             return None
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
             if mm[:4] != ELF_MAGIC:

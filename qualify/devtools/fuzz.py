@@ -6,12 +6,15 @@ Builds the nvcc fixtures of tests/cuda_fixtures.py once (or reads them from
 --fixtures), then for N seconds mutates one at random (bit flips, bytes and
 header fields set to boundary values, truncation, a duplicated or deleted
 chunk), writes it to a scratch file and runs fatbin.read_file and
-census.judge for a Blackwell target on it, with and without decompression.
+census.judge for a Blackwell target on it, with and without decompression,
+and reads it again in parts cut every 997 bytes (core/parts.py), which must
+join into exactly the same summary or refuse to join.
 
 Outcomes per run: `ok` (read, maybe with errors recorded), `crash` (an
 exception escaped: read_file must never raise), `hang` (a run over
 --run-limit seconds, stopped by SIGALRM), `memory` (MemoryError, or the
-process's peak resident set growing past --memory-mb). It prints runs,
+process's peak resident set growing past --memory-mb), `mismatch` (parts
+that joined into another summary). It prints runs,
 runs/s and the outcome counts, and the first reproducer of each bad outcome
 is kept under --keep. Exit status 1 when any run was bad.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import random
 import resource
 import signal
@@ -30,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from qualify.core import census, fatbin, fatbin_model, summary
+from qualify.core import census, fatbin, fatbin_model, parts, summary
 from qualify.core.arch import Capability
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +98,26 @@ def _one(path: str) -> None:
         file = summary.summarize(fatbin.read_file(path, decompress=decompress), detail=True)
         for target in TARGETS:
             census.judge(file, target)
+        if decompress:
+            _parts_agree(path, file)
+
+
+_PART_BYTES = 997  # cut every 997 bytes: inside headers, entries and padding
+
+
+def _parts_agree(path: str, whole: summary.FileSummary) -> None:
+    """Read in parts (core/parts.py, in this process): joined, the parts must
+    give exactly the whole file's summary, or refuse to join."""
+    tasks = parts.plan(path, True, True, True, part_bytes=_PART_BYTES, min_file_bytes=0)
+    if not tasks:
+        return
+    joined = parts.join(tasks, [parts.read_part(t) for t in tasks], os.path.getsize(path))
+    if joined is not None and joined != whole:
+        raise _Mismatch()
+
+
+class _Mismatch(Exception):
+    """The parts joined into something other than the whole file's summary."""
 
 
 def _run_once(check: Callable[[], None], limit: float, memory_kb: int) -> str:
@@ -102,6 +126,8 @@ def _run_once(check: Callable[[], None], limit: float, memory_kb: int) -> str:
         check()
     except _Hang:
         return "hang"
+    except _Mismatch:
+        return "mismatch"
     except MemoryError:
         return "memory"
     except Exception:
@@ -151,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     outcomes = campaign(seeds, args.seconds, args.seed, args.run_limit, args.memory_mb, Path(args.keep))
     elapsed = time.monotonic() - start
     runs = sum(outcomes.values())
-    counts = "  ".join(f"{k} {outcomes.get(k, 0)}" for k in ("ok", "crash", "hang", "memory"))
+    counts = "  ".join(f"{k} {outcomes.get(k, 0)}" for k in ("ok", "crash", "hang", "memory", "mismatch"))
     print(f"runs {runs}  runs/s {runs / elapsed:.1f}  {counts}")
     return 0 if runs and outcomes.get("ok", 0) == runs else 1
 
