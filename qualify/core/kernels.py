@@ -135,6 +135,9 @@ class Decoders:
         self.answers: Dict[Tuple[int, int, bytes], str] = {}  # see _entry_kernels
         self.remembered = 0  # bytes of payload held as keys of `answers`
 
+    def can(self, compression: str) -> bool:
+        return (compression == "lz4" and self._lz4 is not None) or (compression == "zstd" and self._zstd is not None)
+
     def decode(self, mm: mmap.mmap, entry: Entry, limit: int) -> Optional[bytes]:
         """Up to `limit` bytes of the entry's decompressed payload; None when
         it cannot be had (no decoder, over budget, or damaged data)."""
@@ -253,6 +256,8 @@ def _entry_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders) -> str:
         if mm.find(_TEXT_NAME, start, min(end, start + _KERNEL_PREFIX)) >= 0:
             return KERNELS_YES
         return _cubin_kernels(mm[start:end], whole=True)
+    if not decoders.can(entry.compression):
+        return KERNELS_UNKNOWN  # no decoder (inside an image): nothing to decode, nothing to remember
     packed = entry.compressed_size if 0 < entry.compressed_size <= entry.payload_size else entry.payload_size
     if packed > _REMEMBER_PACKED:
         return _compressed_kernels(mm, entry, decoders)
@@ -284,7 +289,7 @@ def _compressed_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders) -> str:
         if whole is None:
             return KERNELS_UNKNOWN
         return KERNELS_YES if _PTX_ENTRY in whole else KERNELS_NO
-    if _TEXT_NAME in head[:_KERNEL_PREFIX]:
+    if head.find(_TEXT_NAME, 0, _KERNEL_PREFIX) >= 0:
         return KERNELS_YES
     return _cubin_by_names(mm, entry, decoders, head)
 
