@@ -32,8 +32,9 @@ thirty lines, every bound is checked here, and importing pyelftools alone
 takes ~33 ms. Measured with `nox -s bench-inventory` (2026-11-30, same JSON
 output either way): on the 16-core GPU host's 31 CUDA libraries the full
 census takes 0.354 s with this reader and 0.555 s with pyelftools
-(QUALIFY_ELF_READER=pyelftools), which would miss the >= 100x-over-cuobjdump
-target (80x); on the 2-core build host 0.420 s against 0.437 s. So this
+(QUALIFY_ELF_READER=pyelftools; 0.404 s and 0.617 s in a second run), which
+would miss the >= 100x-over-cuobjdump target (70-80x); on the 2-core build
+host 0.432 s against 0.478 s. So this
 reader stays the default (ARCHITECTURE.md, "Where we wrote our own code").
 
 A file's reading is an ordered list of walks (`elf_walks`): each walks one
