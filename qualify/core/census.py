@@ -340,6 +340,14 @@ class ReadTask:
     decompress: bool
     detail: bool
 
+    @property
+    def cost(self) -> int:
+        """The file's size: work is handed out largest first."""
+        try:
+            return os.stat(self.path).st_size
+        except OSError:
+            return 0
+
 
 def read_one(task: ReadTask) -> Optional[summary.FileSummary]:
     """The summary of one file; None for a walked file that is neither ELF nor fatbin."""
@@ -357,7 +365,7 @@ def _read_all(tasks: List[ReadTask], jobs: int) -> List[Optional[summary.FileSum
     """Every file's summary; with jobs > 1, large files are cut into parts
     (core/parts.py) so that no one file holds up the rest."""
     if jobs <= 1 or not tasks:
-        return workers.run_all(read_one, tasks, jobs, _task_cost, _crashed)
+        return workers.run_all(read_one, tasks, jobs, _cost, _crashed)
     if tasks[0].decompress:
         kernels.load_decoders()  # before the workers fork: each would import them again
     work: List[object] = []
@@ -366,13 +374,13 @@ def _read_all(tasks: List[ReadTask], jobs: int) -> List[Optional[summary.FileSum
         pieces = parts.plan(task.path, task.embedded, task.decompress, task.detail) if jobs >= parts.MIN_JOBS else None
         spans.append((len(work), len(pieces) if pieces else 0))
         work.extend(pieces if pieces else [task])
-    done = workers.run_all(_read_item, work, jobs, _item_cost, _item_crashed)
+    done = workers.run_all(_read_item, work, jobs, _cost, _item_crashed)
     out: List[Optional[summary.FileSummary]] = []
     for task, (at, count) in zip(tasks, spans):
         if not count:
             out.append(done[at])  # type: ignore[arg-type]
             continue
-        joined = parts.join(work[at : at + count], done[at : at + count], _task_cost(task))  # type: ignore[arg-type]
+        joined = parts.join(work[at : at + count], done[at : at + count], task.cost)  # type: ignore[arg-type]
         # Parts that do not join up exactly (or a worker that died): read the file whole, in a process of its own.
         out.append(joined if joined is not None else workers.run_alone(read_one, task, _crashed))
     return out
@@ -382,23 +390,16 @@ def _read_item(item: object):
     return parts.read_part(item) if isinstance(item, parts.PartTask) else read_one(item)  # type: ignore[arg-type]
 
 
-def _item_cost(item: object) -> int:
-    return item.cost if isinstance(item, parts.PartTask) else _task_cost(item)  # type: ignore[arg-type]
+def _cost(item) -> int:
+    return item.cost  # ReadTask or parts.PartTask
 
 
 def _item_crashed(item: object, reason: str):
     return None if isinstance(item, parts.PartTask) else _crashed(item, reason)  # type: ignore[arg-type]
 
 
-def _task_cost(task: ReadTask) -> int:
-    try:
-        return os.stat(task.path).st_size
-    except OSError:
-        return 0
-
-
 def _crashed(task: ReadTask, reason: str) -> summary.FileSummary:
-    return summary.summarize(fatbin_model.FileScan(path=task.path, format="unknown", size=_task_cost(task), errors=[reason]))
+    return summary.summarize(fatbin_model.FileScan(path=task.path, format="unknown", size=task.cost, errors=[reason]))
 
 
 def scan(

@@ -52,11 +52,12 @@ images with their own python3.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
 import struct
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from qualify.core import cubin
 from qualify.core.arch import Variant
@@ -127,6 +128,18 @@ def open_regular(path: str) -> int:
         os.close(fd)
         raise OSError(f"{path}: not a regular file")
     return fd
+
+
+@contextlib.contextmanager
+def mapped(path: str) -> Iterator[mmap.mmap]:
+    """The regular file at `path`, mapped read-only. OSError when it cannot
+    be opened, ValueError when it is empty."""
+    fd = open_regular(path)
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            yield mm
+    finally:
+        os.close(fd)
 
 
 def sniff(path: str) -> Optional[str]:

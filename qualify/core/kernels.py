@@ -143,12 +143,7 @@ class Decoders:
         it cannot be had (no decoder, over budget, or damaged data)."""
         size = entry.uncompressed_size
         compression = entry.compression
-        if compression == "lz4":
-            if self._lz4 is None:
-                return None
-        elif compression != "zstd" or self._zstd is None:
-            return None
-        if size > MAX_DECOMPRESSED_ENTRY or min(limit, size) > self.budget:
+        if not self.can(compression) or size > MAX_DECOMPRESSED_ENTRY or min(limit, size) > self.budget:
             return None
         start = entry.offset + entry.header_size
         packed = entry.compressed_size if 0 < entry.compressed_size <= entry.payload_size else entry.payload_size

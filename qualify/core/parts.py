@@ -17,8 +17,6 @@ Standard library only, Python 3.9 compatible.
 
 from __future__ import annotations
 
-import mmap
-import os
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -86,15 +84,8 @@ def plan(
     part_bytes = part_bytes or PART_BYTES
     min_file_bytes = MIN_FILE_BYTES if min_file_bytes is None else min_file_bytes
     try:
-        fd = fatbin.open_regular(path)
-    except OSError:
-        return None
-    try:
-        size = os.fstat(fd).st_size
-        if size < max(min_file_bytes, part_bytes):
-            return None
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-            if mm[:4] != ELF_MAGIC:
+        with fatbin.mapped(path) as mm:
+            if len(mm) < max(min_file_bytes, part_bytes) or mm[:4] != ELF_MAGIC:
                 return None
             elf = ElfHeader.parse(mm)
             if elf.machine == EM_CUDA:
@@ -102,8 +93,6 @@ def plan(
             walks = fatbin.elf_walks(mm, elf, embedded)
     except (OSError, ValueError, FormatError):
         return None
-    finally:
-        os.close(fd)
     parts = _cut(walks, part_bytes)
     if len(parts) < 2:
         return None
@@ -144,14 +133,10 @@ def read_part(task: PartTask) -> PartResult:
     edges: List[WalkEdge] = []
     stopped = False
     try:
-        fd = fatbin.open_regular(task.path)
-        try:
-            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
-                reader = fatbin.ContainerReader(mm, scan, decoders)
-                for walk in task.walks:
-                    edges.append(reader.run(walk))
-        finally:
-            os.close(fd)
+        with fatbin.mapped(task.path) as mm:
+            reader = fatbin.ContainerReader(mm, scan, decoders)
+            for walk in task.walks:
+                edges.append(reader.run(walk))
     except fatbin.LimitReached:
         stopped = True
     except (OSError, ValueError):
@@ -170,11 +155,7 @@ def join(tasks: List[PartTask], results: List[Optional[PartResult]], size: int) 
     errors: List[List[str]] = []
     carried: Optional[WalkEdge] = None  # where the cut section's walk would go on
     try:
-        fd = fatbin.open_regular(tasks[0].path)
-    except OSError:
-        return None
-    try:
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+        with fatbin.mapped(tasks[0].path) as mm:
             for task, result in zip(tasks, results):
                 assert result is not None
                 head = task.walks[0]
@@ -200,8 +181,6 @@ def join(tasks: List[PartTask], results: List[Optional[PartResult]], size: int) 
                     carried = result.last  # a part with no container leaves the walk where it was
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     merged = summary.merge([r.summary for r in results if r is not None], [e for part in errors for e in part], size)
     over = (
         merged.containers >= MAX_CONTAINERS

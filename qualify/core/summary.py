@@ -198,11 +198,7 @@ def merge(parts: List[FileSummary], errors: List[str], size: int) -> FileSummary
             if pool is None:
                 pool = pools[unit.section] = _Pool(unit.section)
                 order.append(pool)
-            pool.count += unit.containers
-            pool.keys |= unit.keys
-            pool.unsure |= unit.unsure
-            pool.damaged = pool.damaged or unit.damaged
-            pool.holds_kernels = pool.holds_kernels or unit.holds_kernels
+            pool.add(unit.containers, unit.keys, unit.unsure, unit.damaged, unit.holds_kernels)
     return FileSummary(
         path=first.path,
         format=first.format,
@@ -241,12 +237,13 @@ class _Pool:
         self.section, self.count, self.keys, self.unsure = section, 0, set(), set()
         self.damaged = self.holds_kernels = False
 
-    def add(self, c: fatbin_model.Container, keys: set, unsure: set) -> None:
-        self.count += 1
+    def add(self, count: int, keys: set, unsure: set, damaged: bool, holds_kernels: bool) -> None:
+        """Containers of the section: one as read, or a part's whole unit (merge)."""
+        self.count += count
         self.keys |= keys
         self.unsure |= unsure
-        self.damaged = self.damaged or c.damaged
-        self.holds_kernels = self.holds_kernels or c.kernels == kernels.KERNELS_YES
+        self.damaged = self.damaged or damaged
+        self.holds_kernels = self.holds_kernels or holds_kernels
 
     def unit(self) -> Unit:
         keys, unsure = frozenset(self.keys), frozenset(self.unsure)
@@ -288,7 +285,7 @@ class _Units:
                 if c.section not in self.pools:
                     self.pools[c.section] = _Pool(c.section)
                     self.order.append(self.pools[c.section])
-                self.pools[c.section].add(c, keys, unsure)
+                self.pools[c.section].add(1, keys, unsure, c.damaged, c.kernels == kernels.KERNELS_YES)
 
     def result(self) -> Tuple[List[Unit], Dict[str, int]]:
         return [u.unit() if isinstance(u, _Pool) else u for u in self.order], self.excluded
