@@ -156,3 +156,18 @@ def test_clean_dry_run_removes_nothing(tmp_path, docker_engine, own_registry):
 def test_build_options_default_to_removing_the_cache():
     assert build.BuildOptions("sm120").keep_cache is False
     assert dataclasses.replace(build.BuildOptions("sm120"), keep_cache=True).keep_cache
+
+
+def test_build_cache_listing_waits_for_another_disk_usage_call(docker_engine):
+    """CI at eeb6539: two smoke builds finishing together each list the build
+    cache (`docker system df -v`), and the daemon refuses a second disk-usage
+    operation while one runs. Six listings at once (four of six were refused
+    before the fix, measured here) must all succeed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = Engine("docker").check()
+    if engine.builder not in ("buildkit", "buildx"):
+        pytest.fail(f"this host's docker builds with {engine.builder}; the test needs BuildKit's cache records")
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        listings = list(pool.map(lambda _: engine.build_cache(), range(6)))
+    assert all(isinstance(found, dict) for found in listings)

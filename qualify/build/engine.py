@@ -32,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,11 +329,25 @@ class Engine:
         `system df -v` is the only listing with ids (python-on-whales' disk_free has totals only)."""
         if self.name != "docker" or self.builder == "classic":
             return {}
-        raw = json.loads(self._stdout([self.binary, "system", "df", "-v", "--format", "{{json .BuildCache}}"]) or "[]")
+        raw = json.loads(self._disk_usage([self.binary, "system", "df", "-v", "--format", "{{json .BuildCache}}"]) or "[]")
         entries = [CacheEntry(id=e["ID"].rstrip("*"), size=parse_size(e.get("Size", "0B")),
                               in_use=str(e.get("InUse")).lower() == "true", description=e.get("Description", ""))
                    for e in raw or []]
         return {e.id: e for e in entries}
+
+    def _disk_usage(self, argv: List[str]) -> str:
+        """`system df`'s stdout. The daemon runs one disk-usage operation at a time and
+        refuses another ("a disk usage operation is already running": two builds
+        finishing together, or a user's own `docker system df`), so a refused call
+        waits and asks again, for up to ~30 s in all."""
+        for delay in _DISK_USAGE_RETRIES:
+            try:
+                return self._stdout(argv)
+            except EngineError as exc:
+                if _DISK_USAGE_BUSY not in str(exc):
+                    raise
+            time.sleep(delay)
+        return self._stdout(argv)
 
     def remove_build_cache(self, ids: Sequence[str]) -> int:
         """Remove exactly these cache records (`--all` lets a record go although images were made from it);
@@ -534,6 +549,9 @@ class _TempFile:
     def __exit__(self, *exc) -> None:
         self.path.unlink(missing_ok=True)
 
+
+_DISK_USAGE_BUSY = "a disk usage operation is already running"
+_DISK_USAGE_RETRIES = (0.25, 0.5, 1, 2, 4, 8, 8, 8)  # seconds between attempts
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
