@@ -471,3 +471,17 @@ def test_next_match_finds_every_needle_in_order(tmp_path, monkeypatch, near, fir
             found.append(pos)
             pos += 1
     assert found == expected
+
+
+def test_bench_spreads_cuobjdump_rounds_among_the_censuses():
+    """cuobjdump runs before, between and after the censuses, so that the
+    ratio compares runs made under the same load (qualify.devtools.bench_inventory)."""
+    from qualify.devtools import bench_inventory
+
+    assert bench_inventory.cuobjdump_rounds(5, 3) == [0, 2, 5]
+    assert bench_inventory.cuobjdump_rounds(5, 1) == [5]
+    assert bench_inventory.cuobjdump_rounds(5, 2) == [0, 5]
+    m = bench_inventory.Measurement
+    runs = [m(40.0, 10, [0], 39.0), m(50.0, 12, [0], 49.0), m(35.0, 11, [0], 34.0)]
+    middle = bench_inventory.median_measurement(runs)
+    assert (middle.wall_s, middle.cpu_s, middle.peak_mb) == (40.0, 39.0, 12)

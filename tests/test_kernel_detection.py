@@ -95,7 +95,7 @@ def test_kernel_found_by_reading_only_the_tables(packed, mode):
     assert answer == "yes"
     # A 4 KB prefix, then as far as the section headers reach (the cubin's end,
     # for this layout): never the padding after them.
-    assert decoded <= 4096 + (size - PAD) < size // 5
+    assert decoded <= kernels._EARLY_PREFIX * (mode == "lz4") + 4096 + (size - PAD) < size // 5
 
 
 @pytest.mark.parametrize("mode", ["zstd", "lz4"])
@@ -184,3 +184,57 @@ def test_a_repeated_payload_is_decoded_once(packed, tmp_path, monkeypatch):
     assert scan.ok, scan.errors
     assert [c.kernels for c in scan.containers] == ["no", "no"]
     assert len(set(calls)) == 1
+
+
+def _spy_lz4_inputs(monkeypatch) -> list:
+    """The input size of every call to liblz4's partial decoder."""
+    real = kernels._lz4_partial()
+    sizes = []
+
+    def spy(src, dst, src_size, target, capacity):
+        sizes.append(src_size)
+        return real(src, dst, src_size, target, capacity)
+
+    monkeypatch.setattr(kernels, "_lz4_partial", lambda: spy)
+    return sizes
+
+
+def test_lz4_prefix_is_decoded_from_part_of_the_input(packed, monkeypatch):
+    """The kernel cubin is followed by 300 KB of random bytes, which LZ4
+    cannot shrink: the 4 KB question copies ~8 KB of input, not ~300 KB."""
+    import lz4.block
+
+    sizes = _spy_lz4_inputs(monkeypatch)
+    path = packed["kernel-lz4"]
+    (container,) = fatbin.read_file(str(path), decompress=False).containers
+    (entry,) = container.entries
+    raw = path.read_bytes()[entry.offset + entry.header_size :][: entry.compressed_size]
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        head = kernels.Decoders(True).decode(mm, entry, 4096)
+    assert head == lz4.block.decompress(raw, uncompressed_size=entry.uncompressed_size)[:4096]
+    assert sizes == [kernels._lz4_input(4096, entry.uncompressed_size)]
+    assert sizes[0] < len(raw) // 20
+
+
+def test_lz4_prefix_past_the_cut_reads_the_whole_input(tmp_path, monkeypatch):
+    """A hand-made LZ4 block (real format, decoded by liblz4) whose first
+    match length runs over 9,000 extension bytes while its entry declares
+    5,000 bytes: the cut input cannot hold the 4 KB prefix, so the whole
+    input decides, and the answer is python-lz4's own."""
+    import lz4.block
+
+    from qualify.core.arch import Variant
+    from qualify.core.fatbin_model import FLAG_LZ4, KIND_CUBIN, STUB_UNKNOWN, Entry
+
+    extension = 9000
+    block = bytes([0x1F]) + b"A" + b"\x01\x00" + b"\xff" * extension + b"\x00" + bytes([0x50]) + b"BBBBB"
+    real_size = 1 + (15 + 4 + 255 * extension) + 5
+    path = tmp_path / "long-match.lz4"
+    path.write_bytes(block)
+    entry = Entry(0, KIND_CUBIN, 120, Variant.PLAIN, FLAG_LZ4, "lz4", 0, len(block), len(block), 5000, STUB_UNKNOWN, True)
+    assert kernels._lz4_input(4096, entry.uncompressed_size) < len(block)
+    sizes = _spy_lz4_inputs(monkeypatch)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        head = kernels.Decoders(True).decode(mm, entry, 4096)
+    assert head == lz4.block.decompress(block, uncompressed_size=real_size)[:4096] == b"A" * 4096
+    assert sizes == [kernels._lz4_input(4096, 5000), len(block)]

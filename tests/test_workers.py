@@ -72,16 +72,95 @@ def test_an_exception_in_a_worker_is_that_file_s_error(jobs):
     assert out == ["a", "crashed b: internal error while reading (RuntimeError: a bug)", "c"]
 
 
-def test_without_a_working_pool_files_are_read_in_this_process(monkeypatch):
-    """Stand-in: a sandbox without sem_open cannot be made here, so the pool's
-    construction is made to fail the way it fails there (OSError/NotImplementedError)."""
-    import concurrent.futures
+def test_without_fork_files_are_read_in_this_process(monkeypatch):
+    """Stand-in: a host where no process can be forked (a process limit, a
+    sandbox) cannot be made here, so os.fork is made to fail the way it
+    fails there (OSError: EAGAIN)."""
+    calls = []
 
-    def no_pool(*args, **kwargs):
-        raise NotImplementedError("This platform lacks a functioning sem_open implementation")
+    def no_fork():
+        calls.append(1)
+        raise BlockingIOError(11, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
-    assert workers.run_all(str.upper, ["a", "b"], 4, len, crashed) == ["A", "B"]
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert workers.run_all(str.upper, ["a", "b", "c"], 4, len, crashed) == ["A", "B", "C"]
+    assert calls  # it tried
+    assert workers.run_alone(str.upper, "d", crashed) == "D"
+
+
+def poison_all(item: str) -> str:
+    if item.startswith("poison"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return item.upper()
+
+
+def recording_forks(monkeypatch) -> list:
+    """The pids of the workers forked from here on."""
+    real, pids = os.fork, []
+
+    def fork():
+        pid = real()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    return pids
+
+
+def assert_all_reaped(pids: list) -> None:
+    assert pids
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped already: no zombie, no orphan still running
+
+
+def test_workers_that_die_are_replaced(monkeypatch):
+    """Every worker dies (two jobs, three poisoned files first): the other
+    files are still read by workers forked in their place."""
+    pids = recording_forks(monkeypatch)
+    items = ["poison-1", "poison-2", "poison-3", "a", "b", "c", "d"]
+    out = workers.run_all(poison_all, items, 2, lambda item: 10 if item.startswith("poison") else 1, crashed)
+    assert out[3:] == ["A", "B", "C", "D"]
+    assert all(o.startswith(f"crashed poison-{n}: the process reading this file died") for n, o in zip((1, 2, 3), out))
+    assert len(pids) >= 2 + 3 + 1  # two, a replacement for each death while files remained, each poison read alone
+    assert_all_reaped(pids)
+
+
+def big_result(item: str) -> bytes:
+    return item.encode() * (3 << 20)
+
+
+def test_large_results_arrive_whole():
+    """Results far larger than a pipe's buffer (3-6 MB, as --detail on cuFFT)."""
+    items = ["a", "bb", "c", "dd", "e"]
+    assert workers.run_all(big_result, items, 3, len, crashed) == [big_result(i) for i in items]
+
+
+def sleepy(item: str) -> str:
+    import time
+
+    time.sleep(60)
+    return item
+
+
+def test_an_interrupt_stops_every_worker(monkeypatch):
+    """Ctrl-C while the workers read: the busy ones are killed and reaped,
+    and the interrupt reaches the caller at once."""
+    import time
+
+    def interrupted(fds):
+        time.sleep(0.2)  # the workers have their tasks
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workers, "_readable", interrupted)
+    pids = recording_forks(monkeypatch)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        workers.run_all(sleepy, ["a", "b", "c"], 3, len, crashed)
+    assert time.monotonic() - start < 10
+    assert len(pids) == 3
+    assert_all_reaped(pids)
 
 
 def test_cli_jobs_option(fx):
@@ -100,3 +179,42 @@ def test_cli_jobs_option(fx):
 
 def test_default_jobs_is_bounded():
     assert 1 <= workers.default_jobs() <= workers.MAX_DEFAULT_JOBS
+
+
+def collector_state(_item: str) -> tuple:
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count() > 0
+
+
+def test_collector_is_paused_per_file_and_restored(fx, monkeypatch):
+    """Reading a file pauses the cyclic collector (census.collector_paused)
+    and gives it back as it found it, after a failure too; a pool freezes
+    the inherited heap only while it runs."""
+    import gc
+
+    assert gc.isenabled()
+    seen = []
+    real = census.fatbin.read_file
+
+    def spying(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(census.fatbin, "read_file", spying)
+    try:
+        census.scan([str(fx.lib("plain", "zstd"))])
+        assert seen == [False] and gc.isenabled()
+        gc.disable()
+        census.scan([str(fx.lib("plain", "zstd"))])
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError):
+        with census.collector_paused():
+            raise RuntimeError("reader bug")
+    assert gc.isenabled()
+    # In the workers: forked from a frozen heap; here, afterwards: nothing left frozen.
+    states = workers.run_all(collector_state, ["a", "b", "c"], 2, len, lambda item, why: why)
+    assert states == [(True, True)] * 3
+    assert gc.get_freeze_count() == 0

@@ -80,6 +80,8 @@ Standard library only, Python 3.9 compatible (runs inside images).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import stat
 from dataclasses import dataclass, field
@@ -351,6 +353,27 @@ class ReadTask:
 
 def read_one(task: ReadTask) -> Optional[summary.FileSummary]:
     """The summary of one file; None for a walked file that is neither ELF nor fatbin."""
+    with collector_paused():
+        return _read_one(task)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while one file is read: reading cuFFT
+    makes ~100k objects, none of them in a cycle, and the collector's passes
+    over them measured 3-5% of the census. What a file leaves behind is
+    collected afterwards, and a file's objects are bounded by the reader's
+    own limits (MAX_CONTAINERS, MAX_ENTRIES)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _read_one(task: ReadTask) -> Optional[summary.FileSummary]:
     if not task.explicit:
         try:
             kind = fatbin.sniff_strict(task.path)
@@ -387,7 +410,10 @@ def _read_all(tasks: List[ReadTask], jobs: int) -> List[Optional[summary.FileSum
 
 
 def _read_item(item: object):
-    return parts.read_part(item) if isinstance(item, parts.PartTask) else read_one(item)  # type: ignore[arg-type]
+    if isinstance(item, parts.PartTask):
+        with collector_paused():
+            return parts.read_part(item)
+    return read_one(item)  # type: ignore[arg-type]
 
 
 def _cost(item) -> int:

@@ -1,12 +1,16 @@
 """Benchmark the fatbin census against NVIDIA cuobjdump (`nox -s bench-inventory`).
 
-    python -m qualify.devtools.bench_inventory [--venv DIR] [--cuobjdump PATH] [--runs N]
+    python -m qualify.devtools.bench_inventory [--venv DIR] [--cuobjdump PATH] [--runs N] [--cuobjdump-runs N]
 
 1. Makes (or reuses) a scratch venv, `.cache/bench-venv`, holding
    torch==2.14.1 (a CUDA 13 build: ~5 GB of nvidia-* wheels) and the
    cuobjdump of nvidia-cuda-cuobjdump==13.2.51.
 2. Finds every library in it with a `.nv_fatbin` section, and reads each file
-   once, untimed, so that both tools run with a warm page cache.
+   once, untimed, so that both tools run with a warm page cache. Compiles
+   the toolkit's bytecode first, as `pip install` does: where
+   PYTHONDONTWRITEBYTECODE is set (this build host sets it), every timed run
+   would otherwise compile the package from source, ~15 ms that no
+   installed copy pays.
 3. Times `python -m qualify inspect --json` over all of them in one fresh
    subprocess (five times; the median is reported): as users run it (worker
    processes, one per CPU up to core/workers.MAX_DEFAULT_JOBS), in one
@@ -23,6 +27,10 @@
    largest single process), so neither tool's figures are mixed with the
    other's (or with pip's). One more, untimed run of each census samples the
    summed PSS of its whole process tree: the memory of all workers together.
+   cuobjdump runs several times (--cuobjdump-runs, 3 by default: before, in
+   the middle of and after the censuses), and the median is compared: on a
+   shared machine a single run, minutes away from the censuses, carries the
+   machine's drift into the ratio (35-50 s within one hour here).
 4. Checks per library that the architecture sets agree. cuobjdump lists only
    `.nv_fatbin` and prints `f` cubins without their suffix (and PTX as
    `sm_XY.ptx`), so the comparison is of the `.nv_fatbin` entries, by
@@ -42,6 +50,7 @@ not enforced: they depend on the machine.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -133,6 +142,12 @@ def find_libraries(site: Path) -> List[Path]:
     ]
 
 
+def compile_bytecode() -> None:
+    """The toolkit's .pyc files, as an installed copy has them."""
+    if not compileall.compile_dir(str(REPO / "qualify"), quiet=1):
+        raise QualifyError(f"could not compile {REPO / 'qualify'} to bytecode", hint="see the errors above")
+
+
 def warm_page_cache(paths: List[Path]) -> None:
     for path in paths:
         with open(path, "rb") as fh:
@@ -181,6 +196,23 @@ def measure_census(
     cpu = statistics.median(r.cpu_s for r in results)
     tree = measure([argv], [output], extra_env, tree=True).tree_mb  # one more run, untimed
     return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0], cpu, tree)
+
+
+def cuobjdump_rounds(steps: int, rounds: int) -> List[int]:
+    """Before which census step each cuobjdump round runs (`steps`: after the
+    last), spread evenly from the first to the last: 5 steps, 3 rounds ->
+    [0, 2, 5] (one round: at the end, after the censuses)."""
+    if rounds <= 1:
+        return [steps]
+    return [round(k * steps / (rounds - 1)) for k in range(rounds)]
+
+
+def median_measurement(results: List[Measurement]) -> Measurement:
+    """Median wall and CPU times of several runs of one tool, its highest peak."""
+    return Measurement(
+        statistics.median(r.wall_s for r in results), max(r.peak_mb for r in results), [0],
+        statistics.median(r.cpu_s for r in results),
+    )
 
 
 def _env() -> Dict[str, str]:
@@ -362,7 +394,7 @@ def target_lines(full: Measurement, registered: Measurement, theirs: Measurement
 # --- main ---------------------------------------------------------------------------------------
 
 
-def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optional[str] = None) -> int:
+def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optional[str] = None, cuobjdump_runs: int = 3) -> int:
     # --site compares against an existing install (a GPU host's torch) instead of the scratch venv
     site = Path(site_arg) if site_arg else ensure_venv(venv_dir)
     cuobjdump = find_cuobjdump(site, cuobjdump_arg)
@@ -372,23 +404,45 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
     total = sum(p.stat().st_size for p in libraries)
     print(f"{len(libraries)} libraries with a .nv_fatbin section under {site} ({total / 1e9:.2f} GB)", flush=True)
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
+    compile_bytecode()
     warm_page_cache(libraries)
     with tempfile.TemporaryDirectory(prefix="bench-inventory-") as tmp:
         out = Path(tmp)
-        full = measure_census(libraries, out / "census.json", runs, [])
-        single = measure_census(libraries, out / "single.json", runs, ["--jobs", "1"])
-        registered = measure_census(libraries, out / "registered.json", runs, ["--registered-only"])
-        plain = measure_census(libraries, out / "plain.json", runs, ["--no-decompress"])
-        elftools = measure_census(libraries, out / "elftools.json", runs, [], {"QUALIFY_ELF_READER": "pyelftools"})
-        if (out / "census.json").read_bytes() != (out / "single.json").read_bytes():
-            raise QualifyError("the census with one process and with several differ", hint=f"compare them in {out}")
         commands, outputs = [], []
         for i, path in enumerate(libraries):
             for flag in ("--list-elf", "--list-ptx"):
                 commands.append([str(cuobjdump), flag, str(path)])
                 outputs.append(out / f"{i}{flag}.txt")
-        print(f"running cuobjdump {len(commands)} times (slow: it decompresses everything)", flush=True)
-        theirs = measure(commands, outputs)
+        dumps: List[Measurement] = []
+
+        def run_cuobjdump() -> None:
+            print(f"running cuobjdump {len(commands)} times (slow: it decompresses everything), "
+                  f"round {len(dumps) + 1} of {cuobjdump_runs}", flush=True)
+            dumps.append(measure(commands, outputs))
+            print(f"cuobjdump wall time: {dumps[-1].wall_s:.1f} s", flush=True)
+
+        censuses = [
+            ("census.json", [], None),
+            ("single.json", ["--jobs", "1"], None),
+            ("registered.json", ["--registered-only"], None),
+            ("plain.json", ["--no-decompress"], None),
+            ("elftools.json", [], {"QUALIFY_ELF_READER": "pyelftools"}),
+        ]
+        measured: Dict[str, Measurement] = {}
+        rounds = cuobjdump_rounds(len(censuses), cuobjdump_runs)
+        for step in range(len(censuses) + 1):
+            for _ in range(rounds.count(step)):
+                run_cuobjdump()
+            if step < len(censuses):
+                name, options, extra_env = censuses[step]
+                measured[name] = measure_census(libraries, out / name, runs, options, extra_env)
+        full, single, registered, plain, elftools = (
+            measured[k] for k in ("census.json", "single.json", "registered.json", "plain.json", "elftools.json")
+        )
+        if (out / "census.json").read_bytes() != (out / "single.json").read_bytes():
+            raise QualifyError("the census with one process and with several differ", hint=f"compare them in {out}")
+        theirs = median_measurement(dumps)
+        print("cuobjdump wall times (s): " + " ".join(f"{m.wall_s:.1f}" for m in dumps), flush=True)
         report = json.loads((out / "census.json").read_text())
         by_path = {lib["path"]: lib for lib in report["libraries"]}
         rows = [
@@ -405,7 +459,7 @@ def run(venv_dir: Path, cuobjdump_arg: Optional[str], runs: int, site_arg: Optio
         (f"qualify inspect --registered-only (median of {runs})", registered),
         (f"qualify inspect --no-decompress (median of {runs})", plain),
         (f"qualify inspect, pyelftools ELF reader (median of {runs})", elftools),
-        (f"cuobjdump --list-elf/--list-ptx ({len(commands)} calls)", theirs),
+        (f"cuobjdump --list-elf/--list-ptx ({len(commands)} calls, median of {len(dumps)})", theirs),
     ]
     print(summary_table(tools, theirs))
     print()
@@ -423,12 +477,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--cuobjdump", help="cuobjdump binary (default: the one pip put in the venv)")
     parser.add_argument("--site", help="an existing site-packages to census instead of the scratch venv")
     parser.add_argument("--runs", type=int, default=5, help="census runs; the median wall time is reported")
+    parser.add_argument(
+        "--cuobjdump-runs", type=int, default=3, help="cuobjdump runs, spread among the censuses; the median is compared"
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the measuring helper
     args = parser.parse_args(argv)
     if args.measure:
         return _measure_helper(args.measure)
     try:
-        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site)
+        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs))
     except QualifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
