@@ -57,7 +57,7 @@ for _name, _t in _TF.targets.items():
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite (needs a real Docker engine: scripts/setup-host.sh)."""
-    session.install("-q", "-e", ".[test]")
+    session.install("-q", "-e", ".[test]", "--config-settings", f"editable_mode={_toolenv.EDITABLE_MODE}")
     session.run("pytest", *session.posargs)
 
 

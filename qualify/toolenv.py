@@ -17,6 +17,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".nox" / "_toolkit"
 
+# setuptools' default editable install imports a path finder (pathlib,
+# urllib, ...) at every interpreter start: 8 ms of a 0.35 s `qualify
+# inspect`. "compat" puts the checkout on sys.path through a plain .pth
+# instead (site: 1.9 ms instead of 9.8 ms).
+EDITABLE_MODE = "compat"
+
 
 def python() -> Path:
     return VENV / "bin" / "python"
@@ -26,13 +32,16 @@ def ensure(extras: str = "") -> Path:
     """Create or refresh the shared venv; returns its python."""
     spec = f".[{extras}]" if extras else "."
     stamp = VENV / ".installed"
-    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + spec.encode()).hexdigest()
+    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + spec.encode() + EDITABLE_MODE.encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == want and python().exists():
         return python()
     if not python().exists():
         print(f"[toolkit] creating {VENV}", file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
     print(f"[toolkit] installing {spec} into {VENV}", file=sys.stderr, flush=True)
-    subprocess.run([str(python()), "-m", "pip", "install", "-q", "-e", spec], cwd=REPO, check=True)
+    subprocess.run(
+        [str(python()), "-m", "pip", "install", "-q", "-e", spec, "--config-settings", f"editable_mode={EDITABLE_MODE}"],
+        cwd=REPO, check=True,
+    )
     stamp.write_text(want)
     return python()

@@ -50,11 +50,11 @@ def _load(name: str):
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m qualify", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if not argv or argv[0] not in COMMANDS:  # the list of commands is built only when it is shown
+        parser = argparse.ArgumentParser(prog="python -m qualify", description=__doc__.splitlines()[0])
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+        for name, (_, help_text) in COMMANDS.items():
+            sub.add_parser(name, help=help_text, add_help=False)
         parser.parse_args(argv or ["--help"])
         return 2
     module = _load(argv[0])
