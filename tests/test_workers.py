@@ -72,6 +72,18 @@ def test_an_exception_in_a_worker_is_that_file_s_error(jobs):
     assert out == ["a", "crashed b: internal error while reading (RuntimeError: a bug)", "c"]
 
 
+def unpicklable_on_b(item: str):
+    return (lambda: item) if item == "b" else item
+
+
+def test_a_result_that_cannot_travel_is_that_file_s_error():
+    """A worker's result that pickle refuses is reported as such, not as a
+    worker that died."""
+    out = workers.run_all(unpicklable_on_b, ["a", "b", "c"], 2, len, crashed)
+    assert out[0] == "a" and out[2] == "c"
+    assert out[1].startswith("crashed b: internal error while reading (") and "pickle" in out[1].lower(), out[1]
+
+
 def test_without_fork_files_are_read_in_this_process(monkeypatch):
     """Stand-in: a host where no process can be forked (a process limit, a
     sandbox) cannot be made here, so os.fork is made to fail the way it

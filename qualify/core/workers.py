@@ -253,10 +253,9 @@ def _serve(fn: Callable, items: Sequence, tasks: int, results: int) -> None:
                 break
             item = items[_TASK.unpack(head)[0]]
             try:
-                result = (True, fn(item))
-            except Exception as exc:  # a bug in fn: that file's row says so
-                result = (False, f"internal error while reading ({type(exc).__name__}: {exc})")
-            payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+                payload = pickle.dumps((True, fn(item)), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # a bug in fn, or a result that cannot be pickled: that file's row says so
+                payload = pickle.dumps((False, f"internal error while reading ({type(exc).__name__}: {exc})"))
             _write_all(results, _LENGTH.pack(len(payload)) + payload)
     except BaseException:  # an interrupt, a broken pipe: the parent sees the pipe close
         code = 1
