@@ -84,6 +84,11 @@ class ParseError(QualifyError):
     exit_code = 11
 
 
+def internal_error(exc: BaseException) -> str:
+    """A file's error row for a bug in the code reading it (the census goes on)."""
+    return f"internal error while reading ({type(exc).__name__}: {exc})"
+
+
 # --- the one exit-code table (the README's "Exit codes" section is generated from it) ---------
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ from qualify.core.elf import (
     section_table,
     segments,
 )
+from qualify.core.errors import internal_error
 from qualify.core.fatbin_model import (
     ARCH_NUMBER_RANGE,
     CONTAINER_HEADER,
@@ -197,7 +198,7 @@ def read_file(path: str, embedded: bool = True, decompress: bool = True) -> File
     except (OSError, ValueError) as exc:
         scan.errors.append(f"cannot read: {exc}")
     except Exception as exc:  # a bug here must not kill the census: record it
-        scan.errors.append(f"internal error while reading ({type(exc).__name__}: {exc})")
+        scan.errors.append(internal_error(exc))
     return scan
 
 

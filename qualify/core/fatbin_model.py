@@ -131,6 +131,12 @@ class Entry:
         return self.kind_code == KIND_PTX
 
     @property
+    def packed_size(self) -> int:
+        """The payload bytes a decoder reads: the compressed size where the
+        header states one that fits the payload, else the whole payload."""
+        return self.compressed_size if 0 < self.compressed_size <= self.payload_size else self.payload_size
+
+    @property
     def compressed(self) -> bool:
         return self.compression != "none"
 

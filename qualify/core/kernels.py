@@ -149,7 +149,7 @@ class Decoders:
         if not self.can(compression) or size > MAX_DECOMPRESSED_ENTRY or min(limit, size) > self.budget:
             return None
         start = entry.offset + entry.header_size
-        packed = entry.compressed_size if 0 < entry.compressed_size <= entry.payload_size else entry.payload_size
+        packed = entry.packed_size
         want = min(limit, size)
         try:
             if compression == "zstd" and size <= _ZSTD_WHOLE:
@@ -278,7 +278,7 @@ def _entry_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders) -> str:
         return _cubin_kernels(mm[start:end], whole=True)
     if not decoders.can(entry.compression):
         return KERNELS_UNKNOWN  # no decoder (inside an image): nothing to decode, nothing to remember
-    packed = entry.compressed_size if 0 < entry.compressed_size <= entry.payload_size else entry.payload_size
+    packed = entry.packed_size
     if packed > _REMEMBER_PACKED:
         return _compressed_kernels(mm, entry, decoders)
     # Small payloads repeat (cuBLASLt and cuDNN: ~7k identical kernel-less

@@ -71,18 +71,12 @@ def _address(mm: mmap.mmap) -> Optional[int]:
     """The address of the mapping's first byte, from CPython's buffer API
     (a read-only request, released at once: the address stays valid while
     the mapping is open, which Finder.first checks before each use)."""
-    try:
-        import ctypes
-
-        buffer_type = _py_buffer()
-        get = ctypes.pythonapi.PyObject_GetBuffer
-        release = ctypes.pythonapi.PyBuffer_Release
-    except (ImportError, AttributeError):
+    api = _buffer_api()
+    if api is None or len(mm) == 0:
         return None
-    get.argtypes = [ctypes.py_object, ctypes.POINTER(buffer_type), ctypes.c_int]
-    release.argtypes = [ctypes.POINTER(buffer_type)]
+    ctypes, buffer_type, get, release = api
     view = buffer_type()
-    if len(mm) == 0 or get(mm, ctypes.byref(view), 0) != 0:  # 0: PyBUF_SIMPLE
+    if get(mm, ctypes.byref(view), 0) != 0:  # 0: PyBUF_SIMPLE
         return None
     try:
         return view.buf if view.len == len(mm) else None
@@ -91,8 +85,16 @@ def _address(mm: mmap.mmap) -> Optional[int]:
 
 
 @functools.cache
-def _py_buffer():
-    import ctypes
+def _buffer_api():
+    """(ctypes, Py_buffer, PyObject_GetBuffer, PyBuffer_Release), set up once;
+    None without ctypes or CPython's C API."""
+    try:
+        import ctypes
+
+        get = ctypes.pythonapi.PyObject_GetBuffer
+        release = ctypes.pythonapi.PyBuffer_Release
+    except (ImportError, AttributeError):
+        return None
 
     class PyBuffer(ctypes.Structure):
         """CPython's Py_buffer (in the stable ABI since 3.11; this layout since 3.3)."""
@@ -111,4 +113,6 @@ def _py_buffer():
             ("internal", ctypes.c_void_p),
         ]
 
-    return PyBuffer
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer), ctypes.c_int]
+    release.argtypes = [ctypes.POINTER(PyBuffer)]
+    return ctypes, PyBuffer, get, release

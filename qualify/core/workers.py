@@ -34,6 +34,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
+from qualify.core.errors import internal_error
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -255,7 +257,7 @@ def _serve(fn: Callable, items: Sequence, tasks: int, results: int) -> None:
             try:
                 payload = pickle.dumps((True, fn(item)), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:  # a bug in fn, or a result that cannot be pickled: that file's row says so
-                payload = pickle.dumps((False, f"internal error while reading ({type(exc).__name__}: {exc})"))
+                payload = pickle.dumps((False, internal_error(exc)))
             _write_all(results, _LENGTH.pack(len(payload)) + payload)
     except BaseException:  # an interrupt, a broken pipe: the parent sees the pipe close
         code = 1
@@ -298,5 +300,5 @@ def _guarded(fn: Callable[[T], R], item: T, on_crash: Callable[[T, str], R]) -> 
     try:
         return fn(item)
     except Exception as exc:
-        return on_crash(item, f"internal error while reading ({type(exc).__name__}: {exc})")
+        return on_crash(item, internal_error(exc))
 

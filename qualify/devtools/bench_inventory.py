@@ -193,9 +193,9 @@ def measure_census(
     walls = [r.wall_s for r in results]
     label = " ".join([*(f"{k}={v}" for k, v in (extra_env or {}).items()), "inspect", *options])
     print(f"{label} wall times (s): " + " ".join(f"{w:.3f}" for w in walls), flush=True)
-    cpu = statistics.median(r.cpu_s for r in results)
-    tree = measure([argv], [output], extra_env, tree=True).tree_mb  # one more run, untimed
-    return Measurement(statistics.median(walls), max(r.peak_mb for r in results), [0], cpu, tree)
+    middle = median_measurement(results)
+    middle.tree_mb = measure([argv], [output], extra_env, tree=True).tree_mb  # one more run, untimed
+    return middle
 
 
 def cuobjdump_rounds(steps: int, rounds: int) -> List[int]:
