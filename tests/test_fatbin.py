@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import struct
@@ -485,3 +486,42 @@ def test_bench_spreads_cuobjdump_rounds_among_the_censuses():
     runs = [m(40.0, 10, [0], 39.0), m(50.0, 12, [0], 49.0), m(35.0, 11, [0], 34.0)]
     middle = bench_inventory.median_measurement(runs)
     assert (middle.wall_s, middle.cpu_s, middle.peak_mb) == (40.0, 39.0, 12)
+
+
+def _resident_fraction(path) -> float:
+    """The share of the file's pages in the page cache (mincore(2) on a mapping of it)."""
+    import ctypes
+    import mmap as mmap_module
+
+    from qualify.core import search
+
+    with open(path, "rb") as fh, mmap_module.mmap(fh.fileno(), 0, access=mmap_module.ACCESS_READ) as mm:
+        pages = (len(mm) + mmap_module.PAGESIZE - 1) // mmap_module.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        mincore = ctypes.CDLL(None, use_errno=True).mincore
+        mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        assert mincore(search._address(mm), len(mm), vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec) / pages
+
+
+def test_bench_page_cache_fresh_drops_the_cached_pages_then_reads_them_back(tmp_path):
+    """--page-cache fresh (the default): each library is dropped from the page
+    cache and read back before anything is timed, so both tools find it cached
+    as a file read from disk is, whatever its history (measured on a real
+    ext4 file through mincore(2), not a stand-in)."""
+    from qualify.devtools import bench_inventory
+
+    path = tmp_path / "lib.so"
+    with open(path, "wb") as fh:
+        fh.write(os.urandom(4 << 20))
+        fh.flush()
+        os.fsync(fh.fileno())  # dirty pages cannot be dropped
+    path.read_bytes()
+    assert _resident_fraction(path) == 1.0
+    with open(path, "rb") as fh:
+        bench_inventory.drop_cached(fh.fileno())
+    assert _resident_fraction(path) < 0.1
+    bench_inventory.warm_page_cache([path], bench_inventory.PAGE_CACHE_AS_FOUND)
+    assert _resident_fraction(path) == 1.0
+    bench_inventory.warm_page_cache([path], bench_inventory.PAGE_CACHE_FRESH)
+    assert _resident_fraction(path) == 1.0
