@@ -11,11 +11,12 @@
    (--page-cache fresh) each file's cached pages are dropped first
    (POSIX_FADV_DONTNEED: clean pages only, no root needed) and read back,
    so both tools find the files cached as a file read from disk is, not in
-   whatever state its history left: on kernels that cache files in
-   multi-page folios (ext4 and XFS on 6.x), a file written by pip, or
-   restored with a VM snapshot, can sit in the cache as single 4 KB pages,
-   which cost the census's memory mapping ~1.4x more CPU (measured on the
-   2-core build host: 0.56 -> 0.41 s of CPU for the same census, same
+   whatever state its history left: on kernels that cache files read from
+   disk in multi-page folios (ext4 and XFS on recent 6.x kernels), a file
+   written by pip (or unpacked from an image) sits in the cache as single
+   4 KB pages until it is evicted, and every page a tool maps then costs
+   more CPU (on the 2-core build host, the bench venv as found: 0.56 s of
+   census CPU and 31-35 s of cuobjdump; fresh: 0.41 s and 27-28 s; same
    output). --page-cache as-found keeps the cache as it is. Compiles
    the toolkit's bytecode first, as `pip install` does: where
    PYTHONDONTWRITEBYTECODE is set (this build host sets it), every timed run
