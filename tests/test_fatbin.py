@@ -521,7 +521,7 @@ def test_bench_page_cache_fresh_drops_the_cached_pages_then_reads_them_back(tmp_
     with open(path, "rb") as fh:
         bench_inventory.drop_cached(fh.fileno())
     assert _resident_fraction(path) < 0.1
-    bench_inventory.warm_page_cache([path], bench_inventory.PAGE_CACHE_AS_FOUND)
+    bench_inventory.warm_page_cache([path], bench_inventory.PageCache.AS_FOUND)
     assert _resident_fraction(path) == 1.0
-    bench_inventory.warm_page_cache([path], bench_inventory.PAGE_CACHE_FRESH)
+    bench_inventory.warm_page_cache([path], bench_inventory.PageCache.FRESH)
     assert _resident_fraction(path) == 1.0

@@ -73,6 +73,7 @@ import tempfile
 import time
 import venv
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -159,16 +160,25 @@ def compile_bytecode() -> None:
         raise QualifyError(f"could not compile {REPO / 'qualify'} to bytecode", hint="see the errors above")
 
 
-PAGE_CACHE_FRESH = "fresh"
-PAGE_CACHE_AS_FOUND = "as-found"
+class PageCache(Enum):
+    """How the libraries are cached before anything is timed (--page-cache;
+    step 2 of the module docstring); the value is the option's word."""
+
+    FRESH = "fresh"
+    AS_FOUND = "as-found"
+
+    @property
+    def meaning(self) -> str:
+        if self is PageCache.FRESH:
+            return "each library's cached pages dropped and read back"
+        return "left as it was, each library read once"
 
 
-def warm_page_cache(paths: List[Path], mode: str = PAGE_CACHE_FRESH) -> None:
-    """Every file read once, untimed; with PAGE_CACHE_FRESH its cached pages are
-    dropped first (see step 2 of the module docstring)."""
+def warm_page_cache(paths: List[Path], mode: PageCache = PageCache.FRESH) -> None:
+    """Every file read once, untimed; with PageCache.FRESH its cached pages are dropped first."""
     for path in paths:
         with open(path, "rb") as fh:
-            if mode == PAGE_CACHE_FRESH:
+            if mode is PageCache.FRESH:
                 drop_cached(fh.fileno())
             while fh.read(_CHUNK):
                 pass
@@ -426,7 +436,7 @@ def run(
     runs: int,
     site_arg: Optional[str] = None,
     cuobjdump_runs: int = 3,
-    page_cache: str = PAGE_CACHE_FRESH,
+    page_cache: PageCache = PageCache.FRESH,
 ) -> int:
     # --site compares against an existing install (a GPU host's torch) instead of the scratch venv
     site = Path(site_arg) if site_arg else ensure_venv(venv_dir)
@@ -439,10 +449,7 @@ def run(
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     compile_bytecode()
     warm_page_cache(libraries, page_cache)
-    if page_cache == PAGE_CACHE_FRESH:
-        print("page cache: each library's cached pages dropped and read back (--page-cache fresh)", flush=True)
-    else:
-        print("page cache: as found, each library read once (--page-cache as-found)", flush=True)
+    print(f"page cache: {page_cache.meaning} (--page-cache {page_cache.value})", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-inventory-") as tmp:
         out = Path(tmp)
         commands, outputs = [], []
@@ -518,16 +525,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--cuobjdump-runs", type=int, default=3, help="cuobjdump runs, spread among the censuses; the median is compared"
     )
     parser.add_argument(
-        "--page-cache", choices=[PAGE_CACHE_FRESH, PAGE_CACHE_AS_FOUND], default=PAGE_CACHE_FRESH,
-        help="fresh (default): drop each library's cached pages and read them back before measuring; "
-        "as-found: read each library once, leaving the cache as it was",
+        "--page-cache",
+        choices=[m.value for m in PageCache],
+        default=PageCache.FRESH.value,
+        help="; ".join(f"{m.value}: {m.meaning}" for m in PageCache) + " (default: fresh)",
     )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the measuring helper
     args = parser.parse_args(argv)
     if args.measure:
         return _measure_helper(args.measure)
     try:
-        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs), args.page_cache)
+        return run(
+            Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs),
+            PageCache(args.page_cache),
+        )
     except QualifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
