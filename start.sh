@@ -29,6 +29,8 @@ Deploys the qualified vLLM image for this host's GPU and checks that it answers.
   --allow-no-gpu-runtime    accept GPU_RUNTIME=none: the container gets NO GPU (for testing the
                             deploy machinery with a stand-in server)
   --probe                   run the GPU checks on this host even when the release is baseline
+  --allow-downgrade         with RELEASE_TAG set: deploy that release although this host accepted a
+                            newer one (or a later promotion of it) before
   --env-file FILE           settings file (default: .env, made from .env.example when missing)
   -h, --help                this help
 
@@ -40,7 +42,7 @@ USAGE
 args=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --dry-run | --allow-unqualified | --allow-no-gpu-runtime | --probe) args+=("$1") ;;
+    --dry-run | --allow-unqualified | --allow-no-gpu-runtime | --probe | --allow-downgrade) args+=("$1") ;;
     --env-file)
       [ $# -ge 2 ] || fail "$EX_USAGE" "--env-file needs a file name" "./start.sh --env-file FILE"
       args+=(--env-file "$2")

@@ -5,6 +5,9 @@
 # usage: scripts/gpu-evidence.sh OUT_DIR [TARGET] [EXTRA_CAPABILITIES]
 #   TARGET defaults to sm120; EXTRA_CAPABILITIES (default 10.0,12.0,12.1) are
 #   also cross-compiled with Triton, without needing those GPUs.
+#   EVIDENCE_SIGNING_KEY=HOST.key (password in COSIGN_PASSWORD) signs the manifest
+#   with this host's key, so `qualify promote` counts it once the host is enrolled;
+#   signing runs in QUALIFY_PYTHON (default: the repository's .venv, else python3).
 # Needs: python3 with torch + triton, pyelftools importable, nvidia-smi, and a
 # CUDA 13 ptxas at /usr/local/cuda/bin/ptxas (the wiring targets.toml names).
 set -euo pipefail
@@ -28,4 +31,12 @@ env | grep '^TRITON_' >&2
 python3 -m qualify probe --target "$target" --cross-compile "$extra" --out "$out/probe-$target.json" || status=$?
 echo "[gpu-evidence] probe exit ${status:-0}" >&2
 python3 -m qualify show "$out/probe-$target.json" > "$out/probe-$target.txt"
+if [ -n "${EVIDENCE_SIGNING_KEY:-}" ]; then
+  py=${QUALIFY_PYTHON:-$here/.venv/bin/python}
+  [ -x "$py" ] || py=python3
+  "$py" -m qualify sign "$out/probe-$target.json" --key "$EVIDENCE_SIGNING_KEY" --signer builtin
+  echo "[gpu-evidence] signed with $EVIDENCE_SIGNING_KEY: $out/probe-$target.json.sig" >&2
+else
+  echo "[gpu-evidence] not signed (EVIDENCE_SIGNING_KEY is empty): qualify promote counts only evidence an enrolled host signed" >&2
+fi
 exit 0

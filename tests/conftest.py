@@ -85,3 +85,19 @@ def loopback_registry(docker_engine):
     from qualify.build.registry import Registry
 
     return Registry.from_env().ensure()
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory) -> Path:
+    """A release key made by `qualify sign generate-key` (tests/deploy_host.py): PREFIX.key and PREFIX.pub."""
+    from deploy_host import make_signing_key
+
+    return make_signing_key(tmp_path_factory.mktemp("key"))
+
+
+@pytest.fixture()
+def host(tmp_path, signing_key):
+    """One start.sh deploy host (tests/deploy_host.py: Host); its compose project is removed afterwards."""
+    from deploy_host import new_host
+
+    yield from new_host(tmp_path, signing_key)

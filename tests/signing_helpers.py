@@ -194,3 +194,33 @@ def run_qualify(args: List[str], cwd: Path, env: Optional[Dict[str, str]] = None
     full_env.update({"PYTHONPATH": str(REPO), **(env or {})})
     return subprocess.run([sys.executable, "-m", "qualify", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def make_release(root: Path, tag: str, statements: Iterable[dict], key_file: Path, password: str = PASSWORD,
+                 **options) -> Path:
+    """A release folder exactly as `qualify release` writes it: `root` becomes (or stays) a git repository,
+    the statements are qualified from its HEAD into build/manifests/, and the real release steps sign,
+    write, commit and tag them (only the registry's digest check is injected: every digest is served).
+    Returns root/manifests/<tag>."""
+    from qualify.core.fsutil import canonical_json
+    from qualify.release import release
+    from qualify.signing import signer
+
+    if not (root / ".git").exists():
+        init_git_repo(root)
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    out = root / "build" / "manifests"
+    if out.exists():
+        for old in out.glob("*.json"):
+            old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    for stmt in statements:
+        stmt = json.loads(json.dumps(stmt))
+        stmt["predicate"].setdefault("toolkit", {})["source_revision"] = rev
+        (out / f"{stmt['predicate']['target']['name']}.json").write_bytes(canonical_json(stmt))
+    opts = release.ReleaseOptions(**{"tag": tag, "repo": root, "source": out, "out_root": root / "manifests",
+                                     "upload": False, **options})
+    release.run_release(opts, lambda: signer.key_signer("builtin", key_file, password.encode()),
+                        lambda reference: reference.partition("@")[2], progress=lambda m: None)
+    return root / "manifests" / tag

@@ -1,4 +1,4 @@
-"""qualify/deploy/plan.py and `python -m qualify deploy`: the data-shaped half of start.sh.
+"""qualify/deploy/ and `python -m qualify deploy`: the data-shaped half of start.sh.
 
 API checks run against the stand-in server (tests/standin/server.py, a test
 double for vLLM) in this process; compose documents are also validated by the
@@ -18,11 +18,14 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require
-from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, statement
+from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, make_release, statement
 
 from qualify.config import targets
+from qualify.core import manifest as mf
+from qualify.core.errors import VerificationError
 from qualify.deploy import api, compose, errors, gate, memory, netcheck
 from qualify.deploy import release as rel
+from qualify.release.folder import KeyAnchor, TrustedKey
 
 TF = targets.load()
 SM120, SM121 = TF.get("sm120").runtime, TF.get("sm121").runtime
@@ -110,59 +113,66 @@ def test_port_problem_sees_a_listener_and_a_foreign_address():
     assert "not an address of this host" in netcheck.port_problem("192.0.2.1", port)  # TEST-NET-1
 
 
-# --- release and image --------------------------------------------------------------
+# --- release and image (releases made by the real release steps; signing_helpers.make_release) ---------
 
 
-def _release(root: Path, tag: str, target: str = "sm120", signed: bool = True) -> Path:
-    folder = root / tag
-    folder.mkdir(parents=True)
-    manifest = folder / f"{target}.json"
-    manifest.write_text(json.dumps(statement(target, DIGEST_A)))
-    if signed:
-        (folder / f"{target}.json.sig").write_text("sig")
-        (folder / "cosign.pub").write_text("pub")
-    return manifest
+@pytest.fixture(scope="module")
+def release_key(tmp_path_factory):
+    return make_key_pair(tmp_path_factory.mktemp("release-key"))
 
 
-def test_newest_release_is_chosen_by_version_not_by_text(tmp_path):
-    for tag in ("v1.9.0", "v1.10.0", "v1.2.0"):
-        _release(tmp_path, tag)
-    _release(tmp_path, "v2.0.0", target="sm100")
-    files = rel.release_files(tmp_path, "sm120")
-    assert files.tag == "v1.10.0"
-    assert files.signature.name == "sm120.json.sig" and files.public_key.name == "cosign.pub"
-    assert rel.release_files(tmp_path, "sm120", "v1.2.0").manifest == tmp_path / "v1.2.0" / "sm120.json"
+def _released(root: Path, key, tags, target: str = "sm120", **kw) -> Path:
+    for tag in tags:
+        make_release(root / "repo", tag, [statement(target, DIGEST_A, **kw)], key[0])
+    return root / "repo" / "manifests"
 
 
-def test_missing_release_names_the_ones_there_are(tmp_path):
-    _release(tmp_path, "v1.0.0")
-    with pytest.raises(errors.NoReleaseError, match="releases with one: v1.0.0"):
-        rel.release_files(tmp_path, "sm120", "v9")
+def test_newest_release_is_chosen_by_semver_not_by_text(tmp_path, release_key):
+    """v1.10.0 above v1.9.0 and v1.2.0; a release above its pre-release (v1.1.0 above v1.1.0-rc.1)."""
+    manifests = _released(tmp_path, release_key, ["v1.9.0", "v1.10.0", "v1.2.0", "v1.11.0-rc.1", "v1.11.0"])
+    make_release(tmp_path / "repo", "v2.0.0", [statement("sm100", DIGEST_A)], release_key[0])
+    assert rel.choose_release(manifests, "sm120", "", KeyAnchor()).tag == "v1.11.0"
+    assert rel.choose_release(manifests, "sm120", "v1.2.0", KeyAnchor()).tag == "v1.2.0"
+    assert rel.choose_release(manifests, "sm100", "", KeyAnchor()).tag == "v2.0.0"
+
+
+def test_missing_release_names_the_ones_there_are(tmp_path, release_key):
+    manifests = _released(tmp_path, release_key, ["v1.0.0"])
+    with pytest.raises(errors.DeployError, match="releases here with target sm120: v1.0.0") as info:
+        rel.choose_release(manifests, "sm120", "v9.0.0", KeyAnchor())
+    assert not isinstance(info.value, errors.NoReleaseError)  # a typo is no licence for another image
     with pytest.raises(errors.NoReleaseError, match="no release under"):
-        rel.release_files(tmp_path, "sm121")
+        rel.choose_release(manifests, "sm121", "", KeyAnchor())
     assert errors.NoReleaseError.exit_code != errors.DeployError.exit_code  # start.sh tells them apart
 
 
-def test_unsigned_release_is_refused(tmp_path):
-    _release(tmp_path, "v1", signed=False)
-    with pytest.raises(errors.DeployError, match="signature .* is missing"):
-        rel.release_files(tmp_path, "sm120")
+def test_a_release_without_its_signatures_is_refused(tmp_path, release_key):
+    manifests = _released(tmp_path, release_key, ["v1.0.0"])
+    (manifests / "v1.0.0" / "sm120.json.sig").unlink()
+    with pytest.raises(VerificationError, match="signature of manifest not found|signature not found"):
+        rel.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor())
+    with pytest.raises(errors.DeployError, match="does not verify"):
+        rel.choose_release(manifests, "sm120", "", KeyAnchor())  # never passed over silently
 
 
-def test_a_pinned_key_fingerprint_must_match(tmp_path):
-    _, pub = make_key_pair(tmp_path)
-    actual = rel.check_key_fingerprint(pub, "")
-    assert actual.startswith("sha256:") and rel.check_key_fingerprint(pub, actual) == actual
-    with pytest.raises(errors.DeployError, match="not the pinned RELEASE_KEY_FINGERPRINT"):
-        rel.check_key_fingerprint(pub, "sha256:" + "0" * 64)
+def test_a_pinned_key_fingerprint_must_match(tmp_path, release_key):
+    manifests = _released(tmp_path, release_key, ["v1.0.0"])
+    actual = TrustedKey.read(release_key[1]).fingerprint
+    assert rel.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor(pinned=actual)).key.fingerprint == actual
+    with pytest.raises(VerificationError, match="not the pinned RELEASE_KEY_FINGERPRINT"):
+        rel.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor(pinned="sha256:" + "0" * 64))
+
+
+def _manifest(stmt) -> mf.Manifest:
+    return mf.Manifest.from_statement(stmt, "test")
 
 
 def test_image_is_the_manifests_reference_or_the_same_digest_elsewhere():
-    stmt = statement("sm120", DIGEST_A)
-    ref = stmt["predicate"]["image"]["reference"]
-    assert rel.image_to_deploy(stmt, "sm120") == ref
+    m = _manifest(statement("sm120", DIGEST_A))
+    assert rel.image_to_deploy(m) == m.reference
     mirror = f"mirror.example:5000/vllm/sm120@{DIGEST_A}"
-    assert rel.image_to_deploy(stmt, "sm120", mirror) == mirror
+    assert rel.image_to_deploy(m, mirror) == mirror
+    assert rel.image_to_deploy(m, "", mirror) == mirror  # the published reference
 
 
 @pytest.mark.parametrize("override,message", [
@@ -171,36 +181,40 @@ def test_image_is_the_manifests_reference_or_the_same_digest_elsewhere():
 ])
 def test_image_override_must_be_the_manifests_digest(override, message):
     with pytest.raises(errors.DeployError, match=message):
-        rel.image_to_deploy(statement("sm120", DIGEST_A), "sm120", override)
+        rel.image_to_deploy(_manifest(statement("sm120", DIGEST_A)), override)
 
 
-def test_manifest_for_another_target_or_inconsistent_is_refused():
-    with pytest.raises(errors.DeployError, match="for target 'sm100', not 'sm120'"):
-        rel.image_to_deploy(statement("sm100", DIGEST_A), "sm120")
-    stmt = statement("sm120", DIGEST_A, reference=f"127.0.0.1:5000/qualify/sm120@{DIGEST_B}")
+def test_a_manifest_for_another_target_capability_or_platform_is_refused():
+    m = _manifest(statement("sm120", DIGEST_A))
+    rel.check_for_gpu(m, "sm120", "12.0", "linux/amd64")
+    for wanted in (("sm100", "12.0", "linux/amd64"), ("sm120", "12.1", "linux/amd64"), ("sm120", "12.0", "linux/arm64")):
+        with pytest.raises(errors.DeployError, match="the verified manifest is for sm120"):
+            rel.check_for_gpu(m, *wanted)
+    inconsistent = _manifest(statement("sm120", DIGEST_A, reference=f"127.0.0.1:5000/qualify/sm120@{DIGEST_B}"))
     with pytest.raises(errors.DeployError, match="inconsistent"):
-        rel.image_to_deploy(stmt, "sm120")
+        rel.image_to_deploy(inconsistent)
 
 
 # --- trust gate decision ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("result,require_pass_ok,action", [
-    ({"verdict": "pass", "support_level": "baseline"}, True, "deploy"),
-    ({"verdict": "warn", "support_level": "experimental"}, True, "probe"),  # issue 13: only promoted levels skip the probe
-    ({"verdict": "incomplete", "support_level": "unverified"}, True, "probe"),
-    ({"verdict": "pass", "support_level": "unverified"}, True, "probe"),
-    ({"verdict": "fail", "support_level": "unsupported", "failing_checks": ["triton-compile"]}, False, "refuse"),
-    ({"verdict": "pass", "support_level": "unsupported"}, True, "refuse"),
-    ({"verdict": "pass"}, True, "refuse"),
+@pytest.mark.parametrize("kw,action", [
+    ({"level": "baseline"}, "deploy"),
+    ({"level": "experimental", "statuses": {"a": "warn"}}, "probe"),  # only promoted levels skip the probe
+    ({"level": "unverified", "statuses": {"a": "pass", "gpu": "not-run"}}, "probe"),
+    ({"level": "unverified"}, "probe"),
+    ({"level": "unsupported", "statuses": {"triton-compile": "fail"}}, "refuse"),
+    ({"level": "unsupported"}, "refuse"),
+    ({"level": "bogus"}, "refuse"),
 ])
-def test_gate_decision(result, require_pass_ok, action):
-    assert gate.gate_decision(result, require_pass_ok).action == action
+def test_gate_decision(kw, action):
+    assert gate.gate_decision(_manifest(statement("sm120", DIGEST_A, **kw))).action == action
 
 
 def test_gate_refusal_names_the_failing_checks():
-    decision = gate.gate_decision({"verdict": "fail", "failing_checks": ["allocator", "triton-compile"]}, False)
-    assert "allocator, triton-compile" in decision.reason
+    decision = gate.gate_decision(_manifest(statement("sm120", DIGEST_A, level="unsupported",
+                                                      statuses={"triton-compile": "fail", "x": "pass"})))
+    assert decision.action == "refuse" and "triton-compile" in decision.reason
 
 
 # --- compose ---------------------------------------------------------------------------------
@@ -351,19 +365,17 @@ def test_cli_compose_prints_json():
     assert svc["command"][-1] == "--enforce-eager" and svc["environment"]["A"] == "1" and svc["labels"]["k"] == "v"
 
 
-def test_cli_memory_and_gate_print_key_values(tmp_path):
+def test_cli_memory_prints_key_values(tmp_path):
     done = qualify_cli("memory", "--target", "sm121", "--memory-total", "[N/A]", "--meminfo",
                        str(_write(tmp_path / "meminfo", meminfo(119.6, 110, 100))))
     assert done.returncode == 0, done.stderr
     assert "gpu_memory_utilization=0.5\n" in done.stdout and "unified=true" in done.stdout
-    done = qualify_cli("gate", "--require-pass-rc", "0", stdin=json.dumps({"verdict": "incomplete",
-                                                                          "support_level": "unverified"}))
-    assert done.stdout.startswith("action=probe\nreason=")
 
 
-def test_cli_release_exit_code_for_a_missing_release(tmp_path):
-    done = qualify_cli("release", "--manifests", str(tmp_path), "--target", "sm120")
-    assert done.returncode == errors.NoReleaseError.exit_code and "no release under" in done.stderr
+def test_the_trust_gate_has_no_debug_action_that_reads_a_release_on_its_own():
+    """The gate runs only inside `start`, on the release it read once (issue 26: one reader)."""
+    for action in ("release", "gate"):
+        assert qualify_cli(action, "--help").returncode == 2
 
 
 def _write(path: Path, text: str) -> Path:

@@ -1,93 +1,76 @@
 """Promotion by GPU evidence (seed 000's rule), through `qualify/release/promote.py` and the CLI.
 
-Evidence records are made here as start.sh makes them (release/evidence.py); the
-manifests are signed with the built-in signer and verified after promotion.
+Releases are made by the real release steps; evidence records are made and signed as start.sh makes and
+signs them, by a GPU host enrolled with its own key; what promote writes is read back through the one
+release reader. Issue 27's findings each have a test here (marked "finding N").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO
-from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, make_key_pair, statement
+from evidence_helpers import PROBE, TAG, TF, Lab, gpu_check
+from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, make_key_pair
 
-from qualify.config import targets
 from qualify.core import manifest as mf
+from qualify.core.errors import ConfigError, VerificationError
 from qualify.release import evidence as ev
-from qualify.release import promote, verify
+from qualify.release import folder, promote, verify
+from qualify.release import records as rec
+from qualify.scaleout import merge
+from qualify.signing import formats
 
-TF = targets.load()
-PROBE = "sha256:" + "c" * 64
 N = TF.promotion_passes
 
 
-def record(n: int, outcome: ev.Outcome = ev.Outcome.PASS, digest: str = DIGEST_A, cap: str = "12.0",
-           probe: str = PROBE) -> ev.Evidence:
-    return ev.Evidence(release="v1", target="sm120", capability="12.0",
-                       image_reference=f"127.0.0.1:5555/blackwell/sm120@{digest}", image_digest=digest,
-                       probe_sources_digest=probe,
-                       gpu=ev.Gpu("NVIDIA GeForce RTX 5090" if cap == "12.0" else "NVIDIA H200", cap,
-                                  ev.hashed("GPU-1"), "580.1"),
-                       host_id_sha256=ev.hashed("host"), time=f"2026-12-{n:02d}T00:00:00Z", outcome=outcome,
-                       reason=outcome.value, figures={"bf16_matmul_tflops": 200.0 + n})
-
-
 @pytest.fixture()
-def release(tmp_path) -> Path:
-    folder = tmp_path / "manifests" / "v1"
-    stmt = statement("sm120", DIGEST_A, level="unverified")
-    stmt["predicate"].setdefault("toolkit", {})["probe_sha256"] = PROBE
-    mf.write(folder / "sm120.json", stmt)
-    return folder
+def lab(tmp_path) -> Lab:
+    return Lab(tmp_path)
 
 
-def files(tmp_path: Path, records) -> list:
-    out = []
-    for i, r in enumerate(records):
-        out.append(ev.write(tmp_path / f"e{i}-{r.time[:10]}-{r.outcome.value}.json", r))
-    return out
-
-
-def run(release: Path, tmp_path: Path, records) -> promote.Promoted:
-    (done,) = promote.promote(release, "v1", files(tmp_path, records), TF)
-    return done
+def qualify_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(REPO), "COSIGN_PASSWORD": PASSWORD, **env}
+    return subprocess.run([sys.executable, "-m", "qualify", *args], capture_output=True, text=True, env=full,
+                          timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_the_promotion_count_lives_in_the_targets_file():
     assert N == 7
 
 
-def test_six_passes_stay_experimental_the_seventh_promotes(release, tmp_path):
-    six = run(release, tmp_path, [record(i) for i in range(1, 7)])
-    assert (six.standing.level, six.standing.consecutive_passes) == ("experimental", 6)
-    assert mf.predicate(mf.load(release / "sm120.json"))["support_level"] == "experimental"
-    seventh = run(release, tmp_path, [record(7)])  # re-run: the first six are kept in the release folder
-    assert (seventh.standing.level, seventh.standing.consecutive_passes, seventh.new) == ("baseline", 7, 1)
-    pred = mf.predicate(mf.load(release / "sm120.json"))
-    assert pred["support_level"] == "baseline" and pred["promotion"]["released_level"] == "unverified"
-    assert len(pred["promotion"]["evidence"]) == 7 and (release / "sm120.promotion.json").is_file()
+def test_six_passes_stay_experimental_the_seventh_promotes(lab):
+    six = lab.run([lab.record(i) for i in range(1, 7)])
+    assert (six.standing.level, six.standing.consecutive_passes, six.sequence) == ("experimental", 6, 1)
+    assert lab.manifest().support_level == "experimental"
+    seventh = lab.run([lab.record(7)])  # the first six are the ones the signed promotion record accepted
+    assert (seventh.standing.level, seventh.standing.consecutive_passes, seventh.new, seventh.sequence) == \
+        ("baseline", 7, 1, 2)
+    m = lab.manifest()
+    assert m.support_level == "baseline" and m.statement["predicate"]["promotion"]["released_level"] == "unverified"
+    assert len(m.statement["predicate"]["promotion"]["evidence"]) == 7
 
 
-def test_an_infrastructure_outcome_neither_resets_nor_counts(release, tmp_path):
-    records = [record(i) for i in range(1, 4)] + [record(4, ev.Outcome.INFRASTRUCTURE)] + \
-        [record(i) for i in range(5, 8)]
-    done = run(release, tmp_path, records)
+def test_an_infrastructure_outcome_neither_resets_nor_counts(lab):
+    records = [lab.record(i) for i in range(1, 4)] + [lab.record(4, ev.Outcome.INFRASTRUCTURE)] + \
+        [lab.record(i) for i in range(5, 8)]
+    done = lab.run(records)
     assert (done.standing.level, done.standing.consecutive_passes) == ("experimental", 6)
-    assert run(release, tmp_path, [record(8)]).standing.level == "baseline"
+    assert lab.run([lab.record(8)]).standing.level == "baseline"
 
 
-def test_a_product_failure_resets_and_demotes(release, tmp_path):
-    records = [record(i) for i in range(1, 8)]
-    assert run(release, tmp_path, records).standing.level == "baseline"
-    done = run(release, tmp_path, [record(8, ev.Outcome.PRODUCT_FAILURE)])
+def test_a_product_failure_resets_and_demotes(lab):
+    assert lab.run([lab.record(i) for i in range(1, 8)]).standing.level == "baseline"
+    done = lab.run([lab.record(8, ev.Outcome.PRODUCT_FAILURE)])
     assert (done.standing.level, done.standing.consecutive_passes) == ("experimental", 0)
     assert "demoted by a product failure" in done.standing.note
-    again = run(release, tmp_path, [record(i) for i in range(9, 15)])
+    again = lab.run([lab.record(i) for i in range(9, 15)])
     assert (again.standing.level, again.standing.consecutive_passes) == ("experimental", 6)
 
 
@@ -95,96 +78,320 @@ def test_a_product_failure_resets_and_demotes(release, tmp_path):
     ({"digest": DIGEST_B}, f"is for image digest {DIGEST_B}, not the released sm120 image {DIGEST_A}"),
     ({"cap": "9.0"}, "taken on NVIDIA H200 with capability 9.0, not the target's capability 12.0"),
     ({"probe": "sha256:" + "d" * 64}, "comes from a probe whose sources differ"),
+    ({"release": "v0.9.0"}, "is for release v0.9.0, not v1.0.0"),  # finding 6: the record's release field
 ])
-def test_evidence_for_another_image_gpu_or_probe_is_refused_naming_which(release, tmp_path, kw, message):
+def test_evidence_for_another_image_gpu_probe_or_release_is_refused_naming_which(lab, kw, message):
+    paths = lab.write([lab.record(1, **kw)])
     with pytest.raises(ev.EvidenceError) as caught:
-        run(release, tmp_path, [record(1, **kw)])
-    assert message in str(caught.value) and str(tmp_path) in str(caught.value)
-    assert "promotion" not in mf.predicate(mf.load(release / "sm120.json"))  # nothing half-written
+        lab.promote(paths)
+    assert message in str(caught.value) and str(paths[0]) in str(caught.value)
+    assert lab.manifest().support_level == "unverified"  # nothing half-written
+    assert not (lab.folder / "sm120.promotion.json").exists()
 
 
-def test_replaying_one_file_counts_once(release, tmp_path):
-    (one,) = files(tmp_path, [record(1)])
-    done = promote.promote(release, "v1", [one] * 7, TF)[0]
+def test_replaying_one_file_counts_once(lab):
+    (one,) = lab.write([lab.record(1)])
+    done = lab.promote([one] * 7)
     assert (done.standing.consecutive_passes, done.new) == (1, 1)
-    done = promote.promote(release, "v1", [one], TF)[0]
-    assert (done.standing.consecutive_passes, done.new) == (1, 0)
+    again = lab.promote([one])
+    assert (again.standing.consecutive_passes, again.new, again.written, again.sequence) == (1, 0, False, 1)
 
 
-def test_a_changed_record_is_not_evidence(tmp_path):
-    path = ev.write(tmp_path / "e.json", record(1))
-    path.write_text(path.read_text().replace('"pass"', '"passed"', 1))
+def test_a_changed_record_is_not_evidence(lab):
+    (path,) = lab.write([lab.record(1)], signed=False)
+    path.write_text(path.read_text().replace('"outcome": "pass"', '"outcome": "passed"', 1))
     with pytest.raises(ev.EvidenceError, match="outcome"):
         ev.load(path)
 
 
-def test_cli_promotes_and_signs_with_the_release_key(release, tmp_path):
-    key, pub = make_key_pair(tmp_path)
-    paths = files(tmp_path, [record(i) for i in range(1, 8)])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COSIGN_PASSWORD": PASSWORD}
-    done = subprocess.run([sys.executable, "-m", "qualify", "promote", "v1", "--manifests", str(release.parent),
-                           "--key", str(key), "--evidence", *map(str, paths)], capture_output=True, text=True,
-                          env=env, timeout=120)
+# --- finding 1: promote starts from verified state ------------------------------------------
+
+
+def test_a_tampered_manifest_is_refused_never_laundered(lab):
+    """The release's sm120.json edited to name another image at baseline: promote refuses, signs nothing."""
+    path = lab.folder / "sm120.json"
+    stmt = json.loads(path.read_text())
+    stmt["subject"][0]["digest"]["sha256"] = DIGEST_B.split(":")[1]
+    stmt["predicate"]["image"] = {"reference": f"127.0.0.1:5000/evil/sm120@{DIGEST_B}", "digest": DIGEST_B}
+    stmt["predicate"]["support_level"] = "baseline"
+    mf.write(path, stmt)
+    sig_before = formats.signature_path(path).read_bytes()
+    with pytest.raises(VerificationError, match="signature check failed"):
+        lab.run([lab.record(1, ev.Outcome.INFRASTRUCTURE)])
+    assert formats.signature_path(path).read_bytes() == sig_before and not (lab.folder / "sm120.promotion.json").exists()
+
+
+def test_a_key_that_is_not_the_releases_is_refused_before_anything_is_written(lab, tmp_path):
+    """finding 6: `promote --key` of another key used to overwrite a valid .sig."""
+    other_key, _ = make_key_pair(tmp_path, prefix="other")
+    paths = lab.write([lab.record(1)])
+    sig = formats.signature_path(lab.folder / "sm120.json").read_bytes()
+    done = qualify_cli("promote", TAG, "--manifests", str(lab.manifests), "--key", str(other_key),
+                       "--evidence", *map(str, paths))
+    assert done.returncode == ConfigError.exit_code and "--key is not this release's key" in done.stderr
+    assert formats.signature_path(lab.folder / "sm120.json").read_bytes() == sig
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_promotes_signs_with_the_release_key_and_the_release_still_verifies(lab):
+    """finding 6: promote writes `.sigstore.json` (as release does), never a stale bundle beside a new .sig."""
+    paths = lab.write([lab.record(i) for i in range(1, 8)])
+    done = qualify_cli("promote", TAG, "--manifests", str(lab.manifests), "--key", str(lab.release_key),
+                       "--evidence", *map(str, paths))
     assert done.returncode == 0, done.stderr
     assert "sm120: baseline (7 of 7 consecutive passes; 7 records, 7 new)" in done.stdout
-    result = verify.verify(verify.VerifyOptions(manifest=release / "sm120.json", key=pub,
-                                                signature=release / "sm120.json.sig"))
-    assert result.support_level == "baseline"
+    assert not list(lab.folder.glob("*.bundle"))
+    result = verify.verify(verify.VerifyOptions(manifest=lab.folder / "sm120.json", key=lab.release_pub))
+    assert result.support_level == "baseline" and result.promotion_sequence == 1 and result.release == TAG
+    bundle = json.loads(formats.bundle_path(lab.folder / "sm120.json").read_text())
+    assert bundle["messageSignature"]["messageDigest"]["digest"]  # checked by the reader against the bytes
+
+
+# --- finding 2: evidence is a signed claim by an enrolled host -----------------------------------------
+
+
+def test_unsigned_evidence_is_refused_unless_allowed_loudly_and_on_the_record(lab):
+    paths = lab.write([lab.record(i) for i in range(1, 8)], signed=False)
+    with pytest.raises(ev.EvidenceError, match="not evidence from an enrolled host: it has no signature"):
+        lab.promote(paths)
+    done = lab.promote(paths, allow_unsigned=True)
+    assert done.standing.level == "baseline"
+    record = rec.PromotionRecord.parse((lab.folder / "sm120.promotion.json").read_bytes(), "promotion")
+    assert record.unsigned_evidence_allowed and {e.host for e in record.evidence} == {"unsigned"}
+
+
+def test_evidence_signed_by_a_host_nobody_enrolled_is_refused(lab, tmp_path):
+    stranger, _ = make_key_pair(tmp_path, prefix="stranger")
+    paths = lab.write([lab.record(1)], key=stranger)
+    with pytest.raises(ev.EvidenceError, match="not from an enrolled host"):
+        lab.promote(paths)
+
+
+def test_whoever_writes_the_folder_cannot_enroll_themselves(lab, tmp_path):
+    """A hosts file not signed with the release key is refused (the attacker's own key signs it)."""
+    attacker_key, attacker_pub = make_key_pair(tmp_path, prefix="attacker")
+    hosts = rec.EnrolledHosts(9, (rec.EnrolledHost("evil", key_pem=attacker_pub.read_text(), fingerprint="x"),))
+    path = lab.manifests / rec.HOSTS_FILE
+    path.write_bytes(hosts.to_bytes())
+    from evidence_helpers import sign_with
+    sign, _ = sign_with(attacker_key)
+    sign(path)
+    with pytest.raises(VerificationError, match="signature check failed"):
+        folder.read_hosts(path, lab.key)
+    paths = lab.write([lab.record(1)], key=attacker_key)
+    done = qualify_cli("promote", TAG, "--manifests", str(lab.manifests), "--key", str(lab.release_key),
+                       "--evidence", *map(str, paths))
+    assert done.returncode == ConfigError.exit_code and "enrolled hosts cannot be used" in done.stderr
+
+
+@pytest.mark.parametrize("checks", [
+    tuple(gpu_check(c, "fail") for c in ("gpu.memory", "gpu.triton-scratch", "gpu.bf16-matmul", "gpu.torch-compile")),
+    (),  # checks=[] used to count
+])
+def test_a_declared_pass_its_checks_do_not_give_is_refused(lab, checks):
+    record = lab.record(1)
+    record = ev.Evidence(**{**record.__dict__, "checks": checks})  # still declares "pass"
+    paths = lab.write([record])
+    with pytest.raises(ev.EvidenceError, match="declares outcome 'pass', but its checks give"):
+        lab.promote(paths)
+
+
+def test_records_dropped_into_the_evidence_folder_do_not_count(lab):
+    lab.run([lab.record(1)])
+    store = lab.folder / "evidence" / "sm120"
+    for i in range(2, 9):  # seven passes copied in by hand, never through promote
+        (dropped,) = lab.write([lab.record(i)], where=lab.root / f"drop{i}")
+        shutil.copy(dropped, store / f"{ev.hashed(str(i)).split(':')[1]}.json")
+    done = lab.run([lab.record(9)])
+    assert (done.standing.consecutive_passes, done.standing.level) == (2, "experimental")
+    assert len(done.ignored) == 7 and "ignored 7 file(s)" in "\n".join(promote.summary_lines(done, False))
+
+
+# --- finding 3: time is parsed, not compared as text ------------------------------------------
+
+
+@pytest.mark.parametrize("stamp,message", [
+    ("1970-01-01T00:00:00Z", "before release v1.0.0's source"),
+    ("0", "is not an RFC 3339 time"),
+    (" 2026-12-31T00:00:00Z", "is not an RFC 3339 time"),
+    ("2999-01-01T00:00:00Z", "in the future"),
+])
+def test_a_failure_cannot_hide_behind_its_timestamp(lab, stamp, message):
+    passes = lab.write([lab.record(i) for i in range(1, 8)])
+    failure = lab.record(8, ev.Outcome.PRODUCT_FAILURE)
+    (path,) = lab.write([failure])
+    doc = json.loads(path.read_text())
+    doc["time"] = stamp
+    path.write_text(json.dumps(doc))
+    ev.sign(path, lab.host_key, PASSWORD.encode())
+    with pytest.raises(ev.EvidenceError, match=message):
+        lab.promote(passes + [path])
+
+
+def test_a_probe_statement_without_created_is_refused(lab, tmp_path):
+    stmt = probe_statement(lab, 1)
+    del stmt["predicate"]["created"]
+    path = mf.write(tmp_path / "no-time.json", stmt)
+    ev.sign(path, lab.host_key, PASSWORD.encode())
+    with pytest.raises(ev.EvidenceError, match="predicate.created.*is not an RFC 3339 time"):
+        lab.promote([path])
+
+
+# --- finding 4: an allow-list, not a deny-list ----------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["error", "FAIL", "crashed"])
+def test_unknown_statuses_of_required_gpu_checks_are_never_passes(lab, status):
+    record = lab.record(1)
+    checks = list(record.checks)
+    checks[1] = {**checks[1], "status": status}
+    paths = lab.write([ev.Evidence(**{**record.__dict__, "checks": tuple(checks)})])
+    with pytest.raises(ev.EvidenceError, match="checks/1/status"):
+        lab.promote(paths)
+    # The outcome rule itself, on checks no schema saw: infrastructure, never a pass.
+    assert ev.outcome_of(checks, "12.0", "12.0").outcome is ev.Outcome.INFRASTRUCTURE
+
+
+def test_a_failing_required_check_marked_not_required_is_still_a_product_failure(lab):
+    checks = [gpu_check(c, "pass") for c in ("gpu.memory", "gpu.triton-scratch", "gpu.torch-compile")]
+    checks.append(gpu_check("gpu.bf16-matmul", "fail", required=False))
+    assert ev.outcome_of(checks, "12.0", "12.0").outcome is ev.Outcome.PRODUCT_FAILURE
+    weird = [dict(c, required=0) for c in checks]
+    record = lab.record(1, ev.Outcome.PRODUCT_FAILURE)
+    paths = lab.write([ev.Evidence(**{**record.__dict__, "checks": tuple(weird)})])
+    with pytest.raises(ev.EvidenceError, match="is not of type 'boolean'"):
+        lab.promote(paths)
+
+
+def test_promote_validates_probe_statements_against_the_schema(lab, tmp_path):
+    stmt = probe_statement(lab, 1)
+    stmt["predicate"]["verdict"] = "great"
+    path = mf.write(tmp_path / "broken.json", stmt)
+    ev.sign(path, lab.host_key, PASSWORD.encode())
+    with pytest.raises(ev.EvidenceError, match="manifest does not match"):
+        lab.promote([path])
+
+
+# --- finding 5: identity is the run's, not the bytes' -------------------------------------------------
+
+
+@pytest.mark.parametrize("respell", [
+    lambda d: {**d, "figures": {"bf16_matmul_tflops": int(d["figures"]["bf16_matmul_tflops"])}},
+    lambda d: {**d, "time": d["time"].replace("Z", "+00:00")},
+    lambda d: {**d, "time": d["time"].replace("Z", ".0Z")},
+    lambda d: {**d, "time": d["time"].replace("Z", "z")},
+])
+def test_the_same_run_counts_once_however_it_is_serialised(lab, respell):
+    (path,) = lab.write([lab.record(1)])
+    other = lab.root / "respelled" / path.name
+    other.parent.mkdir()
+    other.write_text(json.dumps(respell(json.loads(path.read_text()))))
+    ev.sign(other, lab.host_key, PASSWORD.encode())
+    done = lab.promote([path, other])
+    assert (done.new, done.standing.consecutive_passes) == (1, 1)
+
+
+def test_merge_turns_one_run_in_many_spellings_into_one_file(lab, tmp_path):
+    stmt = probe_statement(lab, 1)
+    spellings = []
+    for i, created in enumerate([stmt["predicate"]["created"], stmt["predicate"]["created"].replace("Z", "+00:00"),
+                                 stmt["predicate"]["created"].replace("Z", ".0Z")]):
+        doc = json.loads(json.dumps(stmt))
+        doc["predicate"]["created"] = created
+        path = tmp_path / f"spelling{i}.json"
+        path.write_text(json.dumps(doc, indent=i))
+        spellings.append(path)
+    merged = merge.merge(spellings)
+    assert len(merged.evidence) == 1 and len(merged.duplicates) == 2
+
+
+def test_merge_reads_every_block_of_a_log_and_refuses_blocks_that_disagree(tmp_path, lab):
+    from qualify.scaleout.k8s import BEGIN, END
+
+    one, two = probe_statement(lab, 1), probe_statement(lab, 2, status="fail")
+    log = tmp_path / "pod.log"
+    log.write_text("\n".join(["start", BEGIN, json.dumps(one), END, "retry", BEGIN, json.dumps(two), END, ""]))
+    assert len(merge.merge([log]).evidence) == 2  # the second, failing block is not dropped
+    two["subject"][0]["digest"]["sha256"] = DIGEST_B.split(":")[1]
+    two["predicate"].pop("image", None)
+    log.write_text("\n".join([BEGIN, json.dumps(one), END, BEGIN, json.dumps(two), END, ""]))
+    with pytest.raises(merge.MergeError, match="its evidence blocks disagree"):
+        merge.merge([log])
 
 
 # --- probe manifests as evidence (qualify gpu-evidence, a Kubernetes Job, qualify merge) ----------------------
 
 
-def probe_statement(n: int, status: str = "pass", cap: str = "12.0", probe: str = PROBE) -> dict:
-    """What `qualify gpu-evidence` writes: the probe's GPU checks in a container of the released image."""
-    stmt = statement("sm120", DIGEST_A, level="unverified",
-                     statuses={"gpu.bf16-matmul": status, "gpu.triton-scratch": "pass"})
-    pred = stmt["predicate"]
-    pred["created"] = f"2026-12-{n:02d}T00:00:00Z"
-    pred["toolkit"] = {"version": "0.1.0", "probe_sha256": probe}
+REAL = REPO / "manifests" / "evidence" / "h200" / "probe-sm120.json"  # the probe's own output on a real GPU
+
+
+def probe_statement(lab: Lab, n: int, status: str = "pass", cap: str = "12.0", probe: str = PROBE) -> dict:
+    """What `qualify gpu-evidence` writes: the probe's real manifest (the committed H200 run), as if its GPU
+    checks had run in a container of the released image on an RTX 5090."""
+    real = json.loads(REAL.read_text())
+    pred = real["predicate"]
+    for c in pred["checks"]:
+        if c["id"] in ("gpu.memory", "gpu.triton-scratch", "gpu.bf16-matmul", "gpu.torch-compile"):
+            c.update(status="pass", required=True)
+        if c["id"] == "gpu.bf16-matmul":
+            c["status"] = status
+    pred["verdict"] = mf.verdict(pred["checks"]).value
+    pred["created"] = lab.when(n)
+    pred["run_id"] = f"{n:032x}"
+    pred["toolkit"] = {**pred["toolkit"], "probe_sha256": probe}
     pred["gpu"] = {"visible": True, "devices": [{"name": "NVIDIA GeForce RTX 5090", "compute_cap": cap,
-                                                 "uuid": f"GPU-{n}", "driver_version": "580.1"}]}
-    pred["host"] = {"hostname": f"gpu-runner-{n}"}
-    return stmt
+                                                 "uuid": f"GPU-{n}", "driver_version": "580.1",
+                                                 "memory.total": "32607"}]}
+    pred["host"] = {**pred["host"], "hostname": f"gpu-runner-{n}"}
+    return mf.statement("127.0.0.1:5555/blackwell/sm120", DIGEST_A, pred)
 
 
-def test_probe_manifests_count_by_the_same_rule(release, tmp_path):
-    paths = [mf.write(tmp_path / f"s{i}.json", probe_statement(i)) for i in range(1, 8)]
-    done = promote.promote(release, "v1", paths, TF)[0]
+def _signed_statement(lab: Lab, tmp_path: Path, name: str, stmt: dict) -> Path:
+    path = mf.write(tmp_path / name, stmt)
+    ev.sign(path, lab.host_key, PASSWORD.encode())
+    return path
+
+
+def test_probe_manifests_count_by_the_same_rule(lab, tmp_path):
+    paths = [_signed_statement(lab, tmp_path, f"s{i}.json", probe_statement(lab, i)) for i in range(1, 8)]
+    done = lab.promote(paths)
     assert (done.standing.level, done.standing.consecutive_passes) == ("baseline", 7)
     # The same manifests again count once; a failing GPU check is a product failure and demotes.
-    again = promote.promote(release, "v1", paths + [mf.write(tmp_path / "f.json", probe_statement(8, "fail"))], TF)[0]
+    failing = _signed_statement(lab, tmp_path, "f.json", probe_statement(lab, 8, "fail"))
+    again = lab.promote(paths + [failing])
     assert again.new == 1 and again.standing.level != "baseline"
 
 
-def test_a_probe_manifest_must_name_its_probe_and_run_on_the_targets_gpu(release, tmp_path):
-    unnamed = probe_statement(1)
+def test_a_probe_manifest_must_name_its_probe_and_run_on_the_targets_gpu(lab, tmp_path):
+    unnamed = probe_statement(lab, 1)
     del unnamed["predicate"]["toolkit"]["probe_sha256"]
     with pytest.raises(ev.EvidenceError, match="does not name its probe's sources digest"):
-        promote.promote(release, "v1", [mf.write(tmp_path / "u.json", unnamed)], TF)
-    other = mf.write(tmp_path / "o.json", probe_statement(1, probe="sha256:" + "d" * 64))
+        lab.promote([_signed_statement(lab, tmp_path, "u.json", unnamed)])
+    other = _signed_statement(lab, tmp_path, "o.json", probe_statement(lab, 1, probe="sha256:" + "d" * 64))
     with pytest.raises(ev.EvidenceError, match="probe whose sources differ"):
-        promote.promote(release, "v1", [other], TF)
-    hopper = mf.write(tmp_path / "h.json", probe_statement(1, cap="9.0"))
+        lab.promote([other])
+    hopper = _signed_statement(lab, tmp_path, "h.json", probe_statement(lab, 1, cap="9.0"))
     with pytest.raises(ev.EvidenceError, match="capability 9.0, not the target's capability 12.0"):
-        promote.promote(release, "v1", [hopper], TF)
+        lab.promote([hopper])
 
 
-def test_the_probe_records_its_own_sources_digest():
+def test_the_probe_records_its_own_sources_digest_and_a_run_id():
     from qualify.probe import identity
     from qualify.qualification import container
 
     assert identity.sources_digest() == container.probe_sources_digest()
+    schema = json.loads((REPO / "manifests" / "manifest.schema.json").read_text())
+    assert "run_id" in schema["$defs"]["predicate"]["properties"]
 
 
-def test_show_and_diff_give_levels_with_their_evidence_and_per_sku_figures(release, tmp_path):
+def test_show_and_diff_give_levels_with_their_evidence_and_per_sku_figures(lab):
     from qualify.release import report
 
-    before = run(release, tmp_path, [record(i) for i in range(1, 8)])
-    old = mf.load(before.manifest)
+    lab.run([lab.record(i) for i in range(1, 8)])
+    old = json.loads((lab.folder / "sm120.json").read_text())
     shown = report.show(old, width=200)
     assert "level      baseline by evidence: 7 of 7 consecutive passes (released as unverified)" in shown
-    assert shown.count("  evidence 2026-12-") == 7 and "bf16_matmul_tflops 207" in shown
+    assert shown.count("  evidence 20") == 7 and "bf16_matmul_tflops 207" in shown
     # The next release's evidence on the same SKU is slower: diff names the figure and the change.
     new = json.loads(json.dumps(old))
     for e in new["predicate"]["promotion"]["evidence"]:
@@ -192,3 +399,25 @@ def test_show_and_diff_give_levels_with_their_evidence_and_per_sku_figures(relea
     lines = report.diff(old, new)
     assert any(line.startswith("figure bf16_matmul_tflops on NVIDIA GeForce RTX 5090: 204 -> 163.2 (-20.0%)")
                for line in lines), lines
+
+
+# --- interruptions ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["signed-write:staged", "signed-write:renamed-one"])
+def test_a_promote_killed_midway_never_leaves_a_trusted_half_and_the_next_one_finishes(lab, step):
+    paths = lab.write([lab.record(i) for i in range(1, 8)])
+    argv = ("promote", TAG, "--manifests", str(lab.manifests), "--key", str(lab.release_key),
+            "--evidence", *map(str, paths))
+    killed = qualify_cli(*argv, QUALIFY_KILL_AT=step)
+    assert killed.returncode == -9, killed.stderr
+    try:
+        m = folder.read_release(lab.folder).target("sm120").manifest  # the old state, whole ...
+        assert m.support_level == "unverified" and step == "signed-write:staged"
+    except VerificationError as exc:  # ... or a refusal, never a half-written state taken as true
+        assert step == "signed-write:renamed-one" and "signature check failed" in exc.message
+    done = qualify_cli(*argv)
+    assert done.returncode == 0, done.stderr
+    assert "sm120: baseline" in done.stdout
+    assert folder.read_release(lab.folder).target("sm120").manifest.support_level == "baseline"
+    assert not list(lab.folder.glob(folder.JOURNAL_PREFIX + "*"))

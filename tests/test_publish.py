@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import tls_registry
 from conftest import require
+from signing_helpers import make_release
 
 import images
 from qualify import skopeo
@@ -23,10 +24,13 @@ from qualify.core import manifest as mf
 from qualify.core.errors import RegistryError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.publish import attestation_verify, dsse, oci, publish
+from qualify.release import records
+from qualify.release.folder import read_release
 from qualify.signing import keys as cosign_keys
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 PASSWORD = b"release-key-password"
+TAG = "v0.1.0-test"
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +56,20 @@ def _key_pair(folder: Path, password: bytes = PASSWORD):
     return folder / "cosign.key", folder / "cosign.pub"
 
 
-def _release(root: Path, tag: str, record, verdict: str = "pass") -> Path:
-    """A release folder as `nox -s release` leaves it: manifests/<tag>/<target>.json."""
+def smoke_statement(record, level: str = "unverified") -> dict:
     name, digest = record.image_reference.split("@")
-    predicate = {"schema_version": 1, "verdict": verdict, "support_level": "unverified", "checks": [],
+    predicate = {"schema_version": 1, "verdict": "pass", "support_level": level, "checks": [],
                  "target": {"name": record.target, "platform": record.platform, "capability": "12.0",
                             "profile": record.profile},
+                 "image": {"reference": record.image_reference, "digest": digest},
                  "base": {"kind": record.base_kind, "image": record.base_image}}
-    folder = root / tag
-    folder.mkdir(parents=True)
-    (folder / f"{record.target}.json").write_bytes(canonical_json(mf.statement(name, digest, predicate)))
-    return folder
+    return mf.statement(name, digest, predicate)
+
+
+def _release(root: Path, tag: str, record, key: Path, level: str = "unverified") -> Path:
+    """A release folder exactly as `nox -s release` writes it (the real release steps, in a git repository
+    under `root`): signed release.json, the manifest, .sig and .sigstore.json bundles. The manifests folder."""
+    return make_release(root / "repo", tag, [smoke_statement(record, level)], key, PASSWORD.decode()).parent
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +82,20 @@ def published(smoke, registry, tmp_path_factory):
     """The sm120 smoke image published once (with SLSA + SBOM), for the verification tests."""
     root = tmp_path_factory.mktemp("release")
     key, pub = _key_pair(root)
-    _release(root / "manifests", "v-test", smoke)
+    manifests = _release(root, TAG, smoke, key)
     os.environ["REGISTRY_AUTH_FILE"] = str(registry.auth_file)
     try:
         dest = publish.Destination.parse(f"{registry.address}/qualify")
-        opts = publish.PublishOptions(tag="v-test", destination=dest, release_root=root / "manifests", key=key,
+        opts = publish.PublishOptions(tag=TAG, destination=dest, release_root=manifests, key=key,
                                       password=PASSWORD)
         start = time.monotonic()
         lines = []
-        record = publish.publish(opts, progress=lines.append)
+        done = publish.publish(opts, progress=lines.append)
         seconds = time.monotonic() - start
     finally:
         del os.environ["REGISTRY_AUTH_FILE"]
-    return {"record": record, "root": root, "key": key, "pub": pub, "dest": dest, "seconds": seconds,
-            "lines": lines}
+    return {"record": done.record, "copies": done.copies, "manifests": manifests, "key": key, "pub": pub,
+            "dest": dest, "seconds": seconds, "lines": lines, "opts": opts}
 
 
 def test_publish_keeps_the_digest_and_records_it(published, smoke, creds):
@@ -98,13 +105,64 @@ def test_publish_keeps_the_digest_and_records_it(published, smoke, creds):
     assert image.reference == f"{creds.address}/qualify/sm120@{smoke.digest}"
     served = skopeo.inspect_raw(f"docker://{image.tag}")
     assert oci.digest_of(served) == smoke.digest
-    saved = json.loads((published["root"] / "manifests" / "v-test" / "published.json").read_text())
+    folder = published["manifests"] / TAG
+    saved = json.loads((folder / "published.json").read_text())
     assert saved["images"][0]["reference"] == image.reference
-    assert (published["root"] / "manifests" / "v-test" / "published.json.sig").exists()
-    assert set(image.predicate_types) == {mf.PREDICATE_TYPE, "https://slsa.dev/provenance/v1",
-                                          "https://cyclonedx.org/bom"}
+    assert (folder / "published.json.sig").exists()
+    assert set(image.predicate_types) == {mf.PREDICATE_TYPE, records.RELEASE_STATEMENT_TYPE,
+                                          "https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom"}
     assert "no OCI 1.1 referrers API" in image.referrers  # Debian's distribution 2.8
-    print(f"\npublish of the sm120 smoke image: {published['seconds']:.1f} s; {image.blobs_sent} blobs sent")
+    # The publication is part of the verified release: bound to its release.json, naming its digest.
+    release = read_release(folder)
+    assert release.publication == published["record"] and release.published_reference("sm120") == image.reference
+    print(f"\npublish of the sm120 smoke image: {published['seconds']:.1f} s; "
+          f"{len(published['copies']['sm120'].copied)} blobs sent")
+
+
+def test_the_version_tag_comes_after_the_attestations_and_a_rerun_writes_the_same_record(published, creds):
+    """Issue 26: an interrupted publish never leaves a version-tagged image without its attestation; and
+    published.json holds no per-run facts, so publishing again gives the same bytes and signature."""
+    log = creds.log_text()
+    att = log.index("PUT /v2/qualify/sm120/manifests/sha256-")
+    tagged = log.index(f"PUT /v2/qualify/sm120/manifests/{TAG}")
+    assert att < tagged
+    folder = published["manifests"] / TAG
+    before = {n: (folder / n).read_bytes() for n in ("published.json", "published.json.sig")}
+    os.environ["REGISTRY_AUTH_FILE"] = str(creds.auth_file)
+    try:
+        again = publish.publish(published["opts"], progress=lambda _m: None)
+    finally:
+        del os.environ["REGISTRY_AUTH_FILE"]
+    assert again.record == published["record"]
+    assert {n: (folder / n).read_bytes() for n in before} == before
+    copy = again.copies["sm120"]
+    assert copy.skipped and len(copy.copied) <= 1  # every layer was there (skopeo always writes the config)
+
+
+def test_release_then_publish_as_a_new_user_runs_them(smoke, creds, tmp_path):
+    """The README's order, with the CLI: `qualify release` writes the folder (bundles and all), `qualify publish`
+    publishes it to the TLS + htpasswd registry. Publishing used to fail on the `.sigstore.json` bundles."""
+    from signing_helpers import init_git_repo
+
+    repo = init_git_repo(tmp_path / "repo")
+    key, pub = _key_pair(tmp_path)
+    stmt = smoke_statement(smoke)
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    stmt["predicate"]["toolkit"] = {"version": "0.1.0", "source_revision": rev}
+    (repo / "build" / "manifests").mkdir(parents=True)
+    (repo / "build" / "manifests" / "sm120.json").write_bytes(canonical_json(stmt))
+    env = {**os.environ, **creds.env(), "COSIGN_PASSWORD": PASSWORD.decode(), "PYTHONPATH": str(Path(__file__).parent.parent)}
+    released = subprocess.run([sys.executable, "-m", "qualify", "release", "v0.0.0-pub", "--key", str(key),
+                               "--no-upload"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert released.returncode == 0, released.stderr
+    assert (repo / "manifests" / "v0.0.0-pub" / "sm120.json.sigstore.json").is_file()
+    done = subprocess.run([sys.executable, "-m", "qualify", "publish", "v0.0.0-pub", "--to", f"{creds.address}/newuser",
+                           "--key", str(key), "--no-build-attestations"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"sm120  {creds.address}/newuser/sm120@{smoke.digest}" in done.stdout
+    verified = attestation_verify.verify_image(f"{creds.address}/newuser/sm120:v0.0.0-pub", pub)
+    assert verified.release.tag == "v0.0.0-pub" and verified.manifest.digest == smoke.digest
 
 
 def test_attestation_layout_is_cosigns(published, smoke, creds):
@@ -141,7 +199,8 @@ def test_verify_image_from_the_registry_passes(published, smoke, creds):
                          cwd=Path(__file__).parent.parent, env={**os.environ, **creds.env()})
     assert out.returncode == 0, out.stderr
     assert "verified from the registry" in out.stdout and "verdict:       pass" in out.stdout
-    by_tag = attestation_verify.verify_image(f"{creds.address}/qualify/sm120:v-test", published["pub"])
+    assert f"release:       {TAG} (sequence 1, promotion 0), the newest of 1 signed release statement" in out.stdout
+    by_tag = attestation_verify.verify_image(f"{creds.address}/qualify/sm120:{TAG}", published["pub"])
     assert by_tag.digest == smoke.digest
 
 
@@ -176,6 +235,54 @@ def test_tampered_payload_fails_saying_so(published, smoke, creds):
         attestation_verify.verify_image(f"{creds.address}/tamper/sm120@{smoke.digest}", published["pub"])
 
 
+def _layers(creds, repo: str, digest: str) -> list:
+    return [(d, layer.predicate_type) for layer, d in attestation_verify.fetch_layers(f"{creds.address}/{repo}", digest)]
+
+
+def _release_statement(published, smoke, tag: str, sequence: int, promotion: int, manifest: bytes) -> tuple:
+    """A release statement signed with the release key, as publish signs one (records.ReleaseStatement)."""
+    import hashlib
+
+    key = cosign_keys.load_private_key(published["key"].read_bytes(), PASSWORD)
+    statement = records.ReleaseStatement(tag, sequence, promotion, "2026-12-01T00:00:00Z", "0" * 64, "sm120",
+                                          hashlib.sha256(manifest).hexdigest())
+    body = canonical_json(statement.statement(f"{smoke.image_reference.split('@')[0]}", smoke.digest))
+    return dsse.sign(key, body).to_json(), records.RELEASE_STATEMENT_TYPE
+
+
+def _qualification(published, manifest: bytes) -> tuple:
+    key = cosign_keys.load_private_key(published["key"].read_bytes(), PASSWORD)
+    return dsse.sign(key, manifest).to_json(), mf.PREDICATE_TYPE
+
+
+def test_the_newest_signed_release_statement_chooses_whatever_is_pushed_in_front(published, smoke, creds):
+    """Issue 26, finding 2: anyone who can push can put an older signed attestation in front; the newest
+    signed release statement decides which qualification counts, not the order of the layers."""
+    newer = json.loads((published["manifests"] / TAG / "sm120.json").read_text())
+    newer["predicate"]["support_level"] = "baseline"
+    newer_bytes = canonical_json(newer)
+    older_bytes = (published["manifests"] / TAG / "sm120.json").read_bytes()
+    _copy_image(creds, smoke, "order/sm120")
+    layers = [_release_statement(published, smoke, "v0.0.9", 1, 0, older_bytes), _qualification(published, older_bytes),
+              _release_statement(published, smoke, "v0.1.0", 2, 0, newer_bytes), _qualification(published, newer_bytes)]
+    _push_att(creds, "order/sm120", smoke.digest, layers)
+    result = attestation_verify.verify_image(f"{creds.address}/order/sm120@{smoke.digest}", published["pub"])
+    assert (result.release.tag, result.manifest.support_level, result.release_statements) == ("v0.1.0", "baseline", 2)
+    # Two different signed statements at the same place: refused, never chosen between.
+    layers.append(_release_statement(published, smoke, "v0.1.0", 2, 0, older_bytes))
+    _push_att(creds, "order/sm120", smoke.digest, layers)
+    with pytest.raises(VerificationError, match="two different signed release statements claim v0.1.0"):
+        attestation_verify.verify_image(f"{creds.address}/order/sm120@{smoke.digest}", published["pub"])
+
+
+def test_an_attestation_without_a_release_statement_is_refused(published, smoke, creds):
+    qualification = [(d, t) for d, t in _layers(creds, "qualify/sm120", smoke.digest) if t == mf.PREDICATE_TYPE]
+    _copy_image(creds, smoke, "old/sm120")
+    _push_att(creds, "old/sm120", smoke.digest, qualification)
+    with pytest.raises(VerificationError, match="no signed release statement"):
+        attestation_verify.verify_image(f"{creds.address}/old/sm120@{smoke.digest}", published["pub"])
+
+
 def test_attestation_copied_from_another_image_fails(published, smoke, creds, docker_engine, tmp_path):
     other = images.derived(docker_engine, smoke.image_reference, "127.0.0.1:5555/qualify-test/publish-other:1",
                            "LABEL qualify.test=other", {}, tmp_path, smoke.platform)
@@ -185,9 +292,7 @@ def test_attestation_copied_from_another_image_fails(published, smoke, creds, do
         other_digest = oci.digest_of(raw)
         skopeo.copy(f"docker://{other}", f"docker://{creds.address}/copied/sm120:t", label="t",
                     progress=lambda _m: None, insecure_hosts=("127.0.0.1:5555",))
-        layers = [(d, layer.predicate_type) for layer, d in
-                  attestation_verify.fetch_layers(f"{creds.address}/qualify/sm120", smoke.digest)]
-        _push_att(creds, "copied/sm120", other_digest, layers)
+        _push_att(creds, "copied/sm120", other_digest, _layers(creds, "qualify/sm120", smoke.digest))
         with pytest.raises(VerificationError, match="copied from another image"):
             attestation_verify.verify_image(f"{creds.address}/copied/sm120@{other_digest}", published["pub"])
     finally:
@@ -203,14 +308,13 @@ def test_image_without_attestation_fails(published, smoke, creds):
 def test_push_without_credentials_is_refused_clearly(smoke, registry, monkeypatch, tmp_path):
     monkeypatch.setenv("REGISTRY_AUTH_FILE", str(registry.empty_auth_file))
     key, _ = _key_pair(tmp_path)
-    _release(tmp_path / "manifests", "v-nocreds", smoke)
-    opts = publish.PublishOptions(tag="v-nocreds", destination=publish.Destination.parse(f"{registry.address}/x"),
-                                  release_root=tmp_path / "manifests", key=key, password=PASSWORD,
-                                  attest_build=False)
+    manifests = _release(tmp_path, "v0.0.1-nocreds", smoke, key)
+    opts = publish.PublishOptions(tag="v0.0.1-nocreds", destination=publish.Destination.parse(f"{registry.address}/x"),
+                                  release_root=manifests, key=key, password=PASSWORD, attest_build=False)
     with pytest.raises(RegistryError, match="without valid credentials") as info:
         publish.publish(opts, progress=lambda _m: None)
     assert "docker login" in info.value.hint
-    assert not (tmp_path / "manifests" / "v-nocreds" / "published.json").exists()
+    assert not (manifests / "v0.0.1-nocreds" / "published.json").exists()
 
 
 def test_credentials_never_in_arguments_or_logs(published, smoke, creds, monkeypatch, capsys):
@@ -238,14 +342,13 @@ def _uploads(log: str, repo: str) -> int:
 
 def test_interrupted_publish_resumes_without_resending_blobs(smoke, creds, tmp_path):
     key, _ = _key_pair(tmp_path)
-    _release(tmp_path / "manifests", "v-resume", smoke)
-    opts = publish.PublishOptions(tag="v-resume", destination=publish.Destination.parse(f"{creds.address}/resume"),
-                                  release_root=tmp_path / "manifests", key=key, password=PASSWORD,
-                                  attest_build=False)
+    manifests = _release(tmp_path, "v0.0.2-resume", smoke, key)
+    opts = publish.PublishOptions(tag="v0.0.2-resume", destination=publish.Destination.parse(f"{creds.address}/resume"),
+                                  release_root=manifests, key=key, password=PASSWORD, attest_build=False)
     # Interrupt: the python process publishing is killed once the first blob upload has finished.
     script = ("import os,sys; from pathlib import Path; from qualify.publish import publish as p; "
-              f"o=p.PublishOptions(tag='v-resume', destination=p.Destination.parse('{creds.address}/resume'), "
-              f"release_root=Path('{tmp_path}/manifests'), key=Path('{key}'), password={PASSWORD!r}, "
+              f"o=p.PublishOptions(tag='v0.0.2-resume', destination=p.Destination.parse('{creds.address}/resume'), "
+              f"release_root=Path('{manifests}'), key=Path('{key}'), password={PASSWORD!r}, "
               "attest_build=False); p.publish(o)")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
                             env={**os.environ, **creds.env()}, start_new_session=True,
@@ -257,11 +360,18 @@ def test_interrupted_publish_resumes_without_resending_blobs(smoke, creds, tmp_p
         time.sleep(0.05)
     os.killpg(proc.pid, 9)
     proc.wait()
-    assert not (tmp_path / "manifests" / "v-resume" / "published.json").exists()
+    assert not (manifests / "v0.0.2-resume" / "published.json").exists()
+    # Killed before the version tag: the tag is never there without its attestations.
+    try:
+        tags = json.loads(skopeo.list_tags(f"docker://{creds.address}/resume/sm120")).get("Tags") or []
+    except RegistryError:  # nothing tagged in the repository at all
+        tags = []
+    assert "v0.0.2-resume" not in tags
     before = creds.log_text()
     done_before = len(re.findall(r'"PUT /v2/resume/sm120/blobs/uploads/[^"]*" 201', before))
     assert done_before >= 1, "the interruption came after at least one whole blob"
-    record = publish.publish(opts, progress=lambda _m: None)
+    done = publish.publish(opts, progress=lambda _m: None)
+    record = done.record
     assert oci.digest_of(skopeo.inspect_raw(f"docker://{record.images[0].tag}")) == smoke.digest
     after = creds.log_text()[len(before):]
     completed_before = set(re.findall(r'digest=(sha256:[0-9a-f]{64})[^"]*" 201', before))
@@ -269,6 +379,6 @@ def test_interrupted_publish_resumes_without_resending_blobs(smoke, creds, tmp_p
                                     r'[0-9a-f]{64})', after)
               if d.replace("%3A", ":") in completed_before]
     assert resent == [], f"blobs sent again after the interruption: {resent}"
-    assert record.images[0].blobs_skipped >= done_before, "skopeo itself reports the blobs as already there"
-    print(f"\nresume: {done_before} blob(s) completed before the kill; re-run sent {record.images[0].blobs_sent}, "
+    assert len(done.copies["sm120"].skipped) >= done_before, "skopeo itself reports the blobs as already there"
+    print(f"\nresume: {done_before} blob(s) completed before the kill; re-run sent {len(done.copies['sm120'].copied)}, "
           f"{_uploads(after, 'resume/sm120')} upload requests after; none re-sent")

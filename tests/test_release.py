@@ -110,8 +110,8 @@ def test_release_then_verify_and_every_tampering_is_named(repo, keys, tmp_path):
     rel = repo / "manifests" / TAG
     assert [e.target for e in outcome.released] == ["sm100", "sm120"]
     assert sorted(p.name for p in rel.iterdir()) == sorted(
-        ["cosign.pub", "release.json"] + [f"{t}.json{s}" for t in ("sm100", "sm120")
-                                          for s in ("", ".sig", ".sigstore.json")])
+        ["cosign.pub"] + [f"{name}{s}" for name in ("release.json", "sm100.json", "sm120.json")
+                          for s in ("", ".sig", ".sigstore.json")])
     for target in ("sm100", "sm120"):  # the exact manifest bytes
         assert (rel / f"{target}.json").read_bytes() == (repo / "build/manifests" / f"{target}.json").read_bytes()
 

@@ -390,5 +390,7 @@ def test_publishing_is_composed_between_writing_and_tagging_and_the_tag_names_th
     message = git(repo, "cat-file", "-p", TAG)
     assert f"  sm100  {published}" in message and "Published to registry.example/acme:" in message
     assert published in git(repo, "show", f"{TAG}:manifests/{TAG}/published.json")
-    index = json.loads((repo / "manifests" / TAG / "release.json").read_text())
-    assert "published.json" in index["files"]  # a later --force may replace it: a release wrote it
+    from qualify.release import folder, records
+    index = records.ReleaseIndex.parse((repo / "manifests" / TAG / "release.json").read_bytes(), "release.json")
+    assert "published.json" not in dict(index.files)  # written after the index, bound to it by its sha256
+    assert "published.json" in folder.removable_by_force(index)  # a later --force may replace it

@@ -156,8 +156,13 @@ def test_the_workflow_follows_the_targets_file():
     for t in TF.targets.values():
         job = doc["jobs"][f"gpu-{t.name}"]
         assert "self-hosted" in job["runs-on"] and f"cuda-capability-{t.capability}" in job["runs-on"]
+        # The evidence is signed keyless with the job's identity: what promote counts once it is enrolled.
+        assert job["permissions"]["id-token"] == "write"
+        gpu_run = "\n".join(s.get("run", "") for s in job["steps"])
+        assert gpu_run.index("qualify gpu-evidence") < gpu_run.index('qualify sign "evidence/$TARGET.$RUNNER_NAME.json" --keyless')
     promote = "\n".join(s.get("run", "") for s in doc["jobs"]["promote"]["steps"])
-    assert 'python -m qualify promote "$GITHUB_REF_NAME" --evidence' in promote
+    assert 'python -m qualify promote "$GITHUB_REF_NAME" --key "$RUNNER_TEMP/cosign.key"' in promote
+    assert "--hosts manifests/hosts.json --evidence evidence/*.json" in promote
 
 
 def test_actionlint_passes_the_workflow():
@@ -250,7 +255,7 @@ def test_the_pods_command_runs_the_probe_and_frames_its_evidence(tmp_path):
     assert out.returncode in (0, 1, 3), out.stderr
     log = tmp_path / "pod.log"
     log.write_text(out.stderr + out.stdout)  # kubectl logs gives both streams
-    ev = merge.parse(log)
+    (ev,) = merge.parse(log)
     assert ev.digest == DIGEST_A and ev.target == "sm120"
     assert json.loads((tmp_path / "termination-log").read_text())["verdict"] in ("pass", "warn", "fail", "incomplete")
 
@@ -359,7 +364,7 @@ def test_a_log_of_the_jobs_container_on_a_real_gpu_host_merges():
     H200 is 9.0, so it is no evidence for sm120, and the bare venv has no allocator hook (gpu.triton-scratch
     fails): what it shows is that the script runs the probe on a GPU and frames its Statement for merge."""
     log = REPO / "tests" / "scaleout" / "h200-job-container.log"
-    ev = merge.parse(log)
+    (ev,) = merge.parse(log)
     assert ev.target == "sm120" and ev.digest == DIGEST_A
     pred = json.loads(ev.data)["predicate"]
     assert pred["gpu"]["visible"] and pred["verdict"] == "fail"

@@ -11,9 +11,10 @@ loopback registry: start.sh verifies its signed manifest, pulls it by digest
 and runs it with real compose. The container gets no GPU: GPU_RUNTIME=none,
 which start.sh accepts only with --allow-no-gpu-runtime and announces.
 
-Releases are made as a release engineer makes them, in a temporary
-manifests/<tag>/: `python -m qualify sign generate-key`, `python -m qualify
-sign MANIFEST --signer builtin`, and cosign.pub beside the manifest.
+Releases are made as a release engineer makes them: `python -m qualify sign
+generate-key`, then the real release steps (signing_helpers.make_release) in a
+temporary git repository, whose manifests/<tag>/ is then exactly what
+`nox -s release` writes (signed release.json, manifests, signatures, bundles).
 Every compose project is uniquely named and removed (by its label) afterwards.
 """
 
@@ -25,133 +26,31 @@ import platform
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import pytest
 from conftest import REPO, require
-from signing_helpers import DIGEST_A, DIGEST_B, statement
+from deploy_host import (
+    GB10,
+    H200,
+    LABEL,
+    PASSWORD,
+    RTX5090,
+    SCRIPTS,
+    SETTINGS,
+    Host,
+    containers_of,
+    key_fingerprint,
+    qualify,
+    released,
+)
+from signing_helpers import DIGEST_A, DIGEST_B, make_release, statement
 
 from qualify.config import targets
 from qualify.core import manifest as mf
-from qualify.signing import keys as cosign_keys
-
-RTX5090 = "12.0|NVIDIA GeForce RTX 5090|32607 MiB|GPU-5090-0000"
-H200 = "9.0|NVIDIA H200|143771 MiB|GPU-h200-0000"
-GB10 = "12.1|NVIDIA GB10|[N/A]|GPU-gb10-0000"
-PASSWORD = "start.sh test key"
-SCRIPTS = ["start.sh", "scripts/lib.sh", "scripts/status.sh", "scripts/stop.sh", "scripts/verify.sh"]
-SETTINGS = [line.split("=", 1)[0] for line in (REPO / ".env.example").read_text().splitlines()
-            if line[:1].isalpha() and "=" in line]
-LABEL = "com.docker.compose.project"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def qualify(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COSIGN_PASSWORD": PASSWORD}
-    done = subprocess.run([sys.executable, "-m", "qualify", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
-@pytest.fixture(scope="session")
-def signing_key(tmp_path_factory) -> Path:
-    """The key prefix: PREFIX.key and PREFIX.pub."""
-    prefix = tmp_path_factory.mktemp("key") / "cosign"
-    qualify("sign", "generate-key", "--output-key-prefix", str(prefix))
-    return prefix
-
-
-@dataclass
-class Host:
-    """One test's deployment: its settings file, release folder, stand-in GPU and compose project."""
-
-    root: Path
-    key: Path
-    project: str
-    port: int
-
-    @property
-    def env_file(self) -> Path:
-        return self.root / "settings.env"
-
-    @property
-    def manifests(self) -> Path:
-        return self.root / "manifests"
-
-    @property
-    def compose_file(self) -> Path:
-        return self.root / "deploy" / self.project / "compose.json"
-
-    def settings(self, **overrides: object) -> Path:
-        values = {"MANIFESTS_DIR": self.manifests, "DEPLOY_DIR": self.root / "deploy",
-                  "COMPOSE_PROJECT": self.project, "API_PORT": self.port, "GPU_RUNTIME": "none",
-                  "MIN_FREE_DISK_GIB": 1, **overrides}
-        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-        return self.env_file
-
-    def release(self, stmt: dict, tag: str = "v1.0.0") -> Path:
-        """Sign `stmt` into manifests/<tag>/<target>.json with the built-in signer."""
-        folder = self.manifests / tag
-        path = mf.write(folder / f"{stmt['predicate']['target']['name']}.json", stmt)
-        qualify("sign", str(path), "--key", f"{self.key}.key", "--signer", "builtin")
-        shutil.copyfile(f"{self.key}.pub", folder / "cosign.pub")
-        return path
-
-    def run(self, script: str, *args: str, gpus: Optional[str] = RTX5090, path: Optional[str] = None,
-            timeout: float = 60, **extra_env: str) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if k not in SETTINGS and not k.startswith("CONTAINER_ENV_")}
-        env.update(extra_env)
-        env["QUALIFY_PYTHON"] = sys.executable
-        env["PATH"] = path if path is not None else f"{self.root / 'bin'}{os.pathsep}{os.environ['PATH']}"
-        if gpus is not None:
-            env["STANDIN_GPUS"] = gpus
-        return subprocess.run([str(REPO / script), *args, "--env-file", str(self.env_file)], env=env,
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def remove_project(docker: str, project: str) -> None:
-    """Remove what a compose project left: only ours, found by its unique label."""
-    # Containers first: a network or volume in use cannot be removed.
-    for ls, rm in ((["ps", "-aq"], ["rm", "-f"]), (["network", "ls", "-q"], ["network", "rm"]),
-                   (["volume", "ls", "-q"], ["volume", "rm", "-f"])):
-        ids = subprocess.run([docker, *ls, "--filter", f"label={LABEL}={project}"], capture_output=True,
-                             text=True, timeout=60).stdout.split()
-        if ids:
-            subprocess.run([docker, *rm, *ids], capture_output=True, timeout=120)
-
-
-def containers_of(docker: str, project: str) -> list:
-    return subprocess.run([docker, "ps", "-aq", "--filter", f"label={LABEL}={project}"], capture_output=True,
-                          text=True, timeout=60).stdout.split()
-
-
-@pytest.fixture()
-def host(tmp_path, signing_key):
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "nvidia-smi").symlink_to(REPO / "tests" / "standin" / "nvidia-smi")
-    h = Host(tmp_path, signing_key, f"bwtest-{uuid.uuid4().hex[:10]}", free_port())
-    yield h
-    docker = "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else shutil.which("docker")
-    if docker:
-        remove_project(docker, h.project)
-
-
-def released(h: Host, **kw) -> Path:
-    h.settings(**kw.pop("settings", {}))
-    return h.release(statement("sm120", DIGEST_A, **kw))
-
 
 # --- the scripts themselves ----------------------------------------------------------
 
@@ -236,10 +135,6 @@ def test_the_second_gpu_is_chosen_by_uuid(host, docker_engine):
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", gpus=f"{H200};{RTX5090}")
     assert done.returncode == 0, done.stderr
     assert "GPU GPU-5090-0000: NVIDIA GeForce RTX 5090" in done.stderr and "target: sm120" in done.stderr
-
-
-def key_fingerprint(pub: Path) -> str:
-    return cosign_keys.fingerprint(cosign_keys.load_public_key(pub.read_bytes()))
 
 
 def test_sm120_dry_run_prints_the_compose_file_and_starts_nothing(host, docker_engine):
@@ -327,12 +222,13 @@ def test_an_image_override_with_another_digest_is_refused(host, docker_engine):
     assert "is not the image the manifest qualified" in done.stderr
 
 
-def test_a_failing_check_is_refused_unless_allow_unqualified(host, docker_engine):
-    released(host, statuses={"fatbin-arch": "pass", "triton-compile": "fail"}, level="unsupported")
+def test_an_unsupported_level_is_refused_unless_allow_unqualified(host, docker_engine):
+    """A failing check never reaches a release (the release withholds it; test_gate_decision covers the gate's
+    own refusal); a level below what can serve does, with --min-level unsupported."""
+    released(host, level="unsupported", options={"min_level": "unsupported"})
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
     assert done.returncode == 4
-    assert "trust gate: REFUSED: the manifest's verdict is fail (failing checks: triton-compile)" in done.stderr
-    assert "verdict check failed" in done.stderr  # qualify verify --require-pass names the check
+    assert "trust gate: REFUSED: the manifest's support level is unsupported" in done.stderr
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
     assert done.returncode == 0, done.stderr
     assert "--allow-unqualified: DEPLOYING AN IMAGE THE TRUST GATE REFUSED" in done.stderr
@@ -490,10 +386,24 @@ def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu
 
 
 def _publication(h: Host, reference: str, tamper: bool = False) -> Path:
-    """published.json beside the manifests, signed with the release key as `nox -s publish` signs it."""
-    path = h.manifests / "v1.0.0" / "published.json"
-    path.write_text(json.dumps({"tag": "v1.0.0", "images": [{"target": "sm120", "reference": reference}]}))
-    qualify("sign", str(path), "--key", f"{h.key}.key", "--signer", "builtin")
+    """published.json beside the manifests, as `nox -s publish` writes it: the signed publication record
+    bound to the release's release.json (the records and writer publish itself uses)."""
+    from qualify.release import folder, records
+
+    release_dir = h.manifests / "v1.0.0"
+    release = folder.read_release(release_dir)
+    digest = reference.split("@", 1)[1]
+    image = records.PublishedImage("sm120", reference, reference.split("@")[0] + ":v1.0.0", digest,
+                                   release.target("sm120").manifest.reference, reference.split("@")[0] + ":att",
+                                   (mf.PREDICATE_TYPE,), "not pushed")
+    record = records.Publication("v1.0.0", release.index_sha256, "registry.example:5000/acme",
+                                 release.key.fingerprint, (image,))
+    from qualify.signing import formats, signer
+
+    s, _ = signer.key_signer("builtin", Path(f"{h.key}.key"), PASSWORD.encode())
+    folder.write_signed_files(release_dir, [(records.PUBLICATION_FILE, record.to_bytes())],
+                              lambda p: s.sign_file(p, formats.signature_path(p), formats.bundle_path(p)), release.key)
+    path = release_dir / records.PUBLICATION_FILE
     if tamper:
         path.write_text(path.read_text().replace("registry.example", "registry.evil"))
     return path
@@ -516,7 +426,7 @@ def test_a_publication_that_does_not_verify_or_names_another_image_is_refused(ho
     _publication(host, f"registry.example:5000/acme/sm120@{digest}", tamper=case == "tampered")
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
     assert done.returncode == 4, done.stderr
-    said = "its signature does not verify" if case == "tampered" else f"not the qualified image {DIGEST_A}"
+    said = "does not match its signature" if case == "tampered" else f"not the released image {DIGEST_A}"
     assert said in done.stderr and not host.compose_file.exists()
 
 
@@ -528,15 +438,13 @@ def test_without_a_release_folder_the_registry_attestation_is_the_trust_anchor(h
     from qualify.publish import publish
 
     built = images.smoke("sm120")
-    root = tmp_path / "release"
-    folder = root / "v9.9.9"
     stmt = statement("sm120", built.digest, reference=built.image_reference, level="baseline")
     stmt["subject"][0]["name"] = built.image_reference.split("@", 1)[0]  # where publish copies it from
-    mf.write(folder / "sm120.json", stmt)
+    root = make_release(tmp_path / "release-repo", "v9.9.9", [stmt], Path(f"{host.key}.key"), PASSWORD).parent
     dest = publish.Destination.parse(f"{loopback_registry.address}/qualify-test-published")
     record = publish.publish(publish.PublishOptions(tag="v9.9.9", destination=dest, release_root=root,
                                                     key=Path(f"{host.key}.key"), password=PASSWORD.encode()),
-                             progress=lambda _m: None)
+                             progress=lambda _m: None).record
     image = record.images[0].reference
     empty = tmp_path / "no-manifests"
     empty.mkdir()

@@ -167,10 +167,12 @@ def test_keyless_verification_goes_through_cosign(signed, tmp_path, monkeypatch)
                                                 issuer="https://accounts.example.com"))
     assert result.signature.startswith("cosign v3.1.2, identity rel@example.com")
     argv = read_log(tmp_path / "log.jsonl")[-1]["argv"]
-    assert argv[:-1] == [
+    assert argv[:-2] == [
         "verify-blob", "--certificate-identity", "rel@example.com", "--certificate-oidc-issuer",
-        "https://accounts.example.com", "--bundle", str(formats.bundle_path(manifest))]
-    assert Path(argv[-1]).name == manifest.name  # a private copy of the bytes verify parses
+        "https://accounts.example.com", "--bundle"]
+    # Private copies of the bytes verify read once: the bundle and the blob it then parses.
+    assert argv[-2] != str(formats.bundle_path(manifest)) and argv[-2].endswith("bundle.json")
+    assert Path(argv[-1]).name == manifest.name
     monkeypatch.setenv("COSIGN_DOUBLE_FAIL", "none of the expected identities matched")
     with pytest.raises(VerificationError, match=r"^signature check failed: command failed .*cosign verify-blob"):
         verify.verify(verify.VerifyOptions(manifest, identity="x@example.com", issuer="https://a.example.com"))

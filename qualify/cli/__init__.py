@@ -35,6 +35,7 @@ COMMANDS = {
     "clean": ("clean_cmd", "remove what the toolkit made on this host (images, registry blobs, state) and nothing else"),
     "deploy": ("deploy_cmd", "the deploy start.sh hands over to, and its steps one at a time"),
     "promote": ("promote_cmd", "promote a release's targets by GPU evidence (seed 000's rule)"),
+    "hosts": ("hosts_cmd", "enroll the hosts whose signed GPU evidence promote counts"),
     "bake": ("bake_cmd", "write or check docker-bake.json; stage and record bake builds"),
     "workflow": ("workflow_cmd", "write or check the GitHub Actions release workflow"),
     "k8s": ("k8s_cmd", "a Kubernetes Job running a published image's GPU checks on a GPU node"),

@@ -2,8 +2,9 @@
 
 `./start.sh` and `scripts/{status,stop,verify}.sh` hand over to `start`,
 `status`, `stop` and `verify` here; the work runs in this one process. The
-other actions (memory, port, release, gate, compose, url and the API
-checks) are the same steps one at a time, for people debugging a host.
+other actions (memory, port, compose, url and the API checks) are the
+same steps one at a time, for people debugging a host. The trust gate has
+no such action: it runs only inside `start`, on the release it read once.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import sys
 from pathlib import Path
 
 from qualify.config import targets
-from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError
-from qualify.deploy import api, compose, gate, memory, netcheck, ops, run, settings
-from qualify.deploy import release as rel
+from qualify.deploy import api, compose, memory, netcheck, ops, run, settings
 from qualify.deploy.errors import DeployError
 from qualify.deploy.ui import Stop, Ui
 
@@ -39,6 +38,8 @@ def _script_parsers(sub) -> None:
     start.add_argument("--allow-unqualified", action="store_true")
     start.add_argument("--allow-no-gpu-runtime", action="store_true")
     start.add_argument("--probe", action="store_true", help="run the GPU checks here even for a baseline release")
+    start.add_argument("--allow-downgrade", action="store_true",
+                       help="with RELEASE_TAG: deploy a release older than one this host accepted before")
     sub.choices["stop"].add_argument("--purge-cache", action="store_true")
     sub.choices["verify"].add_argument("--level", choices=("smoke", "full"), default="smoke")
 
@@ -57,17 +58,6 @@ def configure_parser(parser) -> None:
     port = sub.add_parser("port", help="exit 0 when ADDRESS:PORT is free")
     port.add_argument("--address", required=True)
     port.add_argument("--port", type=int, required=True)
-
-    rel = sub.add_parser("release", help="the released manifest for a target, and the image to deploy")
-    rel.add_argument("--manifests", type=Path, required=True, help="the manifests/ folder")
-    rel.add_argument("--target", required=True)
-    rel.add_argument("--tag", default="", help="RELEASE_TAG (default: the newest release with this target)")
-    rel.add_argument("--image", default="", help="IMAGE from .env; must be the manifest's digest")
-    rel.add_argument("--key-fingerprint", default="", help="RELEASE_KEY_FINGERPRINT from .env (sha256:...)")
-
-    gate = sub.add_parser("gate", help="decide from `qualify verify --json` (on stdin)")
-    gate.add_argument("--require-pass-rc", type=int, required=True,
-                      help="exit status of the same verify run with --require-pass")
 
     comp = sub.add_parser("compose", help="print the compose project as JSON")
     comp.add_argument("--image", required=True)
@@ -131,28 +121,6 @@ def _port(args) -> int:
     return 0
 
 
-def _release(args) -> int:
-    files = rel.release_files(args.manifests, args.target, args.tag)
-    image = rel.image_to_deploy(mf.load(files.manifest), args.target, args.image)
-    fingerprint = rel.check_key_fingerprint(files.public_key, args.key_fingerprint)
-    print(f"tag={files.tag}")
-    print(f"manifest={files.manifest}")
-    print(f"signature={files.signature}")
-    print(f"public_key={files.public_key}")
-    print(f"key_fingerprint={fingerprint}")
-    print(f"key_pinned={'true' if args.key_fingerprint else 'false'}")
-    print(f"image={image}")
-    return 0
-
-
-def _gate(args) -> int:
-    result = api.load_json_text(sys.stdin.read(), "qualify verify --json output")
-    decision = gate.gate_decision(result, args.require_pass_rc == 0)
-    print(f"action={decision.action}")
-    print(f"reason={decision.reason}")
-    return 0
-
-
 def _compose(args) -> int:
     spec = compose.ComposeSpec(
         image=args.image, target=args.target, model=args.model, revision=args.revision,
@@ -182,8 +150,12 @@ def _script(args) -> int:
             settings.first_run(args.env_file, ui)
         s = settings.load(args.env_file, ui)
         if args.action == "start":
+            if args.allow_downgrade and not s["RELEASE_TAG"]:
+                raise Stop(2, "--allow-downgrade goes back to one release on purpose: set RELEASE_TAG to it",
+                           f"set RELEASE_TAG in {args.env_file} to the release to deploy")
             opts = run.Options(dry_run=args.dry_run, allow_unqualified=args.allow_unqualified,
-                               allow_no_gpu_runtime=args.allow_no_gpu_runtime, probe=args.probe)
+                               allow_no_gpu_runtime=args.allow_no_gpu_runtime, probe=args.probe,
+                               allow_downgrade=args.allow_downgrade)
             return run.Deploy(s, opts, ui).main()
         if args.action == "status":
             return ops.status(s, ui)
@@ -202,5 +174,5 @@ def execute(args) -> int:
     if args.action == "url":
         print(api.api_url(args.bind_address, args.port))
         return 0
-    actions = {"memory": _memory, "port": _port, "release": _release, "gate": _gate, "compose": _compose}
+    actions = {"memory": _memory, "port": _port, "compose": _compose}
     return actions[args.action](args)

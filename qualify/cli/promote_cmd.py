@@ -2,32 +2,54 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from qualify.config import targets
-from qualify.release import promote
+from qualify.core.errors import ConfigError, QualifyError
+from qualify.release import folder, promote
+from qualify.release.order import tag_problem
+from qualify.release.records import HOSTS_FILE
 
 
 def configure_parser(parser) -> None:
     parser.add_argument("tag", help="the release: manifests/TAG/")
     parser.add_argument("--evidence", type=Path, nargs="+", required=True,
-                        help="GPU evidence files start.sh saved (<target>.gpu-evidence.*.json)")
+                        help="GPU evidence files start.sh saved (<target>.gpu-evidence.*.json), each with its "
+                        ".sig/.sigstore.json beside it, or probe manifests (qualify gpu-evidence, qualify merge)")
     parser.add_argument("--manifests", type=Path, default=targets.REPO_ROOT / "manifests")
     parser.add_argument("--key", type=Path, default=Path("cosign.key"),
-                        help="the release key (password from COSIGN_PASSWORD or the terminal)")
+                        help="the release key (password from COSIGN_PASSWORD or the terminal); its public half "
+                        "must be the release's cosign.pub")
+    parser.add_argument("--hosts", type=Path, default=None,
+                        help=f"the enrolled hosts, signed with the release key (default: MANIFESTS/{HOSTS_FILE}; "
+                        "python -m qualify hosts add)")
+    parser.add_argument("--allow-unsigned-evidence", action="store_true",
+                        help="count evidence no enrolled host signed (recorded in the promotion record)")
     parser.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
 
 
 def execute(args) -> int:
-    folder = args.manifests / args.tag
-    if not folder.is_dir() or "/" in args.tag or args.tag in (".", ".."):
-        from qualify.core.errors import ConfigError
-
-        raise ConfigError(f"{folder}: no such release folder", hint="name a tag under manifests/")
+    if tag_problem(args.tag):
+        raise ConfigError(f"TAG: {tag_problem(args.tag)}", hint="name a release under manifests/")
+    release_dir = args.manifests / args.tag
+    if not release_dir.is_dir():
+        raise ConfigError(f"{release_dir}: no such release folder", hint="name a tag under manifests/")
     tf = targets.load(args.file)
-    for p in promote.promote(folder, args.tag, args.evidence, tf, promote.release_signer(args.key)):
-        s = p.standing
-        print(f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
-              f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}")
-        print(f"  wrote {p.manifest} and {p.record} (signed)")
+    sign, public = promote.release_signer(args.key)
+    promote.check_key(public, release_dir)
+    hosts_file = args.hosts or args.manifests / HOSTS_FILE
+    hosts = None
+    if hosts_file.exists() or args.hosts is not None:
+        try:
+            hosts = folder.read_hosts(hosts_file, public)
+        except QualifyError as exc:
+            raise ConfigError(f"the enrolled hosts cannot be used: {exc.message}", hint=exc.hint) from None
+    if args.allow_unsigned_evidence:
+        print("promote: WARNING: --allow-unsigned-evidence: evidence that no enrolled host signed counts; the "
+              "promotion record says so", file=sys.stderr)
+    done = promote.promote(release_dir, args.tag, args.evidence, tf, sign, public, hosts,
+                           args.allow_unsigned_evidence, progress=lambda m: print(m, file=sys.stderr))
+    for p in done:
+        print("\n".join(promote.summary_lines(p, args.allow_unsigned_evidence)))
     return 0

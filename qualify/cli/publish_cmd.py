@@ -31,9 +31,9 @@ def execute(args) -> int:
     opts = pub.PublishOptions(tag=args.tag, destination=pub.Destination.parse(text, where),
                               release_root=args.manifests, key=args.key, password=read_password(),
                               attest_build=not args.no_build_attestations)
-    record = pub.publish(opts)
+    record = pub.publish(opts).record
     if args.json:
-        print(json.dumps(record.as_dict(), indent=2, sort_keys=True))
+        print(json.dumps(record.as_json(), indent=2, sort_keys=True))
     else:
         print("\n".join(tag_message_lines(record)))
     return 0

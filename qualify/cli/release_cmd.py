@@ -76,7 +76,7 @@ def _registry_publish(args, opts: release.ReleaseOptions):
 
         popts = publish.PublishOptions(tag=opts.tag, destination=publish.Destination.parse(args.publish_to),
                                        release_root=opts.out_root, key=args.key, password=formats.read_password())
-        rec = publish.publish(popts)
+        rec = publish.publish(popts).record
         path = opts.directory / record.RECORD_FILE
         written = [p.name for p in (path, formats.signature_path(path), formats.bundle_path(path)) if p.exists()]
         return record.tag_message_lines(rec), written

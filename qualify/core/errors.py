@@ -21,7 +21,17 @@ class QualifyError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+        message, hint = printable(self.message, newlines=True), printable(self.hint)
+        return f"{message}\n  hint: {hint}" if hint else message
+
+
+def printable(text: str, newlines: bool = False) -> str:
+    """`text` with control characters escaped (\\x1b, \\r, and \\n unless `newlines`): a name cannot send
+    escape codes to a terminal or, in a one-line message, start a forged log line. Tabs stay."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == "\t" or (newlines and ch == "\n")
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 class ConfigError(QualifyError):

@@ -14,8 +14,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, UTF-8, two-space indent, newline at end: the same bytes every time."""
-    return (json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
+    """Sorted keys, UTF-8, two-space indent, newline at end: the same bytes every time.
+    NaN and infinities are refused (ValueError): they are not JSON, and no reader of ours takes them."""
+    return (json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=2, allow_nan=False) + "\n").encode("utf-8")
 
 
 def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> Path:

@@ -22,8 +22,10 @@ signature, depend only on its content.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from qualify.core.enums import CheckStatus, SupportLevel, Verdict
 from qualify.core.errors import VerificationError
@@ -33,6 +35,10 @@ from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://blackwell-qualify.dev/qualification/v1"
 SCHEMA_VERSION = 1
+
+# The one rule for a target's name (targets file, manifests, release folders, publication records).
+TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 # The host side (release, deploy, CLI) reads these two; the enums are the source.
 LEVELS = SupportLevel.values()
@@ -150,3 +156,107 @@ def check(stmt: Mapping[str, Any], check_id: str) -> Optional[Mapping[str, Any]]
         if c.get("id") == check_id:
             return c
     return None
+
+
+# --- the typed manifest -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    status: str  # as written; `known` says whether it is one of CheckStatus
+    required: bool
+    reason: str
+
+    @property
+    def known(self) -> bool:
+        return self.status in CheckStatus.values()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A qualification manifest as every stage reads it: built once from the bytes that were read (and,
+    where a signature is involved, verified), so no stage digs `predicate[...]` apart by hand.
+
+    Values are kept as written; `problems` lists what is not one of the known values (a verdict, a level,
+    a check status, a verdict its checks do not give), so damage is never read as a better verdict.
+    """
+
+    target: str
+    capability: str
+    platform: str
+    profile: str  # "" when the manifest does not record it
+    base_kind: str  # "" when not recorded
+    subject_name: str
+    digest: str  # sha256:<hex>, the Statement's subject
+    reference: str  # predicate.image.reference, "" when absent
+    verdict: str
+    support_level: str
+    checks: Tuple[Check, ...]
+    probe_sha256: str
+    source_revision: str
+    problems: Tuple[str, ...]
+    statement: Mapping[str, Any] = field(compare=False, repr=False)  # the parsed Statement (show, diff)
+
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> Manifest:
+        return cls.from_statement(parse(data, where), where)
+
+    @classmethod
+    def from_statement(cls, stmt: Mapping[str, Any], where: str) -> Manifest:
+        pred = predicate(stmt)
+        target = _mapping(pred.get("target"), f"{where}: predicate.target")
+        name = target.get("name")
+        if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
+            raise VerificationError(f"{where}: predicate.target.name {name!r} is not a target name "
+                                    "(lower-case letters, digits and '-', at most 32)")
+        digest = subject_digest(stmt)
+        if not DIGEST.fullmatch(digest):
+            raise VerificationError(f"{where}: the subject digest {digest[:80]!r} is not sha256:<64 hex>")
+        image = _mapping(pred.get("image") or {}, f"{where}: predicate.image")
+        recorded = image.get("digest")
+        if recorded is not None and recorded != digest:
+            raise VerificationError(f"image digest check failed: {where} is inconsistent: subject {digest}, "
+                                    f"predicate image digest {recorded}")
+        toolkit = _mapping(pred.get("toolkit") or {}, f"{where}: predicate.toolkit")
+        subject = stmt["subject"][0]
+        raw_checks = pred.get("checks")
+        checks = tuple(Check(str(c.get("id")), str(c.get("status")), c.get("required", True) is not False,
+                             str(c.get("reason") or ""))
+                       for c in raw_checks if isinstance(c, dict)) if isinstance(raw_checks, list) else ()
+        return cls(
+            target=name, capability=_text(target.get("capability")), platform=_text(target.get("platform")),
+            profile=_text(target.get("profile")), base_kind=_text(_mapping(pred.get("base") or {}, "base").get("kind")),
+            subject_name=_text(subject.get("name") if isinstance(subject, dict) else ""), digest=digest,
+            reference=_text(image.get("reference")), verdict=_text(pred.get("verdict")),
+            support_level=_text(pred.get("support_level")), checks=checks,
+            probe_sha256=_text(toolkit.get("probe_sha256")), source_revision=_text(toolkit.get("source_revision")),
+            problems=tuple(value_problems(stmt)), statement=stmt)
+
+    @property
+    def failing(self) -> Tuple[str, ...]:
+        return tuple(c.id for c in self.checks if c.status == CheckStatus.FAIL)
+
+    @property
+    def passes(self) -> bool:
+        """What `verify --require-pass` accepts: known values only, a verdict its checks give, none failing."""
+        return not self.problems and self.verdict != Verdict.FAIL and not self.failing and bool(self.verdict)
+
+    def verdict_refusal(self) -> str:
+        """Why `--require-pass` refuses it ("" when it does not)."""
+        if self.problems:
+            return "; ".join(self.problems)
+        if not self.passes:
+            detail = f"; failing checks: {', '.join(self.failing)}" if self.failing else ""
+            return f"verdict is {self.verdict or 'missing'}{detail}"
+        return ""
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise VerificationError(f"{where} is not an object")
+    return value
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)

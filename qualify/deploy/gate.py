@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from qualify.core import manifest as mf
 from qualify.core.enums import SupportLevel
@@ -25,22 +24,22 @@ class Decision:
     reason: str
 
 
-def gate_decision(result: Mapping[str, Any], require_pass_ok: bool) -> Decision:
-    """What the deploy does with a manifest whose signature and digest verified.
+def gate_decision(m: mf.Manifest) -> Decision:
+    """What the deploy does with a manifest whose signature, release and digest verified.
 
-    `result` is what `qualify verify` reports (without --require-pass);
-    `require_pass_ok` whether the same verification passed with it. Only a
-    level promoted by evidence (baseline, optimized) deploys without the GPU
-    checks running here first; experimental and unverified probe.
+    Only a level promoted by evidence (baseline, optimized) deploys without the GPU
+    checks running here first; experimental and unverified probe; a manifest that
+    `verify --require-pass` would refuse, or an unsupported level, is refused.
     """
-    level, verdict = result.get("support_level"), result.get("verdict")
-    failing = ", ".join(result.get("failing_checks") or [])
-    if not require_pass_ok or verdict == "fail":
-        detail = f" (failing checks: {failing})" if failing else ""
-        return Decision(Action.REFUSE.value, f"the manifest's verdict is {verdict}{detail}")
-    if level == "unsupported" or level not in mf.LEVELS:
+    level, verdict = m.support_level, m.verdict
+    if m.problems:
+        return Decision(Action.REFUSE.value, f"the manifest is damaged: {'; '.join(m.problems)}")
+    if not m.passes:
+        failing = f" (failing checks: {', '.join(m.failing)})" if m.failing else ""
+        return Decision(Action.REFUSE.value, f"the manifest's verdict is {verdict or 'missing'}{failing}")
+    if level == SupportLevel.UNSUPPORTED or level not in mf.LEVELS:
         return Decision(Action.REFUSE.value, f"the manifest's support level is {level or 'missing'}")
-    if level == "unverified" or verdict == "incomplete":
+    if level == SupportLevel.UNVERIFIED or verdict == "incomplete":
         return Decision(Action.PROBE.value, f"qualified only statically (support level {level}, verdict {verdict}): "
                         "the GPU checks must pass on this host first")
     if level not in PROVEN_LEVELS:

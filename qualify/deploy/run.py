@@ -15,12 +15,14 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.deploy import api, compose, gate, preflight
+from qualify.deploy import api, compose, gate, preflight, state
 from qualify.deploy import release as rel
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, Stop, Ui
 from qualify.release import evidence as ev
+from qualify.release.folder import KeyAnchor, TrustedKey
+from qualify.release.records import PUBLICATION_FILE
 
 HEALTH_POLL_S = 2
 PROGRESS_EVERY_S = 10
@@ -33,18 +35,20 @@ class Options:
     allow_unqualified: bool = False
     allow_no_gpu_runtime: bool = False
     probe: bool = False  # run the GPU checks here even when the level would skip them
+    allow_downgrade: bool = False  # with RELEASE_TAG: deploy a release older than one this host accepted
 
 
 @dataclass(frozen=True)
 class Trust:
-    """What the trust gate settled: the image, the manifest it rests on and why it may serve."""
+    """What the trust gate settled: the image, the verified manifest it rests on and why it may serve."""
 
     image: str
-    manifest: Optional[Path]
+    manifest: Optional[mf.Manifest]  # None only for --allow-unqualified with no release at all
+    folder: Optional[Path]  # the release folder the manifest was verified in (evidence is saved there)
     tag: str
     reason: str
     need_probe: bool
-    statement: Optional[Mapping[str, Any]] = None
+    accepted: Optional[state.Accepted] = None  # what this host remembers once it goes ahead
 
 
 class Deploy:
@@ -63,6 +67,10 @@ class Deploy:
                         f"image: {image}", "Its qualification does not vouch for it on this host."])
         return f"UNQUALIFIED (--allow-unqualified): {reason}"
 
+    def refuse(self, what: str, exc: QualifyError) -> Stop:
+        return Stop(EX_TRUST, f"trust gate: REFUSED: {what}: {exc.message}", *([exc.hint] if exc.hint else []),
+                    "this refusal cannot be overridden: nothing vouches for what the image is")
+
     def no_release(self, exc: NoReleaseError) -> Trust:
         image = self.s["IMAGE"]
         if rel.pinned(image) and self.s["RELEASE_PUBLIC_KEY"]:
@@ -70,71 +78,75 @@ class Deploy:
         self.ui.say(f"error: {exc}")
         if self.opts.allow_unqualified and rel.pinned(image):
             reason = self.override(f"no released manifest for {self.target}", image)
-            return Trust(image, None, "", reason, False)
+            return Trust(image, None, None, "", reason, False)
         raise Stop(EX_TRUST, f"trust gate: no released manifest for {self.target} (see above); nothing qualifies an image "
                    "for this GPU",
                    f"update this checkout to a release that has one (git pull --tags), or set RELEASE_TAG in {self.s.env_file}",
                    f"or, at your own risk: set IMAGE=registry/name@sha256:... in {self.s.env_file} and pass --allow-unqualified")
 
-    def release_files(self, manifests: Path) -> rel.ReleaseFiles:
-        """The release's files from this checkout, or from its GitHub release when RELEASE_TAG names one this
-        checkout lacks (a deploy host that cloned the source, not the release tag)."""
-        tag = self.s["RELEASE_TAG"]
+    def fetch(self, tag: str) -> None:
+        """RELEASE_TAG names a release this checkout lacks: its files from the GitHub release (verified as usual)."""
         try:
-            return rel.release_files(manifests, self.target, tag)
-        except NoReleaseError:
-            if not tag or (manifests / tag).exists():
-                raise
-            fetched = rel.fetch_release(manifests, tag, self.s["RELEASE_GITHUB_REPO"])
-            if fetched is None:
-                raise
+            fetched = rel.fetch_release(self.s.path("MANIFESTS_DIR"), tag, self.s["RELEASE_GITHUB_REPO"])
+        except DeployError as exc:
+            raise self.refuse(f"release {tag}", exc) from None
+        if fetched is not None:
             self.ui.say(f"release {tag}: fetched its files from the GitHub release into {fetched}")
-            return rel.release_files(manifests, self.target, tag)
+
+    def judge(self, accepted: state.Accepted) -> None:
+        """Against what this host accepted before (anti-rollback, state.py)."""
+        try:
+            known = state.load(self.s.path("DEPLOY_DIR"))
+            note = state.judge(known.get(self.target), accepted, key_pinned=bool(self.s["RELEASE_KEY_FINGERPRINT"]),
+                               tag_pinned=bool(self.s["RELEASE_TAG"]), allow_downgrade=self.opts.allow_downgrade)
+        except state.StateError as exc:
+            raise Stop(EX_TRUST, f"trust gate: REFUSED: {exc.message}", *([exc.hint] if exc.hint else []),
+                       "--allow-unqualified does not override this") from None
+        self.ui.say(f"trust gate: {note}")
+
+    def checked(self, m: mf.Manifest, override: str, published: Optional[str]) -> str:
+        """The image to deploy, after the verified manifest's target, capability and platform matched the GPU's."""
+        t = self.plan.target
+        try:
+            rel.check_for_gpu(m, t.name, str(t.capability), t.platform)
+            return rel.image_to_deploy(m, override, published)
+        except DeployError as exc:
+            raise self.refuse(f"the manifest for {self.target}", exc) from None
 
     def trust_gate(self) -> Trust:
-        from qualify.release import verify as vf  # cryptography: needed from here on, not for preflight
-
         manifests = self.s.path("MANIFESTS_DIR")
-        self.ui.say(f"trust gate: release {self.s['RELEASE_TAG'] or '(newest)'} for {self.target} under {manifests}")
+        tag, pin = self.s["RELEASE_TAG"], self.s["RELEASE_KEY_FINGERPRINT"]
+        self.ui.say(f"trust gate: release {tag or '(newest)'} for {self.target} under {manifests}")
         try:
-            files = self.release_files(manifests)
-            stmt = mf.load(files.manifest)
-            image = rel.image_to_deploy(stmt, self.target, self.s["IMAGE"])
-            pinned = self.s["RELEASE_KEY_FINGERPRINT"]
-            fingerprint = rel.check_key_fingerprint(files.public_key, pinned)
-            published = None if self.s["IMAGE"] else rel.published_image(files, self.target, mf.subject_digest(stmt))
+            release = rel.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch)
         except NoReleaseError as exc:
             return self.no_release(exc)
         except QualifyError as exc:
-            raise Stop(EX_TRUST, f"trust gate: the release manifest for {self.target} cannot be used: {exc}",
+            raise Stop(EX_TRUST, f"trust gate: REFUSED: the release for {self.target} does not verify: {exc.message}",
                        *([exc.hint] if exc.hint else []),
-                       f"restore the release folder from the release tag, or correct IMAGE / RELEASE_TAG in {self.s.env_file}",
-                       ) from None
-        if published:
-            self.ui.say(f"published: {published} (from {rel.PUBLISHED}, signed with the release key)")
-            image = published
-        self.ui.say(f"manifest: {files.manifest}; image: {image}")
-        self.ui.say(f"release key: {fingerprint}" + (" (pinned)" if pinned else
-                    f", from the release folder (pin it: RELEASE_KEY_FINGERPRINT in {self.s.env_file})"))
-        opts = vf.VerifyOptions(manifest=files.manifest, key=files.public_key, signature=files.signature, image=image)
-        try:
-            result = vf.verify(opts)
-        except QualifyError as exc:
-            raise Stop(EX_TRUST, f"trust gate: REFUSED {files.manifest}: its signature or image digest does not verify: {exc}",
-                       f"do not deploy this image; restore the release files (git checkout {files.tag} -- manifests/) "
-                       "or fetch the release again",
+                       f"do not deploy from it; restore the release folder (git checkout TAG -- manifests/) or fetch "
+                       f"the release again; or correct RELEASE_TAG / RELEASE_KEY_FINGERPRINT in {self.s.env_file}",
                        "this refusal cannot be overridden: nothing vouches for what the image is") from None
-        require_pass_ok = True
-        try:
-            vf.verify(replace(opts, require_pass=True))
-        except VerificationError as exc:
-            require_pass_ok = False
-            verdict_error = str(exc)
-        decision = gate.gate_decision(result.as_dict(), require_pass_ok)
-        trust = Trust(image, files.manifest, files.tag, decision.reason, False, stmt)
-        return self.decide(trust, decision, "" if require_pass_ok else verdict_error)
+        target = release.target(self.target)
+        m = target.manifest
+        published = None if self.s["IMAGE"] else release.published_reference(self.target)
+        image = self.checked(m, self.s["IMAGE"], published)
+        accepted = state.Accepted(self.target, release.tag, release.index.sequence, target.promotion_sequence,
+                                  release.index_sha256, target.manifest_sha256, release.key.fingerprint)
+        self.ui.say(f"release {release.tag}: sequence {release.index.sequence}"
+                    + (f", promotion {target.promotion_sequence} ({target.promotion.level})" if target.promotion else "")
+                    + f"; verified in {release.path}")
+        self.ui.say(f"release key: {release.key.fingerprint}" + (" (pinned)" if pin else
+                    f", from the release folder (pin it: RELEASE_KEY_FINGERPRINT in {self.s.env_file})"))
+        self.judge(accepted)
+        if published:
+            self.ui.say(f"published: {published} (from {PUBLICATION_FILE}, signed with the release key)")
+        self.ui.say(f"manifest: {release.path / target.entry.manifest_file}; image: {image}")
+        decision = gate.gate_decision(m)
+        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted)
+        return self.decide(trust, decision)
 
-    def decide(self, trust: Trust, decision: gate.Decision, verdict_error: str) -> Trust:
+    def decide(self, trust: Trust, decision: gate.Decision) -> Trust:
         """Deploy, probe first, or refuse (unless --allow-unqualified), as the gate decided."""
         if decision.action == gate.Action.DEPLOY.value:
             if self.opts.probe:
@@ -145,34 +157,30 @@ class Deploy:
         if decision.action == gate.Action.PROBE.value:
             self.ui.say(f"trust gate: {decision.reason}")
             return replace(trust, need_probe=True)
-        self.ui.say(f"error: {verdict_error}" if verdict_error else f"trust gate: {decision.reason}")
+        self.ui.say(f"error: verdict check failed: {decision.reason}")
         return replace(trust, reason=self.override(decision.reason, trust.image))
 
     def registry_trust(self, image: str) -> Trust:
-        """No manifest in this checkout: the signed qualification attestation that `nox -s publish` put beside
-        the image in its registry stands in for it (`qualify verify --image`)."""
+        """No release folder here: the signed attestations `nox -s publish` put beside the image in its
+        registry stand in for it (`qualify verify --image`)."""
         from qualify.publish import attestation_verify as av
 
-        key = self.s.path("RELEASE_PUBLIC_KEY")
         self.ui.say(f"trust gate: no release folder for {self.target}; verifying {image}'s attestation in its registry")
         try:
-            fingerprint = rel.check_key_fingerprint(key, self.s["RELEASE_KEY_FINGERPRINT"])
+            key = TrustedKey.read(self.s.path("RELEASE_PUBLIC_KEY"), VerificationError)
+            KeyAnchor(pinned=self.s["RELEASE_KEY_FINGERPRINT"]).accept(key.pem, key.source)
             result = av.verify_image(image, key)
         except QualifyError as exc:
-            raise Stop(EX_TRUST, f"trust gate: REFUSED {image}: its attestation in the registry does not verify: {exc}",
-                       *([exc.hint] if exc.hint else []),
-                       "this refusal cannot be overridden: nothing vouches for what the image is") from None
-        if result.target != self.target:
-            raise Stop(EX_TRUST, f"trust gate: REFUSED {image}: its attestation qualifies target {result.target!r}, "
-                       f"not this GPU's {self.target}", f"set IMAGE in {self.s.env_file} to the {self.target} image")
-        self.ui.say(f"attestation: {result.attestation}; release key {fingerprint}")
-        passes = result.require_pass_ok
-        decision = gate.gate_decision(result.as_dict(), passes)
-        stmt = {"predicate": {"target": {"name": result.target, "profile": result.profile}}}
-        trust = Trust(image, None, "", decision.reason, False, stmt)
-        verdict_error = "" if passes else f"the attested verdict is {result.verdict!r}" + (
-            f" with failing checks {', '.join(result.failing_checks)}" if result.failing_checks else "")
-        return self.decide(trust, decision, verdict_error)
+            raise self.refuse(f"{image}: its attestation in the registry does not verify", exc) from None
+        m = result.manifest
+        self.checked(m, image, None)
+        self.ui.say(f"attestation: {result.attestation}: release {result.release.tag} (sequence "
+                    f"{result.release.sequence}, promotion {result.release.promotion}); release key {key.fingerprint}")
+        accepted = state.Accepted(self.target, result.release.tag, result.release.sequence, result.release.promotion,
+                                  result.release.release_sha256, result.release.manifest_sha256, key.fingerprint)
+        self.judge(accepted)
+        decision = gate.gate_decision(m)
+        return self.decide(Trust(image, m, None, result.release.tag, decision.reason, False, accepted), decision)
 
     # --- GPU checks on this host ----------------------------------------------------
 
@@ -184,8 +192,7 @@ class Deploy:
         rt = self.plan.runtime
         gpus = {"nvidia": f"device={self.plan.gpu.uuid}", "cdi": "all"}.get(rt.kind)
         self.ui.say(f"GPU checks: running the probe inside the image on {self.plan.gpu.name} before serving")
-        profile = ((trust.statement or {}).get("predicate", {}).get("target") or {}).get("profile")
-        target = container.probe_target(self.plan.target, profile)
+        target = container.probe_target(self.plan.target, trust.manifest.profile if trust.manifest else None)
         engine = Engine(self.plan.engine.kind)
         engine.binary = self.plan.engine.cli  # the client preflight found answering
         try:
@@ -217,11 +224,11 @@ class Deploy:
             probe_sources_digest=sources,
             gpu=ev.Gpu(name=g.name, capability=g.capability, uuid_sha256=ev.hashed(g.uuid), driver=g.driver),
             host_id_sha256=ev.host_id(), time=ev.now(), outcome=outcome.outcome, reason=outcome.reason,
-            checks=tuple(outcome.checks), figures=figures)
+            checks=tuple(outcome.checks), figures=figures, run_id=str(predicate.get("run_id") or ""))
 
     def save_evidence(self, trust: Trust, record: ev.Evidence) -> Optional[Path]:
         # Beside the manifest; trusted from the registry alone, in the deploy folder.
-        folder = trust.manifest.parent if trust.manifest else self.s.path("DEPLOY_DIR") / "evidence"
+        folder = trust.folder or self.s.path("DEPLOY_DIR") / "evidence"
         path = folder / ev.file_name(self.target, record.time, record.host_id_sha256)
         try:
             ev.write(path, record)
@@ -230,11 +237,18 @@ class Deploy:
             return None
         self.ui.say(f"GPU evidence saved: {path} ({record.outcome.value})")
         self.evidence = (path, record)
+        self.sign_evidence()  # at once: a failure is evidence too, and must count as much as a pass
         return path
 
     def sign_evidence(self) -> None:
+        """With EVIDENCE_SIGNING_KEY, this host's signature beside the record (what `promote` needs from an
+        enrolled host); without it the record stays unsigned, and says so."""
         key = self.s["EVIDENCE_SIGNING_KEY"]
-        if not key or self.evidence is None:
+        if self.evidence is None:
+            return
+        if not key:
+            self.ui.warn("the GPU evidence is not signed (EVIDENCE_SIGNING_KEY is empty): `qualify promote` counts "
+                         "only evidence an enrolled host signed")
             return
         try:
             sig = ev.sign(self.evidence[0], self.s.path("EVIDENCE_SIGNING_KEY"))
@@ -255,7 +269,8 @@ class Deploy:
             tool_call_parser=s["TOOL_CALL_PARSER"], extra_args=tuple(s["EXTRA_SERVE_ARGS"].split()),
             extra_env=s.container_env, health_start_period_s=s.int("HEALTH_TIMEOUT_S"),
             labels=((f"{compose.LABEL_PREFIX}.image", trust.image),
-                    (f"{compose.LABEL_PREFIX}.manifest", str(trust.manifest or "none")),
+                    (f"{compose.LABEL_PREFIX}.manifest",
+                     str(trust.folder / f"{self.target}.json") if trust.folder else "none"),
                     (f"{compose.LABEL_PREFIX}.gate", trust.reason)))
         try:
             return compose.compose_json(spec)
@@ -354,6 +369,7 @@ class Deploy:
         record = record.with_figures(canary_ttft_s=figures.ttft_s, canary_tokens_per_s=figures.tokens_per_s)
         ev.write(path, record)
         self.evidence = (path, record)
+        self.sign_evidence()
 
     def summary(self, trust: Trust, url: str) -> str:
         s, g = self.s, self.plan.gpu
@@ -390,14 +406,13 @@ class Deploy:
             print(text, end="", flush=True)
             return 0
         self.compose_text(trust)  # settings that cannot make a compose file stop before anything is pulled
+        if trust.accepted is not None:
+            state.remember(self.s.path("DEPLOY_DIR"), trust.accepted)
         self.pull(trust.image)
         if trust.need_probe:
             trust, _ = self.probe_here(trust)
         cid = self.compose_up(self.compose_text(trust))
-        try:
-            self.wait_healthy(cid, url)
-            self.record_figures(self.canary(cid, url))
-        finally:
-            self.sign_evidence()
+        self.wait_healthy(cid, url)
+        self.record_figures(self.canary(cid, url))
         print(self.summary(trust, url), end="", flush=True)
         return 0

@@ -23,7 +23,41 @@ _PAIR = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)")
 _BLANK = re.compile(r"\s*(#.*)?")
 _QUOTED = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)')\s*(#.*)?""")
 INTEGERS = ("API_PORT", "MAX_MODEL_LEN", "HEALTH_TIMEOUT_S", "MIN_FREE_DISK_GIB", "LOG_TAIL_LINES")
-PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]*")
+PATHS = ("MANIFESTS_DIR", "DEPLOY_DIR", "RELEASE_PUBLIC_KEY", "EVIDENCE_SIGNING_KEY")
+MAX_PATH_CHARS = 1024
+MAX_NAME_CHARS = 255  # one path component, as Linux file systems allow
+PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def path_problem(value: str) -> str:
+    """Why a settings value cannot be a path ("" when it can): bounded, no control characters."""
+    if len(value) > MAX_PATH_CHARS:
+        return f"a path of {len(value)} characters (at most {MAX_PATH_CHARS})"
+    if not value.isprintable():
+        return "a path with control characters"
+    long = next((part for part in value.split("/") if len(part) > MAX_NAME_CHARS), None)
+    if long is not None:
+        return f"a path with a name of {len(long)} characters (at most {MAX_NAME_CHARS})"
+    return ""
+
+
+def value_problems(values: Mapping[str, str]) -> list:
+    """(key, problem) for every setting whose value cannot be used; checked before anything reads a path."""
+    from qualify.release.order import tag_problem
+
+    out = [(key, f"{values[key]!r} is not a whole number") for key in INTEGERS
+           if not re.fullmatch(r"[0-9]{1,9}", values[key])]
+    if not PROJECT.fullmatch(values["COMPOSE_PROJECT"]):
+        out.append(("COMPOSE_PROJECT", f"{values['COMPOSE_PROJECT']!r}: use lower-case letters, digits, '-' and '_' "
+                    "(at most 63)"))
+    out += [(key, path_problem(values[key])) for key in PATHS if path_problem(values[key])]
+    if values["RELEASE_TAG"] and tag_problem(values["RELEASE_TAG"]):
+        out.append(("RELEASE_TAG", tag_problem(values["RELEASE_TAG"])))
+    if values["RELEASE_KEY_FINGERPRINT"] and not FINGERPRINT.fullmatch(values["RELEASE_KEY_FINGERPRINT"]):
+        out.append(("RELEASE_KEY_FINGERPRINT", f"{values['RELEASE_KEY_FINGERPRINT'][:80]!r} is not sha256:<64 hex> "
+                    "(the fingerprint `qualify sign generate-key` and the release's tag message print)"))
+    return out
 
 
 def unquote(value: str) -> str:
@@ -107,11 +141,10 @@ def load(env_file: Path, ui: Ui, environ: Optional[Mapping[str, str]] = None) ->
     values = {k: environ.get(k, from_file.get(k, defaults.get(k, ""))) for k in known}
     extra = {k: v for k, v in from_file.items() if k.startswith(CONTAINER_ENV)}
     extra.update({k: v for k, v in environ.items() if k.startswith(CONTAINER_ENV)})
-    for key in INTEGERS:
-        if not re.fullmatch(r"[0-9]+", values[key]):
-            raise Stop(EX_USAGE, f"{key}={values[key]} in {env_file} is not a whole number", f"correct it in {env_file}")
-    if not PROJECT.fullmatch(values["COMPOSE_PROJECT"]):
-        raise Stop(EX_USAGE, f"COMPOSE_PROJECT={values['COMPOSE_PROJECT']}: use lower-case letters, digits, '-' and '_'",
-                   f"correct it in {env_file}")
+    problems = value_problems(values)
+    if problems:
+        key, problem = problems[0]
+        more = f" (and {len(problems) - 1} more: {', '.join(k for k, _ in problems[1:])})" if len(problems) > 1 else ""
+        raise Stop(EX_USAGE, f"{key} in {env_file}: {problem}{more}", f"correct it in {env_file}")
     container_env = tuple(sorted((k[len(CONTAINER_ENV):], v) for k, v in extra.items() if len(k) > len(CONTAINER_ENV)))
     return Settings(env_file, values, container_env)

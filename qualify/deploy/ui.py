@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from qualify.core.errors import shell_code
+from qualify.core.errors import printable, shell_code
 
 # The codes users rely on, from the one table in qualify/core/errors.py.
 EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = (
@@ -28,22 +28,24 @@ class Ui:
     def __init__(self, prog: str) -> None:
         self.prog = prog
 
+    # Every line goes through printable(): names from settings, folders and images reach these messages,
+    # and a newline or an escape code in one must not forge a line or reach the terminal as a command.
     def say(self, text: str) -> None:
-        print(f"[{self.prog}] {text}", file=sys.stderr, flush=True)
+        print(f"[{self.prog}] {printable(text)}", file=sys.stderr, flush=True)
 
     def warn(self, text: str) -> None:
-        print(f"[{self.prog}] WARNING: {text}", file=sys.stderr, flush=True)
+        print(f"[{self.prog}] WARNING: {printable(text)}", file=sys.stderr, flush=True)
 
     def error(self, stop: Stop) -> int:
-        lines = [f"[{self.prog}] ERROR: {stop.what}"] + [f"  fix: {fix}" for fix in stop.fixes]
+        lines = [f"[{self.prog}] ERROR: {printable(stop.what)}"] + [f"  fix: {printable(fix)}" for fix in stop.fixes]
         print("\n".join(lines), file=sys.stderr, flush=True)
         return stop.code
 
     def raw(self, text: str) -> None:
-        """A line of another program's output, or a check result, as it is."""
-        print(text, file=sys.stderr, flush=True)
+        """A line of another program's output, or a check result, with control characters escaped."""
+        print(printable(text), file=sys.stderr, flush=True)
 
     def banner(self, lines: Sequence[str]) -> None:
         """A box on stderr that nobody can miss."""
-        body = "\n".join(f"## {line}" for line in lines)
+        body = "\n".join(f"## {printable(line)}" for line in lines)
         print(f"\n{RULE}\n{body}\n{RULE}\n", file=sys.stderr, flush=True)

@@ -14,6 +14,10 @@ from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 from qualify.probe.subproc import run_snippet
 
 NO_ALLOCATOR = "no allocator was set"
+# The GPU checks every run with a GPU must pass to count as a pass (seed 000), whatever a record says
+# about `required`: `qualify promote` recomputes a run's outcome from these (release/evidence.py).
+# gpu.device only says which GPU it was; gpu.nccl-allreduce needs two GPUs.
+REQUIRED_GPU_CHECKS = ("gpu.memory", "gpu.triton-scratch", "gpu.bf16-matmul", "gpu.torch-compile")
 
 
 def device_check(gpus: Optional[List[Dict[str, str]]], target: arch.Capability) -> CheckResult:

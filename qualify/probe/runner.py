@@ -13,6 +13,7 @@ import platform
 import socket
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -106,6 +107,8 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     predicate: Dict[str, Any] = {
         "schema_version": manifest.SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # This run's own id: evidence from it counts once, however often or however it is handed in.
+        "run_id": uuid.uuid4().hex,
         "target": {"name": t.name, "capability": str(cap), "platform": t.platform,
                    "torch_cuda_arch_list": t.torch_cuda_arch_list,
                    "profile": t.profile.value if t.profile else None,
@@ -139,7 +142,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     for c in checks:
         # GPU checks count once a GPU is there to run them, and always when only
         # GPU checks were asked for (start.sh on a new host): not-run is never a pass.
-        if c.id.startswith("gpu.") and c.id not in ("gpu.device", "gpu.nccl-allreduce") and (has_gpu or scope == "gpu"):
+        if c.id in gpu.REQUIRED_GPU_CHECKS and (has_gpu or scope == "gpu"):
             c.required = True
     predicate["checks"] = [c.to_dict() for c in checks]
     predicate["scope"] = "gpu" if has_gpu and scope != "static" else "static"

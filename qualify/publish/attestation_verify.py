@@ -1,46 +1,63 @@
 """Verify an image from its registry alone: fetch its cosign-layout attestation
 (`sha256-<hex>.att`), verify the DSSE signature with the release key, check the
 Statement is about this image's digest, and report the qualification verdict.
-No local manifest is needed (start.sh on another host)."""
+No local manifest is needed (start.sh on another host).
+
+Anyone who can push to the repository can also push an attestation image: of the layers that verify with
+the release key, the newest signed release statement (by release order) decides which qualification
+statement counts; two different statements at the same place are refused, never chosen between."""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from qualify import skopeo
 from qualify.build.registry import Registry
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
-from qualify.core.errors import ConfigError, RegistryError, VerificationError
+from qualify.core.errors import ConfigError, RegistryError, VerificationError, printable
+from qualify.core.readlimit import strict_json
 from qualify.publish import dsse, oci
-from qualify.signing import formats
-from qualify.signing import keys as cosign_keys
+from qualify.release.folder import TrustedKey
+from qualify.release.records import RELEASE_STATEMENT_TYPE, ReleaseStatement
+from qualify.release.verify import check_verdict
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImageVerifyResult:
+    """An image's qualification as its registry attests it, every value from verified bytes."""
+
     image: str
     digest: str
     attestation: str
-    key: str
-    target: str
-    verdict: str
-    support_level: str
-    failing_checks: List[str] = field(default_factory=list)
-    predicate_types: List[str] = field(default_factory=list)
-    profile: str = ""
-    require_pass_ok: bool = False  # what `--require-pass` would say (known values only, no failing check)
+    key: str  # the release key's fingerprint
+    manifest: mf.Manifest
+    release: ReleaseStatement  # the newest signed release statement, which chose the manifest
+    release_statements: int  # how many verified release statements the attestations held
+    predicate_types: Tuple[str, ...] = ()
+
+    @property
+    def require_pass_ok(self) -> bool:
+        return self.manifest.passes
 
     def as_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        m = self.manifest
+        return {"image": self.image, "digest": self.digest, "attestation": self.attestation, "key": self.key,
+                "target": m.target, "capability": m.capability, "platform": m.platform, "profile": m.profile,
+                "verdict": m.verdict, "support_level": m.support_level, "failing_checks": list(m.failing),
+                "predicate_types": list(self.predicate_types), "require_pass_ok": self.require_pass_ok,
+                "release": {"tag": self.release.tag, "sequence": self.release.sequence,
+                            "promotion": self.release.promotion, "release_sha256": self.release.release_sha256,
+                            "manifest_sha256": self.release.manifest_sha256},
+                "release_statements": self.release_statements}
 
 
 def _insecure() -> tuple:
@@ -90,41 +107,74 @@ def fetch_layers(name: str, digest: str) -> List[tuple]:
     return out
 
 
-def verify_image(image: str, key: Path, require_pass: bool = False,
-                 predicate_type: str = mf.PREDICATE_TYPE) -> ImageVerifyResult:
-    try:
-        ref = ImageRef.parse(image)
-    except ImageRefError as exc:
-        raise ConfigError(f"--image: {exc}", hint="name[:tag][@sha256:...], e.g. ghcr.io/acme/sm120@sha256:...") from None
-    public_key = formats.load_public_key_file(key)
-    digest = resolve(ref)
-    att_ref = f"{ref.name}:{oci.att_tag(digest)}"
-    layers = fetch_layers(ref.name, digest)
-    chosen = [(layer, data) for layer, data in layers if layer.predicate_type == predicate_type]
-    if not chosen:
-        have = ", ".join(sorted({layer.predicate_type or "(none)" for layer, _ in layers}))
-        raise VerificationError(f"no attestation of type {predicate_type} at {att_ref} (it holds: {have})")
-    errors = []
-    for layer, data in chosen:
+def _verified_payloads(layers: List[tuple], key: TrustedKey, digest: str, att_ref: str) -> tuple:
+    """[(predicateType, payload bytes, Statement)] of every layer whose DSSE signature verifies with the key
+    and whose Statement is about this image; and why the others did not count."""
+    good, errors = [], []
+    for layer, data in layers:
         what = f"attestation {layer.digest[:19]}... at {att_ref}"
         try:
-            payload = dsse.verify(dsse.parse(data, what), public_key, what)
-            stmt = _statement(payload, what, predicate_type)
+            payload = dsse.verify(dsse.parse(data, what), key.key, what)
+            stmt = _statement(payload, what, layer.predicate_type)
             subject = _subject_digest(stmt, what)
             if subject != digest:
                 raise VerificationError(f"image digest check failed: {what} is about {subject}, not the image's "
                                         f"{digest} (an attestation copied from another image)")
-            return _result(image, digest, att_ref, public_key, stmt, require_pass, layers)
+            good.append((layer.predicate_type, payload, stmt))
         except VerificationError as exc:
             errors.append(exc.message)
-    raise VerificationError("; ".join(errors))
+    return good, errors
+
+
+def choose_release(good: List[tuple], att_ref: str, errors: List[str]) -> ReleaseStatement:
+    """The newest signed release statement (release order: version, sequence, promotion); two different
+    statements at the same place are ambiguity, refused."""
+    statements = [ReleaseStatement.from_predicate(stmt.get("predicate"), f"release statement at {att_ref}")
+                  for ptype, _, stmt in good if ptype == RELEASE_STATEMENT_TYPE]
+    if not statements:
+        why = f" (layers that did not verify: {'; '.join(errors)})" if errors else ""
+        raise VerificationError(f"no signed release statement at {att_ref}{why}: published by an older toolkit, or "
+                                "its attestations were replaced", hint="publish the release again: nox -s publish -- TAG")
+    best = max(statements, key=lambda r: r.order)
+    rivals = {r for r in statements if r.order == best.order and r != best}
+    if rivals:
+        raise VerificationError(f"{att_ref}: two different signed release statements claim {best.describe()} "
+                                f"(manifests {best.manifest_sha256[:12]}... and {next(iter(rivals)).manifest_sha256[:12]}...);"
+                                " refusing to choose", hint="re-publish the release from its release folder")
+    return best
+
+
+def verify_image(image: str, key, require_pass: bool = False) -> ImageVerifyResult:
+    """`key`: the release key (a TrustedKey already read, or the path of cosign.pub)."""
+    try:
+        ref = ImageRef.parse(image)
+    except ImageRefError as exc:
+        raise ConfigError(f"--image: {exc}", hint="name[:tag][@sha256:...], e.g. ghcr.io/acme/sm120@sha256:...") from None
+    key = key if isinstance(key, TrustedKey) else TrustedKey.read(Path(key))
+    digest = resolve(ref)
+    att_ref = f"{ref.name}:{oci.att_tag(digest)}"
+    layers = fetch_layers(ref.name, digest)
+    good, errors = _verified_payloads(layers, key, digest, att_ref)
+    release = choose_release(good, att_ref, errors)
+    chosen = [payload for ptype, payload, _ in good
+              if ptype == mf.PREDICATE_TYPE and hashlib.sha256(payload).hexdigest() == release.manifest_sha256]
+    if not chosen:
+        raise VerificationError(f"{att_ref}: no signed qualification statement is the one release "
+                                f"{release.describe()} names (sha256 {release.manifest_sha256[:12]}...)",
+                                hint="publish the release again: nox -s publish -- TAG")
+    manifest = mf.Manifest.parse(chosen[0], f"qualification statement at {att_ref}")
+    if manifest.target != release.target:
+        raise VerificationError(f"{att_ref}: the release statement is for {release.target}, its manifest for "
+                                f"{manifest.target}")
+    check_verdict(manifest, require_pass)
+    return ImageVerifyResult(image=image, digest=digest, attestation=att_ref, key=key.fingerprint, manifest=manifest,
+                             release=release, release_statements=sum(1 for p, _, _ in good
+                                                                     if p == RELEASE_STATEMENT_TYPE),
+                             predicate_types=tuple(sorted({layer.predicate_type for layer, _ in layers})))
 
 
 def _statement(payload: bytes, what: str, predicate_type: str) -> Dict[str, Any]:
-    try:
-        stmt = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError(f"{what}: the signed payload is not JSON") from None
+    stmt = strict_json(payload, f"{what}: the signed payload", VerificationError)
     if not isinstance(stmt, dict) or stmt.get("_type") != mf.STATEMENT_TYPE:
         raise VerificationError(f"{what}: the signed payload is not an in-toto Statement v1")
     if stmt.get("predicateType") != predicate_type:
@@ -140,35 +190,16 @@ def _subject_digest(stmt: Dict[str, Any], what: str) -> str:
         raise VerificationError(f"{what}: the Statement has no subject digest") from None
 
 
-def _result(image: str, digest: str, att_ref: str, public_key, stmt: Dict[str, Any], require_pass: bool,
-            layers: list) -> ImageVerifyResult:
-    """The same verdict rules as `qualify verify` of a manifest file (an allow-list of known values)."""
-    from qualify.release.verify import check_verdict
-
-    pred = stmt.get("predicate") or {}
-    failing = check_verdict(stmt, require_pass)
-    try:
-        check_verdict(stmt, True)
-        passes = True
-    except VerificationError:
-        passes = False
-    return ImageVerifyResult(image=image, digest=digest, attestation=att_ref,
-                             key=cosign_keys.fingerprint(public_key),
-                             target=str((pred.get("target") or {}).get("name", "")),
-                             verdict=str(pred.get("verdict", "unknown")),
-                             support_level=str(pred.get("support_level", "")), failing_checks=failing,
-                             predicate_types=sorted({layer.predicate_type for layer, _ in layers}),
-                             profile=str((pred.get("target") or {}).get("profile", "")), require_pass_ok=passes)
-
-
 def print_human(r: ImageVerifyResult, out=None) -> None:
+    m = r.manifest
     lines = [f"{r.image}: verified from the registry",
              f"  image digest:  {r.digest}",
              f"  attestation:   {r.attestation} ({', '.join(r.predicate_types)})",
              f"  signature:     OK (DSSE, key {r.key})",
+             f"  release:       {r.release.describe()}, the newest of {r.release_statements} signed release "
+             "statement(s) there",
              f"  subject:       OK (the Statement names {r.digest})",
-             f"  target:        {r.target or '(not recorded)'}",
-             f"  verdict:       {r.verdict}" + (f" (failing checks: {', '.join(r.failing_checks)})"
-                                                 if r.failing_checks else ""),
-             f"  support level: {r.support_level}"]
-    print("\n".join(lines), file=out)
+             f"  target:        {m.target} (capability {m.capability}, {m.platform})",
+             f"  verdict:       {m.verdict}" + (f" (failing checks: {', '.join(m.failing)})" if m.failing else ""),
+             f"  support level: {m.support_level}"]
+    print("\n".join(printable(line) for line in lines), file=out)

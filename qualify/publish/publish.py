@@ -2,10 +2,17 @@
 release by digest to a registry, attach its attestations the way cosign does,
 publish multi-platform indexes, and write manifests/<tag>/published.json.
 
-Order per target: image (digest kept, or refused naming both digests), then
-its attestations, then the record. Every step is idempotent: blobs the
-destination has are skipped, so an interrupted publish is resumed by running
-it again.
+The release is read through release/folder.py with the public half of the
+release key given (it must be the release's own key): only targets its signed
+index lists are published, from verified bytes.
+
+Order per target: the image by digest (digest kept, or refused naming both
+digests), then its attestations (qualification statement, release statement,
+SLSA, SBOM), and only then the version tag `<target>:<tag>`, so an interrupted
+publish never leaves a version-tagged image without its attestations. The
+record comes last. Every step is idempotent: blobs the destination has are
+skipped, so an interrupted publish is resumed by running it again, and the
+record holds no per-run facts, so a re-run writes the same bytes.
 """
 
 from __future__ import annotations
@@ -23,17 +30,12 @@ from qualify import __version__, skopeo
 from qualify.build.registry import Registry
 from qualify.config.targets import REPO_ROOT, lock_path
 from qualify.core.errors import ConfigError, RegistryError
-from qualify.core.fsutil import canonical_json, write_atomic
+from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
 from qualify.publish import dsse, interop, oci, referrers, sbom, slsa
-from qualify.publish.record import (
-    RECORD_FILE,
-    PublicationRecord,
-    PublishedImage,
-    PublishedIndex,
-    ReleasedImage,
-    released_images,
-)
+from qualify.publish.record import ReleasedImage, released_images
+from qualify.release import records as rec
+from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, read_release, write_signed_files
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
@@ -91,12 +93,13 @@ def _insecure() -> Tuple[str, ...]:
     return (Registry.from_env().address,)
 
 
-def _copy_image(img: ReleasedImage, dest_tag: str, progress: Progress):
-    result = skopeo.copy(f"docker://{img.source}", f"docker://{dest_tag}", label=img.target, progress=progress,
+def _copy_image(img: ReleasedImage, dest: str, progress: Progress, source: str = ""):
+    """Copy to `dest` (by digest, or the version tag at the end) and read back what it serves there."""
+    result = skopeo.copy(f"docker://{source or img.source}", f"docker://{dest}", label=img.target, progress=progress,
                          insecure_hosts=_insecure())
-    served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest_tag}", _insecure(), what=f"reading back {dest_tag}"))
+    served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest}", _insecure(), what=f"reading back {dest}"))
     if served != img.digest:
-        raise RegistryError(f"{img.target}: the destination serves {dest_tag} as {served}, but the release names "
+        raise RegistryError(f"{img.target}: the destination serves {dest} as {served}, but the release names "
                             f"{img.digest}; refusing a copy that changed the digest",
                             hint="the registry rewrote the manifest; publish to a registry that stores it as pushed")
     return result
@@ -123,11 +126,18 @@ def _sbom_statement(opts: PublishOptions, img: ReleasedImage, name: str, lock: P
     return sbom.statement(name, img.digest, document)
 
 
-def attestation_statements(opts: PublishOptions, img: ReleasedImage, name: str,
+def release_statement(release: VerifiedRelease, img: ReleasedImage) -> rec.ReleaseStatement:
+    return rec.ReleaseStatement(release.tag, release.index.sequence, img.promotion, release.index.time,
+                                release.index_sha256, img.target, img.manifest_sha256)
+
+
+def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: ReleasedImage, name: str,
                            progress: Progress) -> List[Tuple[bytes, str]]:
     """(statement bytes, predicateType) for the image: the qualification manifest exactly as
-    released, then SLSA provenance and the SBOM when the build record is here."""
-    out = [(img.manifest_bytes, QUALIFICATION_TYPE)]
+    released, the release statement that says which release (and promotion) it is, then SLSA
+    provenance and the SBOM when the build record is here."""
+    out = [(img.manifest_bytes, QUALIFICATION_TYPE),
+           (canonical_json(release_statement(release, img).statement(name, img.digest)), rec.RELEASE_STATEMENT_TYPE)]
     if not opts.attest_build:
         return out
     record = _build_record(opts, img)
@@ -166,9 +176,9 @@ def push_document(doc: oci.Document, dest: str, label: str, progress: Progress, 
                     insecure_hosts=_insecure())
 
 
-def attach(opts: PublishOptions, img: ReleasedImage, repo_ref: str, private_key,
+def attach(opts: PublishOptions, release: VerifiedRelease, img: ReleasedImage, repo_ref: str, private_key,
            progress: Progress) -> Tuple[str, List[str], str]:
-    statements = attestation_statements(opts, img, repo_ref, progress)
+    statements = attestation_statements(opts, release, img, repo_ref, progress)
     envelopes = [(dsse.sign(private_key, body).to_json(), ptype) for body, ptype in statements]
     att_ref = f"{repo_ref}:{oci.att_tag(img.digest)}"
     push_document(oci.attestation_image(envelopes), att_ref, f"{img.target} attestations", progress)
@@ -204,7 +214,7 @@ def _groups(images: Sequence[ReleasedImage]) -> Dict[str, List[ReleasedImage]]:
     return {cap: imgs for cap, imgs in by_cap.items() if len({i.platform for i in imgs}) > 1}
 
 
-def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], progress: Progress) -> PublishedIndex:
+def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], progress: Progress) -> rec.PublishedIndex:
     """One tag for a capability built for several platforms: an OCI index in `cc<major><minor>`,
     whose children are copied into that repository first (a registry refuses dangling children)."""
     name = "cc" + cap.replace(".", "")
@@ -224,39 +234,59 @@ def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], pro
     served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest}", _insecure()))
     if served != doc.digest:
         raise RegistryError(f"{dest}: the registry serves {served}, not the index we pushed ({doc.digest})")
-    return PublishedIndex(cap, dest, f"{repo_ref}@{doc.digest}", [i.target for i in imgs])
+    return rec.PublishedIndex(cap, dest, f"{repo_ref}@{doc.digest}", tuple(i.target for i in imgs))
 
 
-def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> PublicationRecord:
-    images = released_images(opts.release_dir)
+def read_signed_release(opts: PublishOptions, private_key) -> VerifiedRelease:
+    """The release, verified with the public half of the key that signs the attestations: a release signed
+    with another key is not published under this one."""
+    public = TrustedKey.from_bytes(cosign_keys.public_key_pem(private_key.public_key()), f"the public half of {opts.key}")
+    return read_release(opts.release_dir, KeyAnchor(trusted=public))
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish did: the signed record (the same bytes every run) and this run's own copies."""
+
+    record: rec.Publication
+    copies: Dict[str, skopeo.CopyResult]  # per target: seconds, blobs sent, blobs the registry had
+
+
+def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> Published:
+    if not opts.release_dir.is_dir():
+        raise ConfigError(f"{opts.release_dir}: no such release folder", hint="run `nox -s release -- TAG` first")
     key = cosign_keys.load_private_key(formats._read(opts.key, "private key"), opts.password, what=str(opts.key))
     formats._require_p256(key, str(opts.key))
-    record = PublicationRecord(opts.tag, str(opts.destination), cosign_keys.fingerprint(key.public_key()))
+    release = read_signed_release(opts, key)
+    images = released_images(release)
+    published, copies = [], {}
     for img in images:
         repo_ref = opts.destination.ref(img.target)
-        dest_tag = f"{repo_ref}:{opts.tag}"
-        progress(f"[publish] {img.target}: {img.source} -> {dest_tag}")
-        copied = _copy_image(img, dest_tag, progress)
-        att_ref, types, note = attach(opts, img, repo_ref, key, progress)
-        record.images.append(PublishedImage(
-            target=img.target, reference=f"{repo_ref}@{img.digest}", tag=dest_tag, digest=img.digest,
-            source=img.source, attestations=att_ref, predicate_types=types, referrers=note,
-            seconds=copied.seconds, blobs_skipped=len(copied.skipped), blobs_sent=len(copied.copied)))
-        progress(f"[publish] {img.target}: {repo_ref}@{img.digest} ({copied.seconds:.1f} s, "
+        by_digest, dest_tag = f"{repo_ref}@{img.digest}", f"{repo_ref}:{opts.tag}"
+        progress(f"[publish] {img.target}: {img.source} -> {by_digest}")
+        copied = copies[img.target] = _copy_image(img, by_digest, progress)
+        att_ref, types, note = attach(opts, release, img, repo_ref, key, progress)
+        _copy_image(img, dest_tag, progress, source=by_digest)  # the version tag last: attested before it is named
+        published.append(rec.PublishedImage(
+            target=img.target, reference=by_digest, tag=dest_tag, digest=img.digest, source=img.source,
+            attestations=att_ref, predicate_types=tuple(types), referrers=note))
+        progress(f"[publish] {img.target}: {by_digest}, tagged {opts.tag} ({copied.seconds:.1f} s, "
                  f"{len(copied.copied)} blobs sent, {len(copied.skipped)} already there)")
-    for cap, imgs in sorted(_groups(images).items()):
-        record.indexes.append(publish_index(opts, cap, imgs, progress))
-    write_record(opts.release_dir, record, key)
-    return record
+    indexes = tuple(publish_index(opts, cap, imgs, progress) for cap, imgs in sorted(_groups(images).items()))
+    record = rec.Publication(opts.tag, release.index_sha256, str(opts.destination), release.key.fingerprint,
+                             tuple(published), indexes)
+    write_record(opts, record, key, release.key)
+    return Published(record, copies)
 
 
-def write_record(release_dir: Path, record: PublicationRecord, private_key) -> Path:
-    """published.json (canonical JSON) and its signature and bundle, in cosign's blob formats."""
-    data = canonical_json(record.as_dict())
-    sig = formats.sign_bytes(private_key, data)
-    path = release_dir / RECORD_FILE
-    write_atomic(formats.signature_path(path), formats.encode_signature(sig))
-    write_atomic(formats.bundle_path(path), formats.bundle_bytes(formats.make_bundle(data, sig,
-                                                                                     private_key.public_key())))
-    write_atomic(path, data)  # last: present means complete
-    return path
+def write_record(opts: PublishOptions, record: rec.Publication, private_key, public: TrustedKey) -> Path:
+    """published.json and its signature and bundle (cosign's blob formats), replaced together."""
+
+    def sign(path: Path) -> None:
+        data = path.read_bytes()
+        sig = formats.sign_bytes(private_key, data)
+        formats.signature_path(path).write_bytes(formats.encode_signature(sig))
+        formats.bundle_path(path).write_bytes(formats.bundle_bytes(formats.make_bundle(data, sig, public.key)))
+
+    write_signed_files(opts.release_dir, [(rec.PUBLICATION_FILE, record.to_bytes())], sign, public)
+    return opts.release_dir / rec.PUBLICATION_FILE

@@ -23,7 +23,6 @@ def collect(source: Path) -> List[Candidate]:
     return [Candidate(p.stem, p, read_small(p, MANIFEST_LIMIT, "manifest", ReleaseError)) for p in paths]
 
 
-
 def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optional[str]:
     pred = mf.predicate(stmt)
     named = target_name(stmt)
@@ -43,7 +42,6 @@ def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optiona
     return None
 
 
-
 def _recorded_build_digest(repo: Path, stmt: Mapping[str, Any], target: str) -> Optional[Tuple[str, str]]:
     """(record file, digest) of the build this checkout last recorded for the manifest's target/profile/base."""
     labels = (mf.predicate(stmt).get("image") or {}).get("labels") or {}
@@ -59,7 +57,6 @@ def _recorded_build_digest(repo: Path, stmt: Mapping[str, Any], target: str) -> 
     if not isinstance(reference, str) or "@" not in reference:
         raise ReleaseError(f"{record}: build record has no image_reference by digest", hint="rebuild the target")
     return str(record.relative_to(repo)), reference.split("@", 1)[1]
-
 
 
 def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[Path] = None) -> Union[ReleasedTarget, Withheld]:
@@ -92,10 +89,9 @@ def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[
         match_digest(stmt, reference, served)
     except VerificationError as exc:
         return Withheld(c.target, f"{exc.message} (the registry serves {served} for {reference})")
-    revision = (pred.get("toolkit") or {}).get("source_revision")
-    return ReleasedTarget(c.target, reference, served, hashlib.sha256(c.data).hexdigest(), pred["support_level"],
-                 pred["verdict"], revision if isinstance(revision, str) else "")
-
+    m = mf.Manifest.from_statement(stmt, str(c.path))
+    return ReleasedTarget(c.target, reference, served, hashlib.sha256(c.data).hexdigest(), m.support_level,
+                          m.verdict, m.source_revision, m.capability, m.platform, m.profile)
 
 
 def assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: ImageResolver,

@@ -1,10 +1,18 @@
 """GPU evidence records: what a Blackwell host proved about one released image.
 
 The deploy writes one record per run of the on-host GPU checks, beside the
-release's manifest; `qualify promote` reads them. A record is self-contained
-and bound to the image digest, the probe's sources digest and the GPU, so a
-release engineer can tell what it is about without the host. Host identity
-and GPU UUID are hashed: evidence travels, serial numbers need not.
+release's manifest, and signs it with the host's key; `qualify promote` reads
+them. A record is self-contained and bound to the image digest, the probe's
+sources digest, the GPU and the probe's run id, so a release engineer can tell
+what it is about without the host. Host identity and GPU UUID are hashed:
+evidence travels, serial numbers need not.
+
+What a record *declares* is never taken as written: its outcome is recomputed
+from its checks with an allow-list (`outcome_of`), its time is parsed, its
+checks are validated against the manifest schema's definition of a check, and
+its identity (`identity`) is semantic, so the same run counts once however it
+is serialised. Who may vouch for a record is the release engineer's list of
+enrolled hosts (records.EnrolledHosts), checked by `signed_by`.
 """
 
 from __future__ import annotations
@@ -16,15 +24,19 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from qualify.core.errors import ConfigError
+from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
-from qualify.core.readlimit import read_small
+from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
+from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
 MAX_BYTES = 4 << 20  # a record is a few kB; refuse anything that is not one
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+CLOCK_SKEW = dt.timedelta(minutes=10)  # a record from the future beyond this is refused
+# RFC 3339 date-time (section 5.6), any offset, optional fraction; parsed, then written as UTC `...Z`.
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})")
 
 
 class Outcome(str, enum.Enum):
@@ -57,11 +69,12 @@ class Evidence:
     probe_sources_digest: str
     gpu: Gpu
     host_id_sha256: str
-    time: str  # UTC, RFC 3339, seconds
+    time: str  # UTC, RFC 3339, seconds, `Z` (normalised when read)
     outcome: Outcome
     reason: str
     checks: Tuple[Mapping[str, Any], ...] = ()
     figures: Mapping[str, float] = field(default_factory=dict)
+    run_id: str = ""  # the probe's id of the run ("" from a probe older than run ids)
 
     def as_dict(self) -> Dict[str, Any]:
         doc = asdict(self)
@@ -73,14 +86,29 @@ class Evidence:
     def to_bytes(self) -> bytes:
         return canonical_json(self.as_dict())
 
-    @property
-    def digest(self) -> str:
-        """Its identity: the same record, however often it is handed in, counts once."""
-        return "sha256:" + hashlib.sha256(self.to_bytes()).hexdigest()
-
     def with_figures(self, **figures: float) -> Evidence:
         merged = {**self.figures, **{k: v for k, v in figures.items() if v is not None}}
         return Evidence(**{**self.__dict__, "figures": merged})
+
+    @property
+    def when(self) -> dt.datetime:
+        return parse_time(self.time, "time")
+
+
+def identity(image_digest: str, probe_sources_digest: str, gpu_uuid_sha256: str, host: str, run_id: str,
+             time: str) -> str:
+    """A run's identity, the same however its record is serialised: image, probe, GPU, who vouches for it
+    (the enrolled host's name, or `unsigned:` and the hashed host id), the probe's run id and the time
+    (normalised: parsed, written as UTC). The one identity function of promote and merge."""
+    fields = {"image_digest": image_digest, "probe_sources_digest": probe_sources_digest,
+              "gpu_uuid_sha256": gpu_uuid_sha256, "host": host, "run_id": run_id,
+              "time": normal_time(time, "time")}
+    return hashlib.sha256(canonical_json(fields)).hexdigest()
+
+
+def record_identity(record: Evidence, host: str = "") -> str:
+    return identity(record.image_digest, record.probe_sources_digest, record.gpu.uuid_sha256,
+                    host or f"unsigned:{record.host_id_sha256}", record.run_id, record.time)
 
 
 def hashed(text: str) -> str:
@@ -102,6 +130,29 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(text: Any, where: str) -> dt.datetime:
+    """An RFC 3339 time (any offset, with or without a fraction), as an aware UTC datetime; else EvidenceError.
+    Never compared as text: `1970-...`, `0` or a leading space cannot sort a record anywhere."""
+    m = _RFC3339.fullmatch(text) if isinstance(text, str) else None
+    if not m:
+        raise EvidenceError(f"{where}: {str(text)[:60]!r} is not an RFC 3339 time (e.g. 2026-12-01T09:15:00Z)",
+                            hint="hand in the file the probe or start.sh wrote, unchanged")
+    year, month, day, hour, minute, second, _, offset = m.groups()
+    try:
+        when = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second),
+                           tzinfo=dt.timezone.utc)
+    except ValueError:
+        raise EvidenceError(f"{where}: {text!r} is not a real date and time") from None
+    if offset not in ("Z", "z"):
+        sign = 1 if offset[0] == "+" else -1
+        when -= sign * dt.timedelta(hours=int(offset[1:3]), minutes=int(offset[4:6]))
+    return when
+
+
+def normal_time(text: Any, where: str) -> str:
+    return parse_time(text, where).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def file_name(target: str, when: str, host_hash: str) -> str:
     """`<target>.gpu-evidence.<time>.<host>.json`: one file per run, sorted by time."""
     stamp = when.replace("-", "").replace(":", "")
@@ -112,12 +163,82 @@ def write(path: Path, evidence: Evidence) -> Path:
     return write_atomic(path, evidence.to_bytes())
 
 
-# --- reading ---------------------------------------------------------------------
+# --- the outcome, computed here ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    outcome: Outcome
+    reason: str
+    checks: Sequence[Mapping[str, Any]]
+
+
+def _named(checks: Sequence[Mapping[str, Any]]) -> str:
+    return "; ".join(f"{c.get('id')}: {c.get('status')}: {c.get('reason', '')}" for c in checks)
+
+
+def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str) -> ProbeOutcome:
+    """Seed 000's outcome of one run, by an allow-list over the GPU checks this toolkit requires
+    (probe/gpu.py: REQUIRED_GPU_CHECKS), whatever the record says about `required`:
+
+    - a required check that failed: a product failure;
+    - every required check present and `pass`, on a GPU of the target's capability: a pass;
+    - anything else (missing, not-run, warn, a timeout, a status nobody knows, another GPU): infrastructure,
+      which proves nothing either way and is never a pass.
+    """
+    gpu_checks = [c for c in checks if str(c.get("id", "")).startswith("gpu.")]
+    by_id = {str(c.get("id")): c for c in gpu_checks}
+    failed = [by_id[i] for i in REQUIRED_GPU_CHECKS if i in by_id and by_id[i].get("status") == "fail"]
+    if failed:
+        return ProbeOutcome(Outcome.PRODUCT_FAILURE, _named(failed), gpu_checks)
+    missing = [i for i in REQUIRED_GPU_CHECKS if i not in by_id]
+    if missing:
+        return ProbeOutcome(Outcome.INFRASTRUCTURE, f"required GPU checks missing: {', '.join(missing)}", gpu_checks)
+    unpassed = [by_id[i] for i in REQUIRED_GPU_CHECKS if by_id[i].get("status") != "pass"]
+    if unpassed:
+        return ProbeOutcome(Outcome.INFRASTRUCTURE, _named(unpassed), gpu_checks)
+    if seen_capability != capability:
+        return ProbeOutcome(Outcome.INFRASTRUCTURE,
+                            f"the probe saw capability {seen_capability or 'none'}, not {capability}", gpu_checks)
+    return ProbeOutcome(Outcome.PASS, f"{len(REQUIRED_GPU_CHECKS)} required GPU checks passed", gpu_checks)
+
+
+def probe_outcome(predicate: Mapping[str, Any], capability: str) -> ProbeOutcome:
+    """The outcome of a probe run's predicate (the GPU checks run here, or a probe manifest)."""
+    devices = [d for d in (predicate.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
+    seen = str((devices[0] if devices else {}).get("compute_cap", ""))
+    checks = [c for c in predicate.get("checks") or [] if isinstance(c, dict)]
+    return outcome_of(checks, seen, capability)
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def _check_schema():
+    """The manifest schema's definition of a check, as a validator (jsonschema; host side only)."""
+    import jsonschema
+
+    from qualify.qualification.stage import SCHEMA as SCHEMA_FILE
+
+    schema = json.loads(SCHEMA_FILE.read_text())
+    return jsonschema.Draft202012Validator({"$defs": schema["$defs"], "type": "array",
+                                            "items": {"$ref": "#/$defs/check"}})
+
+
+def _valid_checks(checks: Any, where: str) -> Tuple[Mapping[str, Any], ...]:
+    if not isinstance(checks, list):
+        raise EvidenceError(f"{where}: field 'checks' must be a list of checks")
+    errors = sorted(_check_schema().iter_errors(checks), key=lambda e: list(e.path))
+    if errors:
+        at = "/".join(str(p) for p in errors[0].absolute_path)
+        raise EvidenceError(f"{where}: checks/{at}: {errors[0].message}",
+                            hint="hand in the file start.sh or the probe wrote, unchanged")
+    return tuple(checks)
 
 
 def _field(doc: Mapping[str, Any], key: str, where: str, kind: type = str) -> Any:
     value = doc.get(key)
-    if not isinstance(value, kind) or (kind is str and not value):
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool) or (kind is str and not value):
         raise EvidenceError(f"{where}: field {key!r} is missing or not a {kind.__name__}",
                             hint="hand in the file start.sh wrote beside the manifest, unchanged")
     return value
@@ -130,40 +251,54 @@ def _digest_field(doc: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
+_RECORD_KEYS = {"schema", "release", "target", "capability", "image_reference", "image_digest",
+                "probe_sources_digest", "gpu", "host_id_sha256", "time", "outcome", "reason", "checks", "figures",
+                "run_id"}
+
+
 def parse(data: bytes, where: str) -> Evidence:
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EvidenceError(f"{where}: not a JSON evidence record: {exc}") from None
+    """A start.sh evidence record: strict JSON, every field checked, its outcome recomputed from its checks."""
+    doc = strict_json(data, where, EvidenceError)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise EvidenceError(f"{where}: not a GPU evidence record (schema {SCHEMA})",
                             hint="start.sh writes these as <target>.gpu-evidence.*.json beside the manifest")
+    unknown = sorted(set(doc) - _RECORD_KEYS)
+    if unknown:
+        raise EvidenceError(f"{where}: has fields this toolkit does not know: {', '.join(unknown[:5])}",
+                            hint="hand in the file start.sh wrote, unchanged")
     gpu = _field(doc, "gpu", where, dict)
     try:
-        outcome = Outcome(_field(doc, "outcome", where))
+        declared = Outcome(_field(doc, "outcome", where))
     except ValueError:
         raise EvidenceError(f"{where}: field 'outcome' is {doc.get('outcome')!r}; one of "
                             f"{', '.join(o.value for o in Outcome)} expected") from None
     figures = doc.get("figures") or {}
-    if not isinstance(figures, dict) or not all(isinstance(v, (int, float)) for v in figures.values()):
+    if not isinstance(figures, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                for v in figures.values()):
         raise EvidenceError(f"{where}: field 'figures' must map names to numbers")
-    checks = doc.get("checks") or []
-    if not isinstance(checks, list) or not all(isinstance(c, dict) for c in checks):
-        raise EvidenceError(f"{where}: field 'checks' must be a list of objects")
-    ev = Evidence(
+    run_id = doc.get("run_id", "")
+    if not isinstance(run_id, str):
+        raise EvidenceError(f"{where}: field 'run_id' is not a string")
+    record = Evidence(
         release=_field(doc, "release", where), target=_field(doc, "target", where),
         capability=_field(doc, "capability", where), image_reference=_field(doc, "image_reference", where),
         image_digest=_digest_field(doc, "image_digest", where),
         probe_sources_digest=_digest_field(doc, "probe_sources_digest", where),
         gpu=Gpu(name=_field(gpu, "name", f"{where}: gpu"), capability=_field(gpu, "capability", f"{where}: gpu"),
                 uuid_sha256=_field(gpu, "uuid_sha256", f"{where}: gpu"), driver=str(gpu.get("driver") or "")),
-        host_id_sha256=_digest_field(doc, "host_id_sha256", where), time=_field(doc, "time", where),
-        outcome=outcome, reason=str(doc.get("reason") or ""), checks=tuple(checks), figures=figures,
-    )
-    if ev.to_bytes() != canonical_json(doc):
-        raise EvidenceError(f"{where}: has fields this toolkit does not know",
-                            hint="hand in the file start.sh wrote, unchanged")
-    return ev
+        host_id_sha256=_digest_field(doc, "host_id_sha256", where),
+        time=normal_time(doc.get("time"), f"{where}: field 'time'"), outcome=declared,
+        reason=str(doc.get("reason") or ""), checks=_valid_checks(doc.get("checks"), where),
+        figures={str(k): float(v) for k, v in figures.items()}, run_id=run_id)
+    return _agreed(record, outcome_of(record.checks, record.gpu.capability, record.capability), where)
+
+
+def _agreed(record: Evidence, computed: ProbeOutcome, where: str) -> Evidence:
+    if computed.outcome != record.outcome:
+        raise EvidenceError(f"{where}: declares outcome {record.outcome.value!r}, but its checks give "
+                            f"{computed.outcome.value!r} ({computed.reason}); refused",
+                            hint="the outcome is computed from the checks, never taken as written")
+    return Evidence(**{**record.__dict__, "reason": computed.reason})
 
 
 def load(path: Path) -> Evidence:
@@ -176,58 +311,13 @@ def _read(path: Path) -> bytes:
 
 
 def sign(path: Path, key_file: Path, password: Optional[bytes] = None) -> Path:
-    """The host's own signature over the record (optional): PATH.sig beside it."""
+    """The host's own signature over the record: PATH.sig and PATH.sigstore.json beside it."""
+    from qualify.signing import formats
     from qualify.signing.signer import key_signer
 
     signer, _ = key_signer("builtin", key_file, password)
-    signer.sign_file(path, path.with_name(path.name + ".sig"), path.with_name(path.name + ".bundle"))
-    return path.with_name(path.name + ".sig")
-
-
-def checks_summary(checks: List[Mapping[str, Any]]) -> str:
-    return ", ".join(f"{c.get('id')} {c.get('status')}" for c in checks)
-
-
-# --- the GPU checks run here ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProbeOutcome:
-    outcome: Outcome
-    reason: str
-    checks: Sequence[Mapping[str, Any]]
-
-
-def _gpu_checks(predicate: Mapping[str, Any]) -> List[Mapping[str, Any]]:
-    return [c for c in predicate.get("checks") or [] if str(c.get("id", "")).startswith("gpu.")]
-
-
-def _named(checks: Sequence[Mapping[str, Any]]) -> str:
-    return "; ".join(f"{c.get('id')}: {c.get('status')}: {c.get('reason', '')}" for c in checks)
-
-
-def probe_outcome(predicate: Mapping[str, Any], capability: str) -> ProbeOutcome:
-    """Pass only when every required GPU check passed on a GPU of the target's capability.
-
-    A required check that failed is a product failure; one that did not run
-    (no GPU visible, a timeout) is infrastructure: it proves nothing either way.
-    """
-    checks = _gpu_checks(predicate)
-    required = [c for c in checks if c.get("required", True)]
-    failed = [c for c in required if c.get("status") == "fail"]
-    if failed:
-        return ProbeOutcome(Outcome.PRODUCT_FAILURE, _named(failed), checks)
-    not_run = [c for c in required if c.get("status") == "not-run"]
-    if not_run:
-        return ProbeOutcome(Outcome.INFRASTRUCTURE, _named(not_run), checks)
-    if not required:
-        return ProbeOutcome(Outcome.INFRASTRUCTURE, "the probe reported no required GPU check", checks)
-    devices = (predicate.get("gpu") or {}).get("devices") or []
-    seen = str((devices[0] if devices else {}).get("compute_cap", ""))
-    if seen != capability:
-        return ProbeOutcome(Outcome.INFRASTRUCTURE, f"the probe saw capability {seen or 'none'}, not {capability}",
-                            checks)
-    return ProbeOutcome(Outcome.PASS, f"{len(required)} required GPU checks passed", checks)
+    signer.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
+    return formats.signature_path(path)
 
 
 # --- evidence from a probe Statement (qualify gpu-evidence, a Kubernetes Job, scripts/gpu-evidence.sh) -------
@@ -237,7 +327,12 @@ def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidenc
     """A probe manifest with GPU checks, as an evidence record: the same rule (probe_outcome) decides
     pass, product failure or infrastructure; the probe's own sources digest binds it to its probe."""
     from qualify.core import manifest as mf
+    from qualify.qualification.stage import validate
 
+    try:
+        validate(dict(stmt))
+    except QualifyError as exc:
+        raise EvidenceError(f"{where}: {exc.message}", hint="hand in the manifest the probe wrote, unchanged") from None
     pred = mf.predicate(stmt)
     target = pred.get("target") or {}
     capability = str(target.get("capability") or "")
@@ -250,29 +345,125 @@ def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidenc
     outcome = probe_outcome(pred, capability)
     digest = mf.subject_digest(stmt)
     host = str((pred.get("host") or {}).get("hostname") or "")
+    run_id = pred.get("run_id", "")
     return Evidence(
         release=release, target=str(target.get("name") or ""), capability=capability,
         image_reference=f"{stmt['subject'][0].get('name')}@{digest}", image_digest=digest,
         probe_sources_digest=probe,
         gpu=Gpu(name=str(device.get("name") or "none"), capability=str(device.get("compute_cap") or "none"),
                 uuid_sha256=hashed(str(device.get("uuid") or "")), driver=str(device.get("driver_version") or "")),
-        host_id_sha256=hashed(host), time=str(pred.get("created") or ""), outcome=outcome.outcome,
-        reason=outcome.reason, checks=tuple(outcome.checks))
+        host_id_sha256=hashed(host), time=normal_time(pred.get("created"), f"{where}: predicate.created"),
+        outcome=outcome.outcome, reason=outcome.reason, checks=tuple(outcome.checks),
+        run_id=run_id if isinstance(run_id, str) else "")
+
+
+def from_bytes(data: bytes, release: str, where: str) -> Evidence:
+    """An evidence record (start.sh) or a probe manifest with GPU checks (qualify gpu-evidence, merge)."""
+    from qualify.core import manifest as mf
+
+    doc = strict_json(data, where, EvidenceError)
+    if isinstance(doc, dict) and doc.get("_type") == mf.STATEMENT_TYPE:
+        try:
+            return from_statement(mf.parse(data, where), release, where)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise EvidenceError(f"{where}: not a probe manifest with a subject and GPU checks") from None
+    return parse(data, where)
 
 
 def load_any(path: Path, release: str) -> Evidence:
-    """An evidence record (start.sh) or a probe manifest with GPU checks (qualify gpu-evidence, qualify merge)."""
-    from qualify.core import manifest as mf
+    path = Path(path)
+    return from_bytes(_read(path), release, str(path))
+
+
+# --- who vouches for a record ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signed:
+    """One evidence file as it was handed in: its bytes (read once), their signature and bundle, the record
+    they hold, and the enrolled host whose signature verified ("" when none did)."""
+
+    source: Path
+    data: bytes = field(repr=False)
+    signature: Optional[bytes] = field(repr=False)
+    bundle: Optional[bytes] = field(repr=False)
+    record: Evidence
+    host: str
+    why_unsigned: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def identity(self) -> str:
+        return record_identity(self.record, self.host)
+
+
+def signed_by(hosts, data: bytes, signature: Optional[bytes], bundle: Optional[bytes]) -> Tuple[str, str]:
+    """(the enrolled host whose signature verifies `data`, "") or ("", why none does)."""
+    from qualify.release.folder import TrustedKey, check_bundle, verify_blob
+
+    if signature is None and bundle is None:
+        return "", "it has no signature (.sig or .sigstore.json beside it)"
+    tried = []
+    for host in (hosts.hosts if hosts else ()):
+        if host.keyless:
+            if bundle is not None and _keyless_ok(host, data, bundle):
+                return host.name, ""
+            continue
+        key = TrustedKey.from_bytes(host.key_pem.encode("ascii"), f"enrolled host {host.name}")
+        tried.append(host.name)
+        try:
+            if signature is not None:
+                verify_blob(key, data, signature, bundle, "evidence")
+            else:
+                check_bundle(key, data, bundle, "evidence")
+            return host.name, ""
+        except QualifyError:
+            continue
+    return "", (f"its signature is not from an enrolled host (tried {', '.join(tried)})" if tried
+                else "no host is enrolled (python -m qualify hosts add NAME --key HOST.pub)")
+
+
+def _keyless_ok(host, data: bytes, bundle: bytes) -> bool:
+    """A keyless (Fulcio certificate) signature of the enrolled identity; needs cosign, as `verify` does."""
+    import tempfile
+
+    from qualify import cmd
+    from qualify.signing import cosign, formats
+
+    if not cmd.which("cosign"):
+        return False
+    with tempfile.TemporaryDirectory(prefix="qualify-evidence-") as tmp:
+        blob, b = Path(tmp) / "evidence.json", Path(tmp) / "evidence.json.sigstore.json"
+        blob.write_bytes(data)
+        b.write_bytes(bundle)
+        try:
+            cosign.verify_blob(cosign.VerifyBlobRequest(blob=blob, signature=None, bundle=b,
+                                                        bundle_is_sigstore=formats.is_sigstore_bundle(bundle),
+                                                        identity=host.identity, issuer=host.issuer))
+        except QualifyError:
+            return False
+    return True
+
+
+def read_signed(path: Path, release: str, hosts, allow_unsigned: bool) -> Signed:
+    """An evidence file and its signature, each read once; refused unless an enrolled host signed it or
+    --allow-unsigned-evidence was given."""
+    from qualify.signing import formats
 
     path = Path(path)
     data = _read(path)
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EvidenceError(f"{path}: not JSON: {exc}") from None
-    if isinstance(doc, dict) and doc.get("_type") == mf.STATEMENT_TYPE:
-        try:
-            return from_statement(mf.parse(data, str(path)), release, str(path))
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise EvidenceError(f"{path}: not a probe manifest with a subject and GPU checks") from None
-    return parse(data, str(path))
+    sig_path, bundle_path = formats.signature_path(path), formats.bundle_path(path)
+    signature = read_small(sig_path, SIGNATURE_LIMIT, "evidence signature", EvidenceError) \
+        if sig_path.exists() else None
+    bundle = read_small(bundle_path, BUNDLE_LIMIT, "evidence bundle", EvidenceError) if bundle_path.exists() else None
+    record = from_bytes(data, release, str(path))
+    host, why = signed_by(hosts, data, signature, bundle)
+    if not host and not allow_unsigned:
+        raise EvidenceError(f"{path}: not evidence from an enrolled host: {why}",
+                            hint="sign evidence on the GPU host (EVIDENCE_SIGNING_KEY in .env, gpu-evidence --sign-key) "
+                            "and enroll that host's key (python -m qualify hosts add NAME --key HOST.pub); "
+                            "or, loudly, promote --allow-unsigned-evidence")
+    return Signed(path, data, signature, bundle, record, host, why)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
+from qualify.release import records as rec
 from qualify.signing import formats
 
 DEFAULT_MIN_LEVEL = "unverified"
@@ -39,7 +40,6 @@ class ReleaseOptions:
         return self.directory.relative_to(self.repo).as_posix()
 
 
-
 @dataclass(frozen=True)
 class Candidate:
     target: str
@@ -47,12 +47,10 @@ class Candidate:
     data: bytes
 
 
-
 @dataclass(frozen=True)
 class Withheld:
     target: str
     reason: str
-
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,14 @@ class ReleasedTarget:
     support_level: str
     verdict: str
     source_revision: str = ""
+    capability: str = ""
+    platform: str = ""
+    profile: str = ""
+
+    def entry(self) -> rec.ReleasedEntry:
+        """As release.json lists it."""
+        return rec.ReleasedEntry(self.target, self.capability, self.platform, self.profile, self.reference,
+                                 self.image_digest, self.manifest_sha256, self.support_level, self.verdict)
 
     @property
     def manifest_file(self) -> str:
@@ -75,13 +81,11 @@ class ReleasedTarget:
                 self.manifest_file + formats.BUNDLE_SUFFIX]
 
 
-
 @dataclass(frozen=True)
 class StepResult:
     name: str
     status: str  # done | skipped
     detail: str
-
 
 
 @dataclass
@@ -95,6 +99,8 @@ class ReleaseResult:
     left_untouched: List[str] = field(default_factory=list)
     removed: List[str] = field(default_factory=list)
     source_revision: str = ""
+    sequence: int = 0
+    predecessor: str = ""
     release_commit: str = ""
     tag_object: str = ""
     tag_message: str = ""

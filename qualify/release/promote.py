@@ -1,27 +1,65 @@
 """Promotion by evidence (seed 000): a target becomes baseline after its required GPU checks pass
 in N consecutive runs on its own architecture without a product failure.
 
-Infrastructure outcomes (not-run, timeouts, no GPU) neither count nor reset
-the run; a product failure resets it, and demotes a promoted target. The
-same record counts once however often it is handed in. Accepted records are
-kept under manifests/<tag>/evidence/, so a promotion is re-runnable from the
-release folder alone; the updated manifest and a promotion record are
-written atomically and signed with the release key.
+Everything starts from verified state: the release is read through the one reader with the release key
+(the public half of `--key` must be the release's own key), so a manifest whose signature does not verify
+is refused, never re-signed. Evidence counts only when an enrolled host signed it (manifests/hosts.json,
+itself signed with the release key), or, loudly and on the record, with --allow-unsigned-evidence. Each
+record's outcome is recomputed from its checks (evidence.outcome_of), its time parsed, its identity
+semantic (the same run once, however it is serialised).
+
+What counts is what an earlier promote accepted: the signed promotion record lists the sha256 of every
+accepted record kept under manifests/<tag>/evidence/<target>/; a file there that the record does not name
+does not count. Infrastructure outcomes neither count nor reset the run; a product failure resets it and
+demotes a promoted target. The rewritten manifest and the new promotion record (sequence one higher,
+naming the one it replaces) are written together (folder.write_signed_files: staged, signed, verified,
+then renamed; a killed promote is finished or undone by the next one).
 """
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from qualify.config.targets import TargetsFile
 from qualify.core import manifest as mf
-from qualify.core.errors import ConfigError
-from qualify.core.fsutil import canonical_json, write_atomic
+from qualify.core.errors import ConfigError, QualifyError
+from qualify.core.fsutil import write_atomic
+from qualify.core.readlimit import read_small
 from qualify.release import evidence as ev
+from qualify.release import records as rec
+from qualify.release.folder import (
+    KeyAnchor,
+    Sign,
+    TrustedKey,
+    VerifiedRelease,
+    VerifiedTarget,
+    read_release,
+    recover_journals,
+    sha256,
+    write_signed_files,
+)
+from qualify.signing import formats
 
 EVIDENCE_DIR = "evidence"
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity."""
+
+    record: ev.Evidence
+    sha256: str
+    host: str  # enrolled host name, or "unsigned"
+    identity: str
+
+    def summary(self) -> rec.CountedEvidence:
+        r = self.record
+        return rec.CountedEvidence(self.sha256, self.identity, r.time, r.outcome.value, r.reason, r.gpu.name,
+                                   r.gpu.driver, self.host, tuple(sorted(r.figures.items())))
 
 
 @dataclass(frozen=True)
@@ -29,37 +67,48 @@ class Standing:
     level: str
     consecutive_passes: int
     required: int
-    counted: Sequence[ev.Evidence]  # every distinct record, oldest first
+    counted: Sequence[Counted]  # every distinct run, oldest first
     note: str
 
 
-def check_binding(record: ev.Evidence, stmt: Mapping[str, Any], capability: str, where: str) -> None:
-    """Evidence about another image, GPU architecture or probe is refused, naming which."""
-    subject = mf.subject_digest(stmt)
-    if record.image_digest != subject:
+def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release: rec.ReleaseIndex, where: str,
+                  now: dt.datetime) -> None:
+    """Evidence about another release, image, GPU architecture or probe, or from a time it cannot be from,
+    is refused, naming which."""
+    if record.release and record.release != release.tag:
+        raise ev.EvidenceError(f"{where}: the evidence is for release {record.release}, not {release.tag}",
+                               hint="hand in evidence from a deploy of this release")
+    if record.image_digest != m.digest:
         raise ev.EvidenceError(f"{where}: the evidence is for image digest {record.image_digest}, not the released "
-                               f"{record.target} image {subject}", hint="hand in evidence from a deploy of this release")
+                               f"{record.target} image {m.digest}", hint="hand in evidence from a deploy of this release")
     if record.gpu.capability != capability or record.capability != capability:
         raise ev.EvidenceError(f"{where}: the evidence was taken on {record.gpu.name} with capability "
                                f"{record.gpu.capability}, not the target's capability {capability}",
                                hint="only a GPU of the target's own architecture proves it (seed 000)")
-    probe = (mf.predicate(stmt).get("toolkit") or {}).get("probe_sha256")
-    if probe and record.probe_sources_digest != probe:
+    if m.probe_sha256 and record.probe_sources_digest != m.probe_sha256:
         raise ev.EvidenceError(f"{where}: the evidence comes from a probe whose sources differ: "
-                               f"{record.probe_sources_digest}, the release's probe is {probe}",
+                               f"{record.probe_sources_digest}, the release's probe is {m.probe_sha256}",
                                hint="deploy from the release's own checkout (git checkout TAG) so the probe matches")
+    when = record.when
+    if when > now + ev.CLOCK_SKEW:
+        raise ev.EvidenceError(f"{where}: the evidence is dated {record.time}, in the future (now {rec.format_time(now)})",
+                               hint="check the GPU host's clock; evidence from the future is refused")
+    released = rec.parse_time(release.time, "release time")
+    if when < released:
+        raise ev.EvidenceError(f"{where}: the evidence is dated {record.time}, before release {release.tag}'s source "
+                               f"({release.time}): it cannot be about this release")
 
 
-def standing(records: Iterable[ev.Evidence], required: int, intended: str, released_level: str) -> Standing:
-    unique = {r.digest: r for r in records}
-    ordered = sorted(unique.values(), key=lambda r: (r.time, r.digest))
+def standing(counted: Iterable[Counted], required: int, intended: str, released_level: str) -> Standing:
+    unique = {c.identity: c for c in counted}
+    ordered = sorted(unique.values(), key=lambda c: (c.record.when, c.identity))
     streak, passed, notes = 0, False, []
-    for r in ordered:
-        if r.outcome is ev.Outcome.PASS:
+    for c in ordered:
+        if c.record.outcome is ev.Outcome.PASS:
             streak, passed = streak + 1, True
-        elif r.outcome is ev.Outcome.PRODUCT_FAILURE:
+        elif c.record.outcome is ev.Outcome.PRODUCT_FAILURE:
             if streak >= required:
-                notes.append(f"demoted by a product failure at {r.time}")
+                notes.append(f"demoted by a product failure at {c.record.time}")
             streak = 0
     can_be_baseline = mf.LEVEL_RANK.get(intended, 0) >= mf.LEVEL_RANK["baseline"]
     if streak >= required and can_be_baseline:
@@ -73,23 +122,6 @@ def standing(records: Iterable[ev.Evidence], required: int, intended: str, relea
     return Standing(level, streak, required, tuple(ordered), "; ".join(notes))
 
 
-def _stored(folder: Path) -> List[ev.Evidence]:
-    return [ev.load(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-
-
-def _record(tag: str, target: str, s: Standing, released_level: str, manifest_sha256: str) -> Dict[str, Any]:
-    return {"schema": "https://blackwell-qualify.dev/promotion/v1", "release": tag, "target": target,
-            "released_level": released_level, "level": s.level, "consecutive_passes": s.consecutive_passes,
-            "required_consecutive_passes": s.required, "note": s.note, "manifest_sha256": manifest_sha256,
-            "evidence": [_summary(r) for r in s.counted]}
-
-
-def _summary(r: ev.Evidence) -> Dict[str, Any]:
-    return {"digest": r.digest, "file": f"{EVIDENCE_DIR}/{r.target}/{r.digest.split(':', 1)[1]}.json",
-            "time": r.time, "outcome": r.outcome.value, "reason": r.reason, "gpu": r.gpu.name,
-            "driver": r.gpu.driver, "host_id_sha256": r.host_id_sha256, "figures": dict(r.figures)}
-
-
 @dataclass(frozen=True)
 class Promoted:
     target: str
@@ -97,65 +129,153 @@ class Promoted:
     manifest: Path
     record: Path
     new: int  # records this run added
+    sequence: int  # the promotion record's sequence (unchanged when nothing was added)
+    ignored: Tuple[str, ...] = ()  # files in evidence/<target>/ the signed record does not name
+    written: bool = True
 
 
-def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign: Optional[Any] = None) -> List[Promoted]:
-    """Apply seed 000's rule to the release in `folder` for every target the evidence names.
-
-    `sign(path)` signs a written file (the release key); None leaves files unsigned (tests of the rule).
-    """
-    loaded = [(Path(f), ev.load_any(Path(f), tag)) for f in files]
-    by_target: Dict[str, List[ev.Evidence]] = {}
-    for path, record in loaded:
-        manifest = folder / f"{record.target}.json"
-        if not manifest.is_file():
-            raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} does not "
-                                   f"have ({manifest} not found)")
-        check_binding(record, mf.load(manifest), str(tf.get(record.target).capability), str(path))
-        by_target.setdefault(record.target, []).append(record)
-    return [_promote_target(folder, tag, target, records, tf, sign) for target, records in sorted(by_target.items())]
+def _store(folder: Path, target: str) -> Path:
+    return folder / EVIDENCE_DIR / target
 
 
-def _promote_target(folder: Path, tag: str, target: str, new: List[ev.Evidence], tf: TargetsFile,
-                    sign: Optional[Any]) -> Promoted:
-    manifest_path = folder / f"{target}.json"
-    stmt = mf.load(manifest_path)
+def accepted(release: VerifiedRelease, vt: VerifiedTarget) -> Tuple[List[Counted], Tuple[str, ...]]:
+    """The runs the signed promotion record accepted, each file's sha256 checked; and the names of files in
+    the evidence folder it does not name (dropped in by hand: they do not count)."""
+    store = _store(release.path, vt.target)
+    listed = vt.promotion.evidence if vt.promotion else ()
+    out = []
+    for e in listed:
+        path = store / f"{e.sha256}.json"
+        data = read_small(path, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
+                          missing_hint="restore the release folder's evidence/ from where it was promoted")
+        if sha256(data) != e.sha256:
+            raise ev.EvidenceError(f"{path}: not the evidence the signed promotion record accepted (sha256 differs)",
+                                   hint="restore the release folder's evidence/ from where it was promoted")
+        out.append(Counted(ev.from_bytes(data, release.tag, str(path)), e.sha256, e.host, e.identity))
+    names = {f"{e.sha256}.json" for e in listed}
+    present = sorted(p.name for p in store.iterdir() if p.suffix == ".json"
+                     and not p.name.endswith(formats.BUNDLE_SUFFIX)) if store.is_dir() else []
+    return out, tuple(n for n in present if n not in names)
+
+
+def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign: Sign, release_key: TrustedKey,
+            hosts: Optional[rec.EnrolledHosts], allow_unsigned: bool = False,
+            now: Optional[dt.datetime] = None, progress=lambda m: None) -> List[Promoted]:
+    """Apply seed 000's rule to the release in `folder` for every target the evidence names."""
+    for note in recover_journals(folder):
+        progress(f"recovered: {note}")
+    release = read_release(folder, KeyAnchor(trusted=release_key))
+    if release.tag != tag:
+        raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    by_target: Dict[str, List[ev.Signed]] = {}
+    for path in files:
+        signed = ev.read_signed(Path(path), tag, hosts, allow_unsigned)
+        record = signed.record
+        if not release.has(record.target):
+            raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} does "
+                                   f"not have (it has: {', '.join(t.target for t in release.targets)})")
+        vt = release.target(record.target)
+        check_binding(record, vt.manifest, str(tf.get(record.target).capability), release.index, str(path), now)
+        by_target.setdefault(record.target, []).append(signed)
+    return [_promote_target(release, release.target(t), new, tf, sign, allow_unsigned, hosts)
+            for t, new in sorted(by_target.items())]
+
+
+def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str) -> bytes:
+    stmt = copy.deepcopy(dict(vt.manifest.statement))  # what the verified bytes hold, rewritten
     pred = mf.predicate(stmt)
-    store = folder / EVIDENCE_DIR / target
-    stored = _stored(store)
-    for r in stored:  # what is kept was checked when it came; check again against this manifest
-        check_binding(r, stmt, str(tf.get(target).capability), str(store))
-    released = (pred.get("promotion") or {}).get("released_level") or pred.get("support_level") or "unverified"
-    known = {r.digest for r in stored}
-    added = [r for r in {r.digest: r for r in new}.values() if r.digest not in known]
-    for r in added:
-        write_atomic(store / f"{r.digest.split(':', 1)[1]}.json", r.to_bytes())
-    s = standing(stored + added, tf.promotion_passes, tf.get(target).support_level, released)
     pred["support_level"] = s.level
     pred["promotion"] = {"released_level": released, "level": s.level, "consecutive_passes": s.consecutive_passes,
-                         "required_consecutive_passes": s.required, "note": s.note,
-                         "evidence": [_summary(r) for r in s.counted]}
-    mf.write(manifest_path, stmt)
-    import hashlib
-
-    record_path = folder / f"{target}.promotion.json"
-    write_atomic(record_path, canonical_json(_record(tag, target, s, released,
-                                                     hashlib.sha256(manifest_path.read_bytes()).hexdigest())))
-    if sign is not None:
-        sign(manifest_path)
-        sign(record_path)
-    return Promoted(target, s, manifest_path, record_path, len(added))
+                         "required_consecutive_passes": s.required, "note": s.note, "sequence": sequence,
+                         "evidence": [c.summary().as_json(vt.target) for c in s.counted]}
+    return mf.dumps(stmt)
 
 
-def release_signer(key_file: Path):
-    """Signs with the release key (cosign when installed, else the built-in signer), as a release does."""
+def _keep(store: Path, signed: ev.Signed) -> None:
+    """The accepted file, content-addressed, with its signature: what the signed record names is what is kept."""
+    path = store / f"{signed.sha256}.json"
+    write_atomic(path, signed.data)
+    if signed.signature is not None:
+        write_atomic(formats.signature_path(path), signed.signature)
+    if signed.bundle is not None:
+        write_atomic(formats.bundle_path(path), signed.bundle)
+
+
+def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], tf: TargetsFile, sign: Sign,
+                    allow_unsigned: bool, hosts: Optional[rec.EnrolledHosts]) -> Promoted:
+    folder, target = release.path, vt.target
+    old, ignored = accepted(release, vt)
+    known = {c.identity for c in old}
+    added, seen = [], set()
+    for s in new:
+        if s.identity not in known and s.identity not in seen:
+            seen.add(s.identity)
+            added.append(s)
+    counted = old + [Counted(s.record, s.sha256, s.host or "unsigned", s.identity) for s in added]
+    released = vt.entry.support_level
+    s = standing(counted, tf.promotion_passes, tf.get(target).support_level, released)
+    manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
+    previous = vt.promotion.sequence if vt.promotion else 0
+    if not added:
+        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False)
+    store = _store(folder, target)
+    for signed in added:
+        _keep(store, signed)
+    ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in added})
+    manifest = _manifest_bytes(vt, s, previous + 1, released)
+    unsigned = (allow_unsigned and any(not c.host for c in added)) or \
+        bool(vt.promotion and vt.promotion.unsigned_evidence_allowed)
+    record = rec.PromotionRecord(
+        release=release.tag, release_sha256=release.index_sha256, target=target, sequence=previous + 1,
+        previous_sha256=vt.promotion_sha256, released_level=released, level=s.level,
+        consecutive_passes=s.consecutive_passes, required_consecutive_passes=s.required, note=s.note,
+        manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in s.counted),
+        unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None)
+    write_signed_files(folder, [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())],
+                       sign, release.key)
+    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored)
+
+
+def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
+    """Signs with the release key (cosign when installed, else the built-in signer), as a release does:
+    `sign(path)` writes PATH.sig and PATH.sigstore.json; and the key's public half."""
+    from qualify.signing import keys as cosign_keys
     from qualify.signing.signer import key_signer
 
     if not key_file.is_file():
         raise ConfigError(f"{key_file}: release key not found", hint="pass --key with the key the release was signed with")
-    signer, _ = key_signer("auto", key_file)
+    signer, public = key_signer("auto", key_file)
 
     def sign(path: Path) -> None:
-        signer.sign_file(path, path.with_name(path.name + ".sig"), path.with_name(path.name + ".bundle"))
+        signer.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
 
-    return sign
+    return sign, TrustedKey.from_bytes(cosign_keys.public_key_pem(public), f"the public half of {key_file}")
+
+
+def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
+    s = p.standing
+    lines = [f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
+             f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
+    if p.written:
+        lines.append(f"  wrote {p.manifest} and {p.record} (promotion {p.sequence}, signed)")
+    else:
+        lines.append(f"  nothing new: {p.manifest} and {p.record} unchanged (promotion {p.sequence})")
+    if p.ignored:
+        lines.append(f"  ignored {len(p.ignored)} file(s) in {EVIDENCE_DIR}/{p.target}/ that the signed promotion "
+                     f"record does not name: {', '.join(p.ignored[:3])}")
+    if allow_unsigned:
+        lines.append("  --allow-unsigned-evidence: unsigned evidence counted; the promotion record says so")
+    return lines
+
+
+def check_key(key: TrustedKey, folder: Path) -> None:
+    """Refuse a --key whose public half is not the release's key before anything is read or written."""
+    from qualify.core.readlimit import KEY_LIMIT
+
+    try:
+        pem = read_small(folder / rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key", ConfigError)
+        KeyAnchor(trusted=key).accept(pem, str(folder / rec.PUBLIC_KEY_FILE))
+    except QualifyError as exc:
+        raise ConfigError(f"--key is not this release's key: {exc.message}",
+                          hint="pass --key with the private key the release was signed with") from None

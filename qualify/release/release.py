@@ -37,7 +37,6 @@ tagged, pushed and uploaded.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import re
 import shutil
@@ -50,11 +49,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from qualify import cmd
 from qualify.core import manifest as mf
-from qualify.core.errors import ReleaseError, VerificationError
-from qualify.core.fsutil import canonical_json, write_atomic
-from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
-from qualify.release import changelog
+from qualify.core.errors import QualifyError, ReleaseError, VerificationError
+from qualify.core.fsutil import write_atomic
+from qualify.core.readlimit import MANIFEST_LIMIT, read_small
+from qualify.release import changelog, history
+from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
+from qualify.release.folder import TrustedKey, removable_by_force, sha256, verify_blob
 from qualify.release.gitops import create_tag, existing_tag, git, is_commit, release_commit, tracked_under
 from qualify.release.model import (
     Candidate,
@@ -64,17 +65,14 @@ from qualify.release.model import (
     StepResult,
     Withheld,
 )
+from qualify.release.order import SEMVER, tag_problem
 from qualify.release.publish import create_command, push, push_command, upload, upload_command
 from qualify.release.verify import ImageResolver, registry_digest
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
-INDEX_FILE = "release.json"
-PUBLIC_KEY_FILE = "cosign.pub"
-# Semantic Versioning 2.0.0 with an optional leading v; build metadata is not allowed in a tag.
-SEMVER_RE = re.compile(r"v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-                       r"(?:-((?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(?:\.(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*))?")
-_TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+INDEX_FILE = rec.INDEX_FILE
+PUBLIC_KEY_FILE = rec.PUBLIC_KEY_FILE
 _DIRTY = "-dirty"
 
 Progress = Callable[[str], None]
@@ -85,38 +83,17 @@ def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # --- git ----------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
 
 
 # --- 1. tag -------------------------------------------------------------------
 
 
 def check_tag_name(tag: str, any_tag: bool) -> None:
-    if not _TAG_RE.fullmatch(tag) or ".." in tag or tag.endswith((".lock", ".")):
-        raise ReleaseError(f"{tag!r} is not a usable tag name (letters, digits, . _ + -)")
-    if not any_tag and not SEMVER_RE.fullmatch(tag):
+    problem = tag_problem(tag)
+    if problem:
+        raise ReleaseError(f"{problem}", hint="name the release as a version, e.g. v1.2.0")
+    if not any_tag and not SEMVER.fullmatch(tag):
         raise ReleaseError(f"{tag!r} is not a version tag (semver: v1.2.3 or v1.2.3-rc.1)",
                            hint="name the release as a version, or pass --any-tag for another name")
 
@@ -131,12 +108,9 @@ def _folder_collision(opts: ReleaseOptions) -> Optional[str]:
         return f"{opts.folder}/ holds files committed on this branch ({', '.join(tracked[:3])}), not a release of {opts.tag}"
     if not dest.is_dir():
         return None
-    others = [p.name for p in dest.iterdir() if p.is_symlink() or not p.is_file()]
+    others = [p.name for p in dest.iterdir() if (p.is_symlink() or not p.is_file()) and not p.name.startswith(".")]
     if others:
         return f"{dest} holds folders or links ({', '.join(sorted(others)[:3])}) that no release writes"
-    index = _read_index(dest / INDEX_FILE)
-    if index is not None and index.get("tag") != opts.tag:
-        return f"{dest / INDEX_FILE} is the index of release {index.get('tag')!r}, not {opts.tag}"
     return None
 
 
@@ -189,16 +163,6 @@ def check_tree(opts: ReleaseOptions) -> List[str]:
 # --- 4. manifests -------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
 # --- 5. source ----------------------------------------------------------------
 
 
@@ -223,83 +187,78 @@ def source_revision(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> 
 # --- 6. sign ------------------------------------------------------------------
 
 
-def _reuse_signature(dest: Path, c: Candidate, public_key, staging: Path) -> bool:
-    """Keep a signature from an interrupted run when it still verifies.
+def _reuse_signature(dest: Path, name: str, data: bytes, key: TrustedKey, staging: Path) -> bool:
+    """Keep a signature from an interrupted run when it still verifies the same bytes.
 
     cosign's ECDSA signatures are randomised, so re-signing would make a
     re-run's files differ from the first run's for no reason.
     """
-    old_manifest = dest / f"{c.target}.json"
-    old_sig = formats.signature_path(old_manifest)
-    old_bundle = formats.bundle_path(old_manifest)
-    if not all(p.is_file() and not p.is_symlink() for p in (old_manifest, old_sig, old_bundle)):
+    old = dest / name
+    old_sig, old_bundle = formats.signature_path(old), formats.bundle_path(old)
+    if not all(p.is_file() and not p.is_symlink() for p in (old, old_sig, old_bundle)):
         return False
     try:
-        if read_small(old_manifest, MANIFEST_LIMIT, "manifest", VerificationError) != c.data:
+        if read_small(old, MANIFEST_LIMIT, "release file", VerificationError) != data:
             return False
-        sig = formats.decode_signature(old_sig.read_bytes())
-    except VerificationError:
+        signature = read_small(old_sig, 64 * 1024, "signature", VerificationError)
+        bundle = read_small(old_bundle, 1 << 20, "bundle", VerificationError)
+        verify_blob(key, data, signature, bundle, str(old))
+    except QualifyError:
         return False
-    if not formats.verify_bytes(public_key, c.data, sig):
-        return False
-    shutil.copyfile(old_sig, formats.signature_path(staging / old_manifest.name))
-    shutil.copyfile(old_bundle, formats.bundle_path(staging / old_manifest.name))
+    formats.signature_path(staging / name).write_bytes(signature)
+    formats.bundle_path(staging / name).write_bytes(bundle)
     return True
 
 
-def sign_staged(entry: ReleasedTarget, c: Candidate, staging: Path, dest: Path, sign, public_key, force: bool = False) -> str:
-    """Sign one manifest into staging; an interrupted run's valid signature is kept, unless --force (re-sign)."""
-    blob = write_atomic(staging / entry.manifest_file, c.data)
-    if not force and _reuse_signature(dest, c, public_key, staging):
+def sign_staged(name: str, data: bytes, staging: Path, dest: Path, sign, key: TrustedKey, force: bool = False) -> str:
+    """Sign one file into staging; an interrupted run's valid signature is kept, unless --force (re-sign)."""
+    blob = write_atomic(staging / name, data)
+    if not force and _reuse_signature(dest, name, data, key, staging):
         return "kept the existing signature"
     done = sign.sign_file(blob, formats.signature_path(blob), formats.bundle_path(blob))
-    sig = formats.decode_signature(done.signature.read_bytes())
-    # Whatever signed it, the release only ships what our own verifier accepts.
-    if not formats.verify_bytes(public_key, c.data, sig):
-        raise ReleaseError(f"{done.signer} made a signature for {entry.target} that does not verify with the key")
+    # Whatever signed it, the release only ships what our own verifier accepts (signature and bundle).
+    try:
+        verify_blob(key, data, done.signature.read_bytes(), formats.bundle_path(blob).read_bytes(), name)
+    except VerificationError as exc:
+        raise ReleaseError(f"{done.signer} made a signature for {name} that does not verify with the key: "
+                           f"{exc.message}") from None
     return f"signed with {done.signer}"
 
 
 def release_files(entries: Sequence[ReleasedTarget]) -> List[str]:
-    """Every file the release writes into its folder (release.json lists them, itself included)."""
-    return sorted([PUBLIC_KEY_FILE, INDEX_FILE] + [f for e in entries for f in e.files])
+    """Every file the release writes into its folder (release.json lists them all but its own three)."""
+    return sorted([PUBLIC_KEY_FILE, INDEX_FILE, INDEX_FILE + formats.SIGNATURE_SUFFIX,
+                   INDEX_FILE + formats.BUNDLE_SUFFIX] + [f for e in entries for f in e.files])
 
 
 def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],
-                  public_key, dirty: Sequence[str] = ()) -> Dict[str, Any]:
-    def files(e: ReleasedTarget) -> Dict[str, str]:
-        return {"manifest": e.files[0], "signature": e.files[1], "bundle": e.files[2]}
+                  key: TrustedKey, files: Dict[str, bytes], dirty: Sequence[str], sequence: int,
+                  predecessor: Optional[rec.Predecessor], time_: str) -> rec.ReleaseIndex:
+    from qualify.release.folder import released_files
 
-    return {
-        "schema_version": 1,
-        "tag": opts.tag,
-        "source_revision": revision,
-        "min_level": opts.min_level,
-        "public_key": {"file": PUBLIC_KEY_FILE, "fingerprint": cosign_keys.fingerprint(public_key),
-                       "hint": cosign_keys.key_hint(public_key)},
-        "targets": [
-            {"target": e.target, "image": {"reference": e.reference, "digest": e.image_digest},
-             "manifest_sha256": e.manifest_sha256, "support_level": e.support_level, "verdict": e.verdict,
-             "files": files(e)}
-            for e in entries
-        ],
-        "withheld": [{"target": w.target, "reason": w.reason} for w in withheld],
-        "allow_partial": bool(withheld),
-        "dirty": {"allowed": opts.allow_dirty, "paths": list(dirty)},
-        # What --force of a later run may remove: only files a release wrote itself.
-        "files": release_files(entries),
-    }
+    return rec.ReleaseIndex(
+        tag=opts.tag, sequence=sequence, time=time_, source_revision=revision, min_level=opts.min_level,
+        key_fingerprint=key.fingerprint, key_hint=cosign_keys.key_hint(key.key),
+        targets=tuple(e.entry() for e in entries), files=released_files(files), predecessor=predecessor,
+        withheld=tuple((w.target, w.reason) for w in withheld), dirty_paths=tuple(dirty),
+        dirty_allowed=opts.allow_dirty)
 
 
-def _read_index(path: Path) -> Optional[Dict[str, Any]]:
-    """A release folder's index, or None when absent or unreadable (then it records nothing)."""
-    if not path.is_file():
+def verified_index(dest: Path, key: TrustedKey) -> Optional[rec.ReleaseIndex]:
+    """The release.json already in `dest`, verified with the release key; None when there is none.
+    An index that does not verify is an error: `--force` removes only what a verified release wrote."""
+    path = dest / INDEX_FILE
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        doc = strict_json(read_small(path, MANIFEST_LIMIT, "release index", ReleaseError), str(path), ReleaseError)
-    except ReleaseError:
-        return None
-    return doc if isinstance(doc, dict) else None
+        data = read_small(path, 16 << 20, "release index", VerificationError)
+        verify_blob(key, data, read_small(formats.signature_path(path), 64 * 1024, "signature", VerificationError),
+                    None, str(path))
+        return rec.ReleaseIndex.parse(data, str(path))
+    except QualifyError as exc:
+        raise ReleaseError(f"{path} does not verify with the release key, so nothing it lists is removed: "
+                           f"{exc.message}",
+                           hint=f"look at {dest} and remove it by hand if it is not a release you made") from None
 
 
 # --- 7. write -----------------------------------------------------------------
@@ -323,15 +282,14 @@ def _same_file(a: Path, b: Path) -> bool:
         a.read_bytes() == b.read_bytes()
 
 
-def plan_install(staging: Path, dest: Path) -> InstallPlan:
+def plan_install(staging: Path, dest: Path, key: TrustedKey, force: bool) -> InstallPlan:
     staged = sorted(p.name for p in staging.iterdir())
-    present = sorted(p.name for p in dest.iterdir()) if dest.is_dir() else []
+    present = sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) if dest.is_dir() else []
     new = [n for n in staged if n not in present]
     same = [n for n in staged if n in present and _same_file(dest / n, staging / n)]
     differ = [n for n in staged if n in present and n not in same]
     extra = [n for n in present if n not in staged]
-    old = _read_index(dest / INDEX_FILE) or {}
-    recorded = old.get("files") if isinstance(old.get("files"), list) else []
+    recorded = removable_by_force(verified_index(dest, key)) if force and (differ or extra) else []
     removable = [n for n in extra if n in recorded and (dest / n).is_file() and not (dest / n).is_symlink()]
     return InstallPlan(new, same, differ, extra, removable)
 
@@ -350,9 +308,9 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
         return plan.new
     for name in plan.removable:
         (dest / name).unlink()
-    moving = [n for n in plan.new + plan.differ if n != INDEX_FILE]
-    if INDEX_FILE in plan.new + plan.differ:
-        moving.append(INDEX_FILE)  # the index last: present means complete
+    index_files = (INDEX_FILE + formats.SIGNATURE_SUFFIX, INDEX_FILE + formats.BUNDLE_SUFFIX, INDEX_FILE)
+    moving = [n for n in plan.new + plan.differ if n not in index_files]
+    moving += [n for n in index_files if n in plan.new + plan.differ]  # the index last: present means complete
     for name in moving:
         os.replace(staging / name, dest / name)
     return moving
@@ -376,7 +334,7 @@ def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: L
         lines += ["", "Withheld (--allow-partial):"] + [f"  {w.target}: {w.reason}" for w in withheld]
     if changes:
         lines += ["", *changes]
-    key = cosign_keys.fingerprint(public_key) if public_key is not None else "<the signing key's fingerprint>"
+    key = public_key.fingerprint if public_key is not None else "<the signing key's fingerprint>"
     lines += ["", f"Signing key: {key} ({rel}/{PUBLIC_KEY_FILE})",
               f"Index: {rel}/{INDEX_FILE} sha256:{index_sha256}"]
     return "\n".join(lines) + "\n"
@@ -388,13 +346,23 @@ def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: L
 
 
 def _staging_prefix(tag: str) -> str:
-    return f".release-{tag}.staging-"
+    return f"release-{tag}.staging-"
 
 
-def _remove_stale_staging(parent: Path, tag: str) -> None:
-    """Staging folders left by a killed run; they never hold anything released."""
-    for stale in glob.glob(str(parent / (glob.escape(_staging_prefix(tag)) + "*"))):
-        shutil.rmtree(stale, ignore_errors=True)
+def _staging_root(opts: ReleaseOptions) -> Path:
+    """Inside the repository's git folder: outside the work tree (git status never sees it) and on the
+    same file system as manifests/, so the finished folder is renamed into place in one step."""
+    git_dir = Path(git(opts.repo, "rev-parse", "--absolute-git-dir").stdout.strip())
+    return git_dir / "qualify-staging"
+
+
+def _remove_stale_staging(opts: ReleaseOptions) -> None:
+    """Staging folders left by a killed run of this release; they never hold anything released. Older
+    toolkits staged beside manifests/ in the work tree: those go too."""
+    for parent in (_staging_root(opts), opts.out_root.parent):
+        for stale in glob.glob(str(parent / (glob.escape(_staging_prefix(opts.tag)) + "*"))) + \
+                glob.glob(str(parent / ("." + glob.escape(_staging_prefix(opts.tag)) + "*"))):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 class _Steps:
@@ -431,17 +399,19 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     outcome = ReleaseResult(opts.tag, str(opts.directory), dry_run=opts.dry_run)
     steps = _Steps(outcome, progress)
     steps.run("tag", f"check the tag name {opts.tag}", lambda: check_tag(opts))
+    _remove_stale_staging(opts)  # before the tree check: a killed run's staging is no change of the user's
     if opts.allow_dirty:
         outcome.dirty = steps.run("tree", "note the work tree's changes (--allow-dirty)", lambda: dirty_paths(opts),
                                   lambda d: f"{len(d)} changed path(s) recorded")
     else:
         steps.run("tree", "check the work tree is clean", lambda: check_tree(opts), lambda d: "clean")
-    signer = None
+    signer, key = None, None
     if opts.dry_run:
         steps.skip("key", "--dry-run: nothing is signed")
     else:
         signer = steps.run("key", "load the signing key and check its password", make_signer,
                            lambda s: cosign_keys.fingerprint(s[1]))
+        key = TrustedKey.from_bytes(cosign_keys.public_key_pem(signer[1]), "the release key")
     candidates = collect(opts.source)
     by_target = {c.target: c for c in candidates}
     outcome.released, outcome.withheld = steps.run(
@@ -450,8 +420,12 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         lambda r: f"{len(r[0])} released, {len(r[1])} withheld")
     outcome.source_revision = steps.run("source", "find the source revision the manifests name",
                                         lambda: source_revision(opts, outcome.released))
+    past = history.released(opts.repo, opts.out_root.relative_to(opts.repo).as_posix(), key)
+    sequence, predecessor = history.place(opts.tag, past, forced=opts.force)
+    outcome.sequence, outcome.predecessor = sequence, predecessor.tag if predecessor else ""
     outcome.files = release_files(outcome.released)
-    changes = changelog.changelog(opts, outcome.released, {t: c.data for t, c in by_target.items()})
+    previous = next((r for r in past if predecessor and r.index.tag == predecessor.tag), None)
+    changes = changelog.changelog(opts, outcome.released, {t: c.data for t, c in by_target.items()}, previous)
     outcome.push_command = push_command(opts)
     outcome.upload_command = upload_command(opts, _files_for_upload(opts, outcome.files))
     outcome.create_command = create_command(opts, _files_for_upload(opts, outcome.files))
@@ -460,8 +434,9 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
             steps.skip(name, "--dry-run")
         outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, None, "<sha256>", changes)
         return outcome
-    sign, public_key = signer
-    _write(opts, outcome, steps, candidates, sign, public_key)
+    sign, _ = signer
+    when = history.source_time(opts.repo, outcome.source_revision)
+    index_sha = _write(opts, outcome, steps, candidates, sign, key, sequence, predecessor, when)
     published: List[str] = []
     if registry_publish is None:
         steps.skip("registry", "no --publish-to: the images stay where they were built")
@@ -469,9 +444,7 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         published, extra = steps.run("registry", "copy the images by digest, with their attestations, to the registry",
                                      registry_publish, lambda r: f"{len(r[1])} file(s) written")
         outcome.files = sorted(set(outcome.files) | set(extra))
-        _list_files(opts, outcome.files)
-    index_sha = hashlib.sha256((opts.directory / INDEX_FILE).read_bytes()).hexdigest()
-    outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, public_key, index_sha,
+    outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, index_sha,
                                       [*changes, *([""] if changes and published else []), *published])
     outcome.release_commit = steps.run(
         "commit", f"commit {opts.folder}/ on top of {outcome.source_revision[:12]}",
@@ -487,38 +460,39 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     return outcome
 
 
-def _list_files(opts: ReleaseOptions, files: Sequence[str]) -> None:
-    """release.json lists every file a release wrote (what a later --force may replace), published ones too."""
-    path = opts.directory / INDEX_FILE
-    index = _read_index(path)
-    if index is None:
-        raise ReleaseError(f"{path}: the release index just written cannot be read back")
-    index["files"] = sorted(files)
-    write_atomic(path, canonical_json(index))
-
-
 def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], sign,
-           public_key) -> None:
+           key: TrustedKey, sequence: int, predecessor: Optional[rec.Predecessor], when: str) -> str:
+    """Stage, sign and install the release folder; the sha256 of the release.json it holds."""
     by_target = {c.target: c for c in candidates}
-    # Staged beside manifests/, not in it: deploy lists manifests/ for releases,
-    # and a half-made folder there must never look like one.
-    staging_parent = opts.out_root.parent
-    _remove_stale_staging(staging_parent, opts.tag)
+    # Staged outside the work tree and outside manifests/ (deploy lists manifests/ for releases, and a
+    # half-made folder there must never look like one), on the same file system so the install renames.
+    staging_parent = _staging_root(opts)
+    staging_parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(opts.tag), dir=str(staging_parent)))
+    index_sha = ""
     try:
         def stage() -> None:
+            nonlocal index_sha
+            files: Dict[str, bytes] = {PUBLIC_KEY_FILE: key.pem}
+            write_atomic(staging / PUBLIC_KEY_FILE, key.pem)
             for e in outcome.released:
-                how = sign_staged(e, by_target[e.target], staging, opts.directory, sign, public_key, opts.force)
+                data = by_target[e.target].data
+                how = sign_staged(e.manifest_file, data, staging, opts.directory, sign, key, opts.force)
                 steps.progress(f"  {e.target}: {how}")
-            write_atomic(staging / PUBLIC_KEY_FILE, cosign_keys.public_key_pem(public_key))
-            index = release_index(opts, outcome.source_revision, outcome.released, outcome.withheld, public_key,
-                                  outcome.dirty)
-            write_atomic(staging / INDEX_FILE, canonical_json(index))
+                for name in e.files:
+                    files[name] = (staging / name).read_bytes()
+            index = release_index(opts, outcome.source_revision, outcome.released, outcome.withheld, key, files,
+                                  outcome.dirty, sequence, predecessor, when)
+            data = index.to_bytes()
+            how = sign_staged(INDEX_FILE, data, staging, opts.directory, sign, key, opts.force)
+            steps.progress(f"  {INDEX_FILE} (sequence {sequence}"
+                           + (f", after {predecessor.tag}" if predecessor else ", the first release") + f"): {how}")
+            index_sha = sha256(data)
 
-        steps.run("sign", f"sign {len(outcome.released)} manifest(s)", stage, lambda _: "")
+        steps.run("sign", f"sign {len(outcome.released)} manifest(s) and the release index", stage, lambda _: "")
 
         def write() -> InstallPlan:
-            plan = plan_install(staging, opts.directory)
+            plan = plan_install(staging, opts.directory, key, opts.force)
             outcome.written = install(staging, opts.directory, plan, opts.force)
             outcome.unchanged = plan.same
             outcome.removed = plan.removable if opts.force else []
@@ -530,6 +504,7 @@ def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidat
                   + (f", left untouched (no release wrote them): {', '.join(p.untouchable)}" if p.untouchable else ""))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return index_sha
 
 
 def dry_run_lines(o: ReleaseResult, opts: ReleaseOptions) -> List[str]:

@@ -3,7 +3,10 @@
 Each failure raises VerificationError whose message starts with the check that
 failed ("signature check failed", "image digest check failed", "verdict check
 failed"), so start.sh and people can tell which. The manifest's bytes are read
-once: the bytes whose signature is checked are the bytes that are parsed.
+once: the bytes whose signature is checked are the bytes that are parsed. A
+manifest in a release folder (a release.json beside it) is verified as part of
+its release, through the one reader (folder.read_release); a manifest on its
+own against its `.sig` and, when there is one, its bundle (both are checked).
 
 Key-pair signatures are checked in-process (works without cosign); keyless
 ones need cosign, because they need Sigstore's trust root and transparency log.
@@ -20,8 +23,9 @@ from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small
+from qualify.release import records as rec
+from qualify.release.folder import KeyAnchor, TrustedKey, check_bundle, read_release, verify_blob
 from qualify.signing import formats
-from qualify.signing import keys as cosign_keys
 
 ImageResolver = Callable[[str], str]
 
@@ -87,6 +91,9 @@ class VerifyResult:
     verdict: Optional[str]
     support_level: Optional[str]
     failing_checks: List[str] = field(default_factory=list)
+    release: str = ""  # the release it was verified as part of ("" for a manifest on its own)
+    release_sequence: int = 0
+    promotion_sequence: int = 0
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -104,37 +111,33 @@ def target_name(stmt: Mapping[str, Any]) -> Optional[str]:
     return target if isinstance(target, str) else None
 
 
-def _signature_bytes(opts: VerifyOptions) -> bytes:
+def _signature_and_bundle(opts: VerifyOptions) -> tuple:
+    """(the `.sig` bytes or None, the bundle bytes or None): both are read when both are there."""
     sig_file = opts.signature or formats.signature_path(opts.manifest)
-    if sig_file.exists():
-        return formats.decode_signature(read_small(sig_file, SIGNATURE_LIMIT, "signature", VerificationError),
-                                        str(sig_file))
     bundle_file = opts.bundle or formats.bundle_path(opts.manifest)
-    if bundle_file.exists():
-        raw = read_small(bundle_file, BUNDLE_LIMIT, "bundle", VerificationError)
-        bundle = formats.load_bundle(raw, str(bundle_file))
-        return formats.bundle_signature(bundle, str(bundle_file))
-    raise VerificationError(f"signature check failed: no signature for {opts.manifest}: "
-                            f"neither {sig_file} nor {bundle_file} exists")
+    sig = read_small(sig_file, SIGNATURE_LIMIT, "signature", VerificationError) if sig_file.exists() else None
+    bundle = read_small(bundle_file, BUNDLE_LIMIT, "bundle", VerificationError) if bundle_file.exists() else None
+    if sig is None and bundle is None:
+        raise VerificationError(f"signature check failed: no signature for {opts.manifest}: "
+                                f"neither {sig_file} nor {bundle_file} exists")
+    return sig, bundle
 
 
-def check_signature(opts: VerifyOptions, data: bytes) -> str:
+def check_signature(opts: VerifyOptions, data: bytes, key: Optional[TrustedKey] = None) -> str:
     if opts.key is None:
         return _check_keyless(opts, data)
-    public_key = formats.load_public_key_file(opts.key)
+    key = key or TrustedKey.read(opts.key)
     try:
-        sig = _signature_bytes(opts)
+        sig, bundle = _signature_and_bundle(opts)
+        if sig is not None:
+            verify_blob(key, data, sig, bundle, str(opts.manifest))
+        else:
+            check_bundle(key, data, bundle, str(opts.bundle or formats.bundle_path(opts.manifest)))
     except VerificationError as exc:
         if exc.message.startswith("signature check failed"):
             raise
-        raise VerificationError(f"signature check failed: {exc.message}") from None
-    if not formats.verify_bytes(public_key, data, sig):
-        raise VerificationError(
-            f"signature check failed: {opts.manifest} does not match its signature under key {opts.key} "
-            f"({cosign_keys.fingerprint(public_key)})",
-            hint="the manifest was changed after signing, or it was signed with another key",
-        )
-    return f"key {cosign_keys.fingerprint(public_key)}"
+        raise VerificationError(f"signature check failed: {exc.message}", hint=exc.hint) from None
+    return f"key {key.fingerprint}"
 
 
 def _check_keyless(opts: VerifyOptions, data: bytes) -> str:
@@ -148,12 +151,14 @@ def _check_keyless(opts: VerifyOptions, data: bytes) -> str:
         # cosign checks a private copy of the bytes we parse afterwards, not a path that could change.
         blob = Path(tmp) / opts.manifest.name
         blob.write_bytes(data)
+        raw = read_small(bundle_file, BUNDLE_LIMIT, "bundle", VerificationError)
+        private_bundle = Path(tmp) / "bundle.json"
+        private_bundle.write_bytes(raw)
         req = cosign.VerifyBlobRequest(
             blob=blob,
             signature=sig_file if sig_file.exists() else None,
-            bundle=bundle_file,
-            bundle_is_sigstore=formats.is_sigstore_bundle(
-                read_small(bundle_file, BUNDLE_LIMIT, "bundle", VerificationError)),
+            bundle=private_bundle,
+            bundle_is_sigstore=formats.is_sigstore_bundle(raw),
             identity=opts.identity,
             issuer=opts.issuer,
         )
@@ -179,9 +184,8 @@ def match_digest(stmt: Mapping[str, Any], image: str, actual: str) -> str:
     return actual
 
 
-def check_image(stmt: Mapping[str, Any], image: Optional[str], resolve: ImageResolver) -> Optional[str]:
+def check_image(manifest: mf.Manifest, image: Optional[str], resolve: ImageResolver) -> Optional[str]:
     """The digest `image` has (a `name@sha256:` reference is taken as written), checked against the subject."""
-    check_subject(stmt)
     if image is None:
         return None
     actual = _parse_ref(image).digest
@@ -191,40 +195,52 @@ def check_image(stmt: Mapping[str, Any], image: Optional[str], resolve: ImageRes
         except ExternalCommandError as exc:
             raise VerificationError(f"image digest check failed: cannot resolve {image}: {exc.message}",
                                     hint="pull or build the image first, or pass it as name@sha256:...") from None
-    return match_digest(stmt, image, actual)
+    if actual != manifest.digest:
+        raise VerificationError(f"image digest check failed: the manifest is for {manifest.digest}, but {image} is "
+                                f"{actual}", hint="deploy the image the manifest was qualified for, or qualify this one")
+    return actual
 
 
-def check_verdict(stmt: Mapping[str, Any], require_pass: bool) -> List[str]:
+def check_verdict(manifest: mf.Manifest, require_pass: bool) -> List[str]:
     """Failing checks; with require_pass, a refusal unless every value is a known one and none fails
     (an allow-list: an unknown verdict or status is damage, never a pass)."""
-    failing = [str(c.get("id")) for c in mf.failing_checks(stmt)]
-    verdict = mf.predicate(stmt).get("verdict")
-    problems = mf.value_problems(stmt) if require_pass else []
-    if problems:
-        raise VerificationError(f"verdict check failed: {'; '.join(problems)}",
+    if require_pass and manifest.problems:
+        raise VerificationError(f"verdict check failed: {'; '.join(manifest.problems)}",
                                 hint="the manifest is damaged or not made by this toolkit; re-qualify the image")
-    if require_pass and (verdict == "fail" or failing or verdict is None):
-        detail = f"; failing checks: {', '.join(failing)}" if failing else ""
-        raise VerificationError(f"verdict check failed: verdict is {verdict or 'missing'}{detail}")
-    return failing
+    if require_pass and not manifest.passes:
+        raise VerificationError(f"verdict check failed: {manifest.verdict_refusal()}")
+    return list(manifest.failing)
+
+
+def in_release_folder(manifest: Path) -> bool:
+    """A manifest beside a release.json is verified as part of its release (index, tag, binding)."""
+    return (manifest.parent / rec.INDEX_FILE).exists() and manifest.name.endswith(".json") and \
+        mf.TARGET_NAME.fullmatch(manifest.name[:-len(".json")]) is not None
+
+
+def _from_release(opts: VerifyOptions) -> tuple:
+    key = TrustedKey.read(opts.key, VerificationError)
+    release = read_release(opts.manifest.parent, KeyAnchor(trusted=key))
+    target = release.target(opts.manifest.name[:-len(".json")])
+    how = f"key {key.fingerprint}; release {release.tag} (sequence {release.index.sequence}" + (
+        f", promotion {target.promotion_sequence}" if target.promotion else "") + ")"
+    return target.manifest, how, release, target
 
 
 def verify(opts: VerifyOptions, resolve: ImageResolver = image_digest) -> VerifyResult:
     opts.validate()
-    data = mf.read(opts.manifest)
-    how = check_signature(opts, data)
-    stmt = parse_manifest(data, str(opts.manifest))
-    actual = check_image(stmt, opts.image, resolve)
-    failing = check_verdict(stmt, opts.require_pass)
-    pred = mf.predicate(stmt)
+    release = target = None
+    if opts.key is not None and opts.signature is None and opts.bundle is None and in_release_folder(opts.manifest):
+        manifest, how, release, target = _from_release(opts)
+    else:
+        data = mf.read(opts.manifest)
+        how = check_signature(opts, data)
+        manifest = mf.Manifest.parse(data, str(opts.manifest))
+    actual = check_image(manifest, opts.image, resolve)
+    failing = check_verdict(manifest, opts.require_pass)
     return VerifyResult(
-        manifest=str(opts.manifest),
-        target=target_name(stmt),
-        subject_digest=mf.subject_digest(stmt),
-        signature=how,
-        image=opts.image,
-        image_digest=actual,
-        verdict=pred.get("verdict"),
-        support_level=pred.get("support_level"),
-        failing_checks=failing,
-    )
+        manifest=str(opts.manifest), target=manifest.target, subject_digest=manifest.digest, signature=how,
+        image=opts.image, image_digest=actual, verdict=manifest.verdict or None,
+        support_level=manifest.support_level or None, failing_checks=failing,
+        release=release.tag if release else "", release_sequence=release.index.sequence if release else 0,
+        promotion_sequence=target.promotion_sequence if target else 0)

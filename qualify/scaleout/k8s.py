@@ -189,13 +189,16 @@ def dumps(job: GpuJob) -> str:
     return yamlout.dumps_all(manifests(job), header)
 
 
-def evidence_from_log(text: str, where: str) -> bytes:
-    """The Statement between the markers of a pod log (what `qualify merge` reads from *.log)."""
-    lines = text.splitlines()
-    try:
-        start = lines.index(BEGIN)
-        end = lines.index(END, start)
-    except ValueError:
+def evidence_blocks(text: str, where: str) -> List[bytes]:
+    """Every Statement between the markers of a pod log (what `qualify merge` reads from *.log)."""
+    lines, blocks, start = text.splitlines(), [], None
+    for i, line in enumerate(lines):
+        if line == BEGIN:
+            start = i
+        elif line == END and start is not None:
+            blocks.append(("\n".join(lines[start + 1:i]) + "\n").encode())
+            start = None
+    if not blocks:
         raise ConfigError(f"{where}: no evidence between {BEGIN!r} and {END!r}",
-                          hint="the probe did not finish; the log's last lines say why") from None
-    return ("\n".join(lines[start + 1:end]) + "\n").encode()
+                          hint="the probe did not finish; the log's last lines say why")
+    return blocks

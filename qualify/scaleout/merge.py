@@ -6,8 +6,14 @@ as files, directories of them (searched recursively for *.json), or pod logs
 canonical JSON file per distinct piece of evidence in a directory, the list
 `promote --evidence` takes.
 
-- Same evidence once: identity is the sha256 of the canonical JSON, so a
-  copy, a re-indented copy or the same pod log collected twice count once.
+- Same evidence once: identity is the run's (release/evidence.py: identity,
+  the one promote uses): image, probe, GPU, host, the probe's run id and the
+  parsed time, so a copy, a re-serialised copy (`201.0` for `201`, `+00:00`
+  for `Z`) or the same pod log collected twice count once.
+- Every evidence block of a pod log is read; a log whose blocks disagree on
+  target or image digest is refused.
+- A file's signature (`.sig`, `.sigstore.json` beside it) travels with it:
+  the bytes are written as they came, so `promote` can check who signed them.
 - One image per target: every Statement about an image of a target must
   name the same image digest; two digests are refused, naming both files.
 - Host evidence (subject `host:<name>`, written by `qualify probe` on a bare
@@ -17,16 +23,15 @@ canonical JSON file per distinct piece of evidence in a directory, the list
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from qualify.core import manifest
 from qualify.core.errors import ConfigError, QualifyError
-from qualify.core.fsutil import canonical_json, write_atomic
-from qualify.core.readlimit import read_small
+from qualify.core.fsutil import write_atomic
+from qualify.core.readlimit import read_small, strict_json
+from qualify.release import evidence as ev
 
 MAX_BYTES = 64 << 20  # a manifest is tens of kB; a pod log a few MB at most
 HOST_PREFIX = "host:"
@@ -42,8 +47,10 @@ class EvidenceFile:
     target: str
     subject: str  # name
     digest: str  # sha256:<hex> of the subject
-    identity: str  # sha256:<hex> of the canonical JSON
-    data: bytes  # canonical JSON
+    identity: str  # the run's (evidence.identity)
+    data: bytes  # the bytes as they came (a signature is over these)
+    signature: Optional[bytes] = None
+    bundle: Optional[bytes] = None
 
     @property
     def is_host(self) -> bool:
@@ -51,7 +58,7 @@ class EvidenceFile:
 
     @property
     def file_name(self) -> str:
-        return f"{self.target}.{self.identity.split(':', 1)[1][:16]}.json"
+        return f"{self.target}.{self.identity[:16]}.json"
 
 
 @dataclass(frozen=True)
@@ -64,31 +71,63 @@ def _read(path: Path) -> bytes:
     return read_small(path, MAX_BYTES, "evidence file", MergeError)
 
 
-def parse(path: Path) -> EvidenceFile:
+def _statement(data: bytes, where: str) -> Dict[str, Any]:
     from qualify.qualification.stage import validate  # the manifest schema, checked in one place
 
-    data = _read(path)
-    if path.suffix == ".log":
-        from qualify.scaleout.k8s import evidence_from_log
-
-        data = evidence_from_log(data.decode("utf-8", "replace"), str(path))
-    try:
-        doc: Any = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MergeError(f"{path}: not JSON: {exc}") from None
+    doc = strict_json(data, where, MergeError)
     if not isinstance(doc, dict) or doc.get("_type") != manifest.STATEMENT_TYPE \
             or doc.get("predicateType") != manifest.PREDICATE_TYPE:
-        raise MergeError(f"{path}: not a probe manifest (in-toto Statement v1 with {manifest.PREDICATE_TYPE})")
+        raise MergeError(f"{where}: not a probe manifest (in-toto Statement v1 with {manifest.PREDICATE_TYPE})")
     try:
         validate(doc)
     except QualifyError as exc:  # the schema's message, with the file named
-        raise MergeError(f"{path}: {exc}") from None
-    canonical = canonical_json(doc)
+        raise MergeError(f"{where}: {exc}") from None
+    return doc
+
+
+def _run_identity(doc: Dict[str, Any], where: str) -> str:
+    pred = manifest.predicate(doc)
+    devices = [d for d in (pred.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
+    device = devices[0] if devices else {}
+    host = str((pred.get("host") or {}).get("hostname") or "")
+    try:
+        return ev.identity(manifest.subject_digest(doc), str((pred.get("toolkit") or {}).get("probe_sha256") or ""),
+                           ev.hashed(str(device.get("uuid") or "")), f"unsigned:{ev.hashed(host)}",
+                           str(pred.get("run_id") or ""), pred.get("created"))
+    except ev.EvidenceError as exc:
+        raise MergeError(f"{where}: {exc.message}") from None
+
+
+def _evidence(path: Path, data: bytes, where: str, signature=None, bundle=None) -> EvidenceFile:
+    doc = _statement(data, where)
     target = manifest.predicate(doc).get("target", {}).get("name")
     if not isinstance(target, str) or not target:
-        raise MergeError(f"{path}: predicate.target.name is missing")
+        raise MergeError(f"{where}: predicate.target.name is missing")
     return EvidenceFile(path, target, manifest.subject_name(doc), manifest.subject_digest(doc),
-                    "sha256:" + hashlib.sha256(canonical).hexdigest(), canonical)
+                        _run_identity(doc, where), data, signature, bundle)
+
+
+def parse(path: Path) -> List[EvidenceFile]:
+    """The evidence in one file: a probe manifest (with its signature, when one is beside it), or every
+    block of a pod log, which must agree on target and image."""
+    from qualify.signing import formats
+
+    data = _read(path)
+    if path.suffix == ".log":
+        from qualify.scaleout.k8s import evidence_blocks
+
+        found = [_evidence(path, block, f"{path} (evidence block {i + 1})")
+                 for i, block in enumerate(evidence_blocks(data.decode("utf-8", "replace"), str(path)))]
+        about = {(e.target, e.digest) for e in found}
+        if len(about) > 1:
+            raise MergeError(f"{path}: its evidence blocks disagree: " + "; ".join(
+                f"block {i + 1} is {e.target} {e.digest}" for i, e in enumerate(found)),
+                hint="a pod log is about one target and one image; collect each Job's log on its own")
+        return found
+    sig_path, bundle_path = formats.signature_path(path), formats.bundle_path(path)
+    signature = read_small(sig_path, 64 << 10, "signature", MergeError) if sig_path.exists() else None
+    bundle = read_small(bundle_path, 1 << 20, "bundle", MergeError) if bundle_path.exists() else None
+    return [_evidence(path, data, str(path), signature, bundle)]
 
 
 def collect(inputs: Iterable[Path]) -> List[Path]:
@@ -111,27 +150,38 @@ def merge(inputs: Iterable[Path]) -> Merged:
     duplicates: List[Tuple[Path, Path]] = []
     image_of: Dict[str, EvidenceFile] = {}  # target -> first image evidence seen
     for path in collect(inputs):
-        ev = parse(path)
-        if ev.identity in kept:
-            duplicates.append((path, kept[ev.identity].source))
-            continue
-        if not ev.is_host:
-            first = image_of.setdefault(ev.target, ev)
-            if first.digest != ev.digest:
-                raise MergeError(
-                    f"evidence for target {ev.target} is about two images: {first.source} ({first.subject}@{first.digest}) "
-                    f"and {ev.source} ({ev.subject}@{ev.digest})",
-                    hint="merge the evidence of one release at a time; drop the files of the other image")
-        kept[ev.identity] = ev
+        for found in parse(path):
+            if found.identity in kept:
+                duplicates.append((path, kept[found.identity].source))
+                continue
+            if not found.is_host:
+                first = image_of.setdefault(found.target, found)
+                if first.digest != found.digest:
+                    raise MergeError(
+                        f"evidence for target {found.target} is about two images: {first.source} "
+                        f"({first.subject}@{first.digest}) and {found.source} ({found.subject}@{found.digest})",
+                        hint="merge the evidence of one release at a time; drop the files of the other image")
+            kept[found.identity] = found
     return Merged(tuple(sorted(kept.values(), key=lambda e: e.file_name)), tuple(duplicates))
 
 
 def write(merged: Merged, out: Path) -> List[Path]:
-    """One file per distinct evidence in `out`; a file there that this merge did not make is refused."""
+    """One file per distinct evidence in `out`, with its signature beside it; a file there that this merge did
+    not make is refused."""
+    from qualify.signing import formats
+
     out.mkdir(parents=True, exist_ok=True)
-    names = {e.file_name for e in merged.evidence}
+    names = {n for e in merged.evidence for n in (e.file_name, e.file_name + formats.SIGNATURE_SUFFIX,
+                                                    e.file_name + formats.BUNDLE_SUFFIX)}
     strangers = sorted(p.name for p in out.iterdir() if p.name not in names)
     if strangers:
         raise MergeError(f"{out}: holds files this merge did not make: {', '.join(strangers[:5])}",
                          hint="give an empty or new --out directory (promote takes every file in it)")
-    return [write_atomic(out / e.file_name, e.data) for e in merged.evidence]
+    written = []
+    for e in merged.evidence:
+        path = write_atomic(out / e.file_name, e.data)
+        for data, extra in ((e.signature, formats.signature_path(path)), (e.bundle, formats.bundle_path(path))):
+            if data is not None:
+                write_atomic(extra, data)
+        written.append(path)
+    return written

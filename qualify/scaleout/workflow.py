@@ -107,12 +107,7 @@ def _build_job(tf: TargetsFile) -> Dict[str, Any]:
                     'echo "$ref" > "build/manifests/$TARGET.image"\n'
                     'python -m qualify qualify "$TARGET" --profile "$PROFILE" --base pinned\n'},
             {"uses": ACTIONS["cosign"]},
-            {"name": "sign keyless with this workflow's OIDC identity",
-             "run": 'curl -sSf -H "Authorization: bearer $ACTIONS_ID_TOKEN_REQUEST_TOKEN" \\\n'
-                    '  "$ACTIONS_ID_TOKEN_REQUEST_URL&audience=sigstore" \\\n'
-                    '  | python -c \'import json, sys; print(json.load(sys.stdin)["value"])\' > "$RUNNER_TEMP/oidc-token"\n'
-                    f'python -m qualify sign "{files}" --keyless --identity-token "$RUNNER_TEMP/oidc-token"\n'
-                    'rm -f "$RUNNER_TEMP/oidc-token"\n'},
+            _keyless_sign("sign keyless with this workflow's OIDC identity", files),
             {"name": "publish: the version tag on the qualified digest",
              "run": 'ref="$(cat "build/manifests/$TARGET.image")"\n'
                     'docker buildx imagetools create -t "${ref%@*}:$GITHUB_REF_NAME-$PROFILE" "$ref"\n'},
@@ -124,12 +119,25 @@ def _build_job(tf: TargetsFile) -> Dict[str, Any]:
     }
 
 
+_OIDC = ('curl -sSf -H "Authorization: bearer $ACTIONS_ID_TOKEN_REQUEST_TOKEN" \\\n'
+         '  "$ACTIONS_ID_TOKEN_REQUEST_URL&audience=sigstore" \\\n'
+         '  | python -c \'import json, sys; print(json.load(sys.stdin)["value"])\' > "$RUNNER_TEMP/oidc-token"\n')
+
+
+def _keyless_sign(name: str, files: str) -> Dict[str, Any]:
+    """Sign FILES keyless with the workflow's OIDC identity (the identity hosts.json enrolls for the GPU job)."""
+    return {"name": name,
+            "run": _OIDC + f'python -m qualify sign "{files}" --keyless --identity-token "$RUNNER_TEMP/oidc-token"\n'
+                   'rm -f "$RUNNER_TEMP/oidc-token"\n'}
+
+
 def _gpu_job(target: Target) -> Dict[str, Any]:
     return {
         "name": f"GPU evidence {target.name} ({', '.join(target.gpus)})",
         "needs": "build",
         "runs-on": ["self-hosted", "linux", SELF_HOSTED_ARCH[target.platform], gpu_label(target)],
-        "permissions": {"contents": "read", "packages": "read"},
+        # id-token: the evidence is signed keyless, with this job's identity (enrolled in manifests/hosts.json).
+        "permissions": {"contents": "read", "packages": "read", "id-token": "write"},
         "env": {"TARGET": target.name, "PROFILE": PROFILE},
         "steps": [
             *_checkout_and_install(),
@@ -142,6 +150,9 @@ def _gpu_job(target: Target) -> Dict[str, Any]:
                     'mkdir -p evidence\n'
                     'python -m qualify gpu-evidence "$TARGET" --profile "$PROFILE" --image "$ref" \\\n'
                     '  --out "evidence/$TARGET.$RUNNER_NAME.json"\n'},
+            {"uses": ACTIONS["cosign"]},
+            _keyless_sign("sign the evidence keyless: promote counts it when this workflow's identity is enrolled",
+                          "evidence/$TARGET.$RUNNER_NAME.json"),
             {"uses": ACTIONS["upload"], "with": {"name": f"evidence-{target.name}", "path": "evidence/",
                                                  "if-no-files-found": "error"}},
         ],
@@ -178,9 +189,16 @@ def _promote_job(tf: TargetsFile) -> Dict[str, Any]:
             {"uses": ACTIONS["download"], "with": {"pattern": "evidence-*", "path": "evidence-in"}},
             {"name": "merge evidence from every GPU runner (same evidence once; mismatched digests refused)",
              "run": "python -m qualify merge evidence-in --out evidence\n"},
-            {"name": "promote",
-             "run": 'python -m qualify promote "$GITHUB_REF_NAME" --evidence evidence/*.json\n'
-                    'gh release upload "$GITHUB_REF_NAME" --repo "$GITHUB_REPOSITORY" --clobber evidence/*.json\n'},
+            {"uses": ACTIONS["cosign"]},
+            {"name": "promote (the release key from the repository's secrets; the release folder from the tag)",
+             "env": {"COSIGN_PASSWORD": "${{ secrets.RELEASE_KEY_PASSWORD }}",
+                     "RELEASE_KEY": "${{ secrets.RELEASE_KEY }}"},
+             "run": 'umask 077; printf \'%s\\n\' "$RELEASE_KEY" > "$RUNNER_TEMP/cosign.key"\n'
+                    'python -m qualify promote "$GITHUB_REF_NAME" --key "$RUNNER_TEMP/cosign.key" \\\n'
+                    '  --hosts manifests/hosts.json --evidence evidence/*.json\n'
+                    'rm -f "$RUNNER_TEMP/cosign.key"\n'
+                    'gh release upload "$GITHUB_REF_NAME" --repo "$GITHUB_REPOSITORY" --clobber evidence/*.json \\\n'
+                    '  "manifests/$GITHUB_REF_NAME"/*.promotion.json* "manifests/$GITHUB_REF_NAME"/*.json.sig\n'},
         ],
     }
 

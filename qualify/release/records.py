@@ -1,0 +1,538 @@
+"""The signed records of a release folder, as typed values: what their JSON holds and how it is parsed.
+
+Each record is canonical JSON (sorted keys, so its bytes and its signature depend only on its content),
+signed with the release key in cosign's blob formats (`.sig`, `.sigstore.json`). Parsing is strict:
+unknown keys, wrong types, names that are not file or target names, times that are not RFC 3339 UTC
+are refused with the file and the key named. `folder.py` reads and writes them; ARCHITECTURE.md lists
+them with what each proves.
+
+- `release.json` (ReleaseIndex): the tag, its version, the release's sequence number and predecessor,
+  a deterministic time (the source commit's), the targets with their manifest sha256, and the sha256 of
+  every file the release wrote.
+- `<target>.promotion.json` (PromotionRecord): a promotion or demotion of one target, with a sequence
+  number higher than the one before it and the sha256 of the manifest it rewrote.
+- `published.json` (Publication): where `nox -s publish` put the release's images, bound to the
+  release by the sha256 of its `release.json`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+from qualify.core import manifest as mf
+from qualify.core.errors import QualifyError, VerificationError
+from qualify.core.fsutil import canonical_json
+from qualify.core.readlimit import strict_json
+from qualify.release.order import ReleaseOrder, Version, tag_problem
+
+RELEASE_SCHEMA = "https://blackwell-qualify.dev/release/v2"
+PROMOTION_SCHEMA = "https://blackwell-qualify.dev/promotion/v2"
+PUBLICATION_SCHEMA = "https://blackwell-qualify.dev/publication/v2"
+INDEX_FILE = "release.json"
+PUBLIC_KEY_FILE = "cosign.pub"
+PUBLICATION_FILE = "published.json"
+PROMOTION_SUFFIX = ".promotion.json"
+HEX = re.compile(r"[0-9a-f]{64}")
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
+TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+
+
+def promotion_file(target: str) -> str:
+    return f"{target}{PROMOTION_SUFFIX}"
+
+
+def parse_time(text: Any, where: str, error: Type[QualifyError] = VerificationError) -> dt.datetime:
+    """An RFC 3339 UTC time as this toolkit writes it (`2026-12-01T09:15:00Z`), parsed (never compared as text)."""
+    if not isinstance(text, str) or not TIME.fullmatch(text):
+        raise error(f"{where}: {str(text)[:60]!r} is not a UTC time written as YYYY-MM-DDTHH:MM:SSZ")
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        raise error(f"{where}: {text!r} is not a real date and time") from None
+
+
+def format_time(when: dt.datetime) -> str:
+    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Fields:
+    """One JSON object of a signed record, read key by key with its type checked; unknown keys refused."""
+
+    def __init__(self, doc: Any, where: str, error: Type[QualifyError] = VerificationError) -> None:
+        if not isinstance(doc, dict):
+            raise error(f"{where}: not a JSON object")
+        self.doc, self.where, self.error = doc, where, error
+
+    def _fail(self, key: str, wanted: str) -> QualifyError:
+        return self.error(f"{self.where}: {key!r} is missing or not {wanted} (found {str(self.doc.get(key))[:60]!r})",
+                          hint="a signed record is never edited by hand; restore it or re-make it")
+
+    def text(self, key: str, pattern: Optional[re.Pattern] = None, empty: bool = False) -> str:
+        value = self.doc.get(key)
+        if not isinstance(value, str) or (not empty and not value) or (pattern and value and not pattern.fullmatch(value)):
+            raise self._fail(key, "a string" if pattern is None else f"a string matching {pattern.pattern}")
+        return value
+
+    def optional_text(self, key: str) -> Optional[str]:
+        return None if self.doc.get(key) is None else self.text(key)
+
+    def integer(self, key: str, minimum: int = 0) -> int:
+        value = self.doc.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self._fail(key, f"a whole number >= {minimum}")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.doc.get(key)
+        if not isinstance(value, bool):
+            raise self._fail(key, "true or false")
+        return value
+
+    def obj(self, key: str) -> Fields:
+        return Fields(self.doc.get(key), f"{self.where}: {key}", self.error)
+
+    def optional_obj(self, key: str) -> Optional[Fields]:
+        return None if self.doc.get(key) is None else self.obj(key)
+
+    def items(self, key: str) -> List[Fields]:
+        value = self.doc.get(key)
+        if not isinstance(value, list):
+            raise self._fail(key, "a list")
+        return [Fields(v, f"{self.where}: {key}[{i}]", self.error) for i, v in enumerate(value)]
+
+    def texts(self, key: str) -> Tuple[str, ...]:
+        value = self.doc.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._fail(key, "a list of strings")
+        return tuple(value)
+
+    def only(self, *keys: str) -> Fields:
+        extra = sorted(set(self.doc) - set(keys))
+        if extra:
+            raise self.error(f"{self.where}: keys this toolkit does not write: {', '.join(map(repr, extra[:5]))}",
+                             hint="a signed record is never edited by hand; restore it or re-make it")
+        return self
+
+
+def _load(data: bytes, where: str, schema: str, error: Type[QualifyError]) -> Fields:
+    doc = Fields(strict_json(data, where, error), where, error)
+    if doc.doc.get("schema") != schema:
+        raise error(f"{where}: not a {schema} record (schema {str(doc.doc.get('schema'))[:80]!r})",
+                    hint="made by an older toolkit? re-make it with this one")
+    return doc
+
+
+# --- release.json ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReleasedEntry:
+    """One target of a release, as release.json names it."""
+
+    target: str
+    capability: str
+    platform: str
+    profile: str
+    reference: str
+    digest: str
+    manifest_sha256: str
+    support_level: str
+    verdict: str
+
+    @property
+    def manifest_file(self) -> str:
+        return f"{self.target}.json"
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"target": self.target, "capability": self.capability, "platform": self.platform,
+                "profile": self.profile, "image": {"reference": self.reference, "digest": self.digest},
+                "manifest_sha256": self.manifest_sha256, "support_level": self.support_level, "verdict": self.verdict}
+
+    @classmethod
+    def parse(cls, f: Fields) -> ReleasedEntry:
+        f.only("target", "capability", "platform", "profile", "image", "manifest_sha256", "support_level", "verdict")
+        image = f.obj("image").only("reference", "digest")
+        return cls(f.text("target", mf.TARGET_NAME), f.text("capability"), f.text("platform"),
+                   f.text("profile", empty=True), image.text("reference"), image.text("digest", mf.DIGEST),
+                   f.text("manifest_sha256", HEX), f.text("support_level"), f.text("verdict"))
+
+
+@dataclass(frozen=True)
+class Predecessor:
+    tag: str
+    sequence: int
+    release_sha256: str
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"tag": self.tag, "sequence": self.sequence, "release_sha256": self.release_sha256}
+
+
+@dataclass(frozen=True)
+class ReleaseIndex:
+    """release.json: what the release is, where it stands among releases, and every file it wrote."""
+
+    tag: str
+    sequence: int
+    time: str
+    source_revision: str
+    min_level: str
+    key_fingerprint: str
+    key_hint: str
+    targets: Tuple[ReleasedEntry, ...]
+    files: Tuple[Tuple[str, str], ...]  # (name, sha256 hex), every file the release wrote but release.json's own
+    predecessor: Optional[Predecessor] = None
+    withheld: Tuple[Tuple[str, str], ...] = ()
+    dirty_paths: Tuple[str, ...] = ()
+    dirty_allowed: bool = False
+
+    @property
+    def version(self) -> Optional[str]:
+        v = Version.parse(self.tag)
+        return v.text if v else None
+
+    @property
+    def order(self) -> ReleaseOrder:
+        return ReleaseOrder.of(self.tag, self.sequence)
+
+    def entry(self, target: str) -> Optional[ReleasedEntry]:
+        return next((e for e in self.targets if e.target == target), None)
+
+    def file_sha256(self, name: str) -> Optional[str]:
+        return dict(self.files).get(name)
+
+    def as_json(self) -> Dict[str, Any]:
+        return {
+            "schema": RELEASE_SCHEMA, "tag": self.tag, "version": self.version, "sequence": self.sequence,
+            "predecessor": self.predecessor.as_json() if self.predecessor else None, "time": self.time,
+            "source_revision": self.source_revision, "min_level": self.min_level,
+            "public_key": {"file": PUBLIC_KEY_FILE, "fingerprint": self.key_fingerprint, "hint": self.key_hint},
+            "targets": [e.as_json() for e in self.targets],
+            "withheld": [{"target": t, "reason": r} for t, r in self.withheld],
+            "allow_partial": bool(self.withheld),
+            "dirty": {"allowed": self.dirty_allowed, "paths": list(self.dirty_paths)},
+            "files": dict(self.files),
+        }
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.as_json())
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> ReleaseIndex:
+        f = _load(data, where, RELEASE_SCHEMA, error).only(
+            "schema", "tag", "version", "sequence", "predecessor", "time", "source_revision", "min_level",
+            "public_key", "targets", "withheld", "allow_partial", "dirty", "files")
+        tag = f.text("tag")
+        if tag_problem(tag):
+            raise error(f"{where}: 'tag' is {tag_problem(tag)}")
+        version = f.optional_text("version")
+        expected = Version.parse(tag)
+        if version != (expected.text if expected else None):
+            raise error(f"{where}: 'version' {version!r} is not what tag {tag!r} says")
+        parse_time(f.text("time"), f"{where}: time", error)
+        key = f.obj("public_key").only("file", "fingerprint", "hint")
+        if key.text("file") != PUBLIC_KEY_FILE:
+            raise error(f"{where}: public_key.file must be {PUBLIC_KEY_FILE}")
+        pred = f.optional_obj("predecessor")
+        files_obj = f.obj("files")
+        files = []
+        for name, sha in sorted(files_obj.doc.items()):
+            if not FILE_NAME.fullmatch(name) or name.startswith(INDEX_FILE) or not isinstance(sha, str) \
+                    or not HEX.fullmatch(sha):
+                raise error(f"{where}: files: {name[:80]!r} is not a file name with a sha256")
+            files.append((name, sha))
+        dirty = f.obj("dirty").only("allowed", "paths")
+        targets = tuple(ReleasedEntry.parse(t) for t in f.items("targets"))
+        if len({t.target for t in targets}) != len(targets):
+            raise error(f"{where}: a target is listed twice")
+        withheld = tuple((w.only("target", "reason").text("target"), w.text("reason", empty=True))
+                         for w in f.items("withheld"))
+        if f.flag("allow_partial") != bool(withheld):
+            raise error(f"{where}: allow_partial does not match the withheld targets")
+        return cls(
+            tag=tag, sequence=f.integer("sequence", 1), time=f.text("time"),
+            source_revision=f.text("source_revision"), min_level=f.text("min_level"),
+            key_fingerprint=key.text("fingerprint"), key_hint=key.text("hint", empty=True), targets=targets,
+            files=tuple(files), withheld=withheld, dirty_paths=dirty.texts("paths"),
+            dirty_allowed=dirty.flag("allowed"),
+            predecessor=Predecessor(pred.only("tag", "sequence", "release_sha256").text("tag"),
+                                    pred.integer("sequence", 1), pred.text("release_sha256", HEX)) if pred else None)
+
+
+# --- <target>.promotion.json ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CountedEvidence:
+    """One evidence record a promotion accepted: its file (under evidence/<target>/) and sha256."""
+
+    sha256: str
+    identity: str
+    time: str
+    outcome: str
+    reason: str
+    gpu: str
+    driver: str
+    host: str  # the enrolled host's name, or "unsigned"
+    figures: Tuple[Tuple[str, float], ...] = ()
+
+    def file(self, target: str) -> str:
+        return f"evidence/{target}/{self.sha256}.json"
+
+    def as_json(self, target: str) -> Dict[str, Any]:
+        return {"sha256": self.sha256, "identity": self.identity, "file": self.file(target), "time": self.time,
+                "outcome": self.outcome, "reason": self.reason, "gpu": self.gpu, "driver": self.driver,
+                "host": self.host, "figures": dict(self.figures)}
+
+    @classmethod
+    def parse(cls, f: Fields, target: str) -> CountedEvidence:
+        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures")
+        sha = f.text("sha256", HEX)
+        if f.text("file") != f"evidence/{target}/{sha}.json":
+            raise f.error(f"{f.where}: 'file' is not evidence/{target}/{sha}.json")
+        parse_time(f.text("time"), f"{f.where}: time", f.error)
+        figures = f.obj("figures").doc
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
+            raise f.error(f"{f.where}: figures must map names to numbers")
+        return cls(sha, f.text("identity", HEX), f.text("time"), f.text("outcome"), f.text("reason", empty=True),
+                   f.text("gpu", empty=True), f.text("driver", empty=True), f.text("host"),
+                   tuple(sorted((str(k), float(v)) for k, v in figures.items())))
+
+
+@dataclass(frozen=True)
+class PromotionRecord:
+    """A promotion or demotion of one target of one release, newer than the one before it (`sequence`)."""
+
+    release: str
+    release_sha256: str
+    target: str
+    sequence: int
+    previous_sha256: Optional[str]  # the promotion record it replaces
+    released_level: str
+    level: str
+    consecutive_passes: int
+    required_consecutive_passes: int
+    note: str
+    manifest_sha256: str  # the manifest this promotion wrote
+    evidence: Tuple[CountedEvidence, ...] = ()
+    unsigned_evidence_allowed: bool = False
+    hosts_sha256: Optional[str] = None  # the enrolled-hosts file the evidence was checked against
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"schema": PROMOTION_SCHEMA, "release": self.release, "release_sha256": self.release_sha256,
+                "target": self.target, "sequence": self.sequence, "previous_sha256": self.previous_sha256,
+                "released_level": self.released_level, "level": self.level,
+                "consecutive_passes": self.consecutive_passes,
+                "required_consecutive_passes": self.required_consecutive_passes, "note": self.note,
+                "manifest_sha256": self.manifest_sha256,
+                "evidence": [e.as_json(self.target) for e in self.evidence],
+                "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256}
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.as_json())
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> PromotionRecord:
+        f = _load(data, where, PROMOTION_SCHEMA, error).only(
+            "schema", "release", "release_sha256", "target", "sequence", "previous_sha256", "released_level",
+            "level", "consecutive_passes", "required_consecutive_passes", "note", "manifest_sha256", "evidence",
+            "unsigned_evidence_allowed", "hosts_sha256")
+        target = f.text("target", mf.TARGET_NAME)
+        previous = f.optional_text("previous_sha256")
+        hosts = f.optional_text("hosts_sha256")
+        for name, value in (("previous_sha256", previous), ("hosts_sha256", hosts)):
+            if value is not None and not HEX.fullmatch(value):
+                raise error(f"{where}: {name!r} is not a sha256")
+        return cls(
+            release=f.text("release"), release_sha256=f.text("release_sha256", HEX), target=target,
+            sequence=f.integer("sequence", 1), previous_sha256=previous, released_level=f.text("released_level"),
+            level=f.text("level"), consecutive_passes=f.integer("consecutive_passes"),
+            required_consecutive_passes=f.integer("required_consecutive_passes", 1), note=f.text("note", empty=True),
+            manifest_sha256=f.text("manifest_sha256", HEX),
+            evidence=tuple(CountedEvidence.parse(e, target) for e in f.items("evidence")),
+            unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts)
+
+
+# --- published.json ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublishedImage:
+    target: str
+    reference: str  # destination name@sha256:...
+    tag: str  # destination name:TAG
+    digest: str
+    source: str
+    attestations: str  # name:sha256-<hex>.att
+    predicate_types: Tuple[str, ...]
+    referrers: str  # "pushed", or why not
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"target": self.target, "reference": self.reference, "tag": self.tag, "digest": self.digest,
+                "source": self.source, "attestations": self.attestations,
+                "predicate_types": list(self.predicate_types), "referrers": self.referrers}
+
+
+@dataclass(frozen=True)
+class PublishedIndex:
+    capability: str
+    tag: str
+    reference: str
+    targets: Tuple[str, ...]
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"capability": self.capability, "tag": self.tag, "reference": self.reference,
+                "targets": list(self.targets)}
+
+
+@dataclass(frozen=True)
+class Publication:
+    """published.json: where a release's images were published. No per-run facts (seconds, blob counts),
+    so publishing the same release again gives the same bytes and signature."""
+
+    tag: str
+    release_sha256: str
+    destination: str
+    key_fingerprint: str
+    images: Tuple[PublishedImage, ...] = ()
+    indexes: Tuple[PublishedIndex, ...] = field(default_factory=tuple)
+
+    def image(self, target: str) -> Optional[PublishedImage]:
+        return next((i for i in self.images if i.target == target), None)
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"schema": PUBLICATION_SCHEMA, "tag": self.tag, "release_sha256": self.release_sha256,
+                "destination": self.destination, "key_fingerprint": self.key_fingerprint,
+                "images": [i.as_json() for i in self.images], "indexes": [x.as_json() for x in self.indexes]}
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.as_json())
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> Publication:
+        f = _load(data, where, PUBLICATION_SCHEMA, error).only(
+            "schema", "tag", "release_sha256", "destination", "key_fingerprint", "images", "indexes")
+        images = []
+        for i in f.items("images"):
+            i.only("target", "reference", "tag", "digest", "source", "attestations", "predicate_types", "referrers")
+            images.append(PublishedImage(i.text("target", mf.TARGET_NAME), i.text("reference"), i.text("tag"),
+                                         i.text("digest", mf.DIGEST), i.text("source"), i.text("attestations"),
+                                         i.texts("predicate_types"), i.text("referrers", empty=True)))
+        indexes = [PublishedIndex(x.only("capability", "tag", "reference", "targets").text("capability"),
+                                  x.text("tag"), x.text("reference"), x.texts("targets")) for x in f.items("indexes")]
+        return cls(f.text("tag"), f.text("release_sha256", HEX), f.text("destination"), f.text("key_fingerprint"),
+                   tuple(images), tuple(indexes))
+
+
+def entries_by_target(entries: Sequence[ReleasedEntry]) -> Mapping[str, ReleasedEntry]:
+    return {e.target: e for e in entries}
+
+
+# --- the release statement (an attestation beside each published image) ---------------------------
+
+
+RELEASE_STATEMENT_TYPE = "https://blackwell-qualify.dev/release-statement/v1"
+
+
+@dataclass(frozen=True)
+class ReleaseStatement:
+    """What `nox -s publish` attests beside each image: which release (and promotion) the qualification
+    statement next to it belongs to. `verify --image` chooses among attestations by this signed order."""
+
+    tag: str
+    sequence: int
+    promotion: int
+    time: str
+    release_sha256: str
+    target: str
+    manifest_sha256: str  # the sha256 of the qualification statement's payload it vouches for
+
+    @property
+    def order(self) -> ReleaseOrder:
+        return ReleaseOrder.of(self.tag, self.sequence, self.promotion)
+
+    def describe(self) -> str:
+        return f"{self.tag} (sequence {self.sequence}, promotion {self.promotion})"
+
+    def statement(self, name: str, digest: str) -> Dict[str, Any]:
+        return mf.statement(name, digest, {
+            "tag": self.tag, "sequence": self.sequence, "promotion": self.promotion, "time": self.time,
+            "release_sha256": self.release_sha256, "target": self.target, "manifest_sha256": self.manifest_sha256,
+        }) | {"predicateType": RELEASE_STATEMENT_TYPE}
+
+    @classmethod
+    def from_predicate(cls, predicate: Any, where: str) -> ReleaseStatement:
+        f = Fields(predicate, where).only("tag", "sequence", "promotion", "time", "release_sha256", "target",
+                                          "manifest_sha256")
+        parse_time(f.text("time"), f"{where}: time")
+        tag = f.text("tag")
+        if tag_problem(tag):
+            raise VerificationError(f"{where}: 'tag' is {tag_problem(tag)}")
+        return cls(tag, f.integer("sequence", 1), f.integer("promotion"), f.text("time"),
+                   f.text("release_sha256", HEX), f.text("target", mf.TARGET_NAME), f.text("manifest_sha256", HEX))
+
+
+# --- the enrolled hosts (whose GPU evidence counts) -------------------------------------------------
+
+
+HOSTS_SCHEMA = "https://blackwell-qualify.dev/enrolled-hosts/v1"
+HOSTS_FILE = "hosts.json"  # manifests/hosts.json, committed: every release commit carries it
+HOST_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+@dataclass(frozen=True)
+class EnrolledHost:
+    """A host (or a CI job) whose signed GPU evidence `promote` counts: a public key, or a keyless identity
+    (the certificate identity and OIDC issuer cosign checks, e.g. the release workflow's GPU job)."""
+
+    name: str
+    key_pem: str = ""  # PEM of the host's public key ("" for a keyless identity)
+    fingerprint: str = ""
+    identity: str = ""
+    issuer: str = ""
+
+    @property
+    def keyless(self) -> bool:
+        return not self.key_pem
+
+    def as_json(self) -> Dict[str, Any]:
+        if self.keyless:
+            return {"name": self.name, "keyless": {"identity": self.identity, "issuer": self.issuer}}
+        return {"name": self.name, "key": {"pem": self.key_pem, "fingerprint": self.fingerprint}}
+
+
+@dataclass(frozen=True)
+class EnrolledHosts:
+    """manifests/hosts.json, signed with the release key: whoever can write a release folder cannot enroll
+    themselves. A new version has a higher sequence."""
+
+    sequence: int
+    hosts: Tuple[EnrolledHost, ...] = ()
+
+    def host(self, name: str) -> Optional[EnrolledHost]:
+        return next((h for h in self.hosts if h.name == name), None)
+
+    def as_json(self) -> Dict[str, Any]:
+        return {"schema": HOSTS_SCHEMA, "sequence": self.sequence,
+                "hosts": [h.as_json() for h in sorted(self.hosts, key=lambda h: h.name)]}
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.as_json())
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> EnrolledHosts:
+        f = _load(data, where, HOSTS_SCHEMA, error).only("schema", "sequence", "hosts")
+        hosts = []
+        for h in f.items("hosts"):
+            name = h.text("name", HOST_NAME)
+            if "key" in h.doc:
+                key = h.only("name", "key").obj("key").only("pem", "fingerprint")
+                hosts.append(EnrolledHost(name, key_pem=key.text("pem"), fingerprint=key.text("fingerprint")))
+            else:
+                kl = h.only("name", "keyless").obj("keyless").only("identity", "issuer")
+                hosts.append(EnrolledHost(name, identity=kl.text("identity"), issuer=kl.text("issuer")))
+        if len({h.name for h in hosts}) != len(hosts):
+            raise error(f"{where}: a host name is enrolled twice")
+        return cls(f.integer("sequence", 1), tuple(hosts))

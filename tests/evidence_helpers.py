@@ -1,0 +1,120 @@
+"""Helpers for the promotion tests (not a test module): a release made by the real release steps, a GPU host
+enrolled with its own key (manifests/hosts.json signed with the release key, as `qualify hosts add` writes
+it), and evidence records made and signed as start.sh makes and signs them (release/evidence.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Optional, Sequence
+
+from signing_helpers import DIGEST_A, PASSWORD, make_key_pair, make_release, statement
+
+from qualify.config import targets
+from qualify.core import manifest as mf
+from qualify.probe.gpu import REQUIRED_GPU_CHECKS
+from qualify.release import evidence as ev
+from qualify.release import folder, promote
+from qualify.release import records as rec
+from qualify.signing import formats, signer
+from qualify.signing import keys as cosign_keys
+
+TF = targets.load()
+PROBE = "sha256:" + "c" * 64
+TAG = "v1.0.0"
+
+
+def gpu_check(cid: str, status: str, required: bool = True) -> dict:
+    return {"id": cid, "title": cid, "status": status, "required": required, "reason": f"{cid} {status}",
+            "evidence": {}}
+
+
+def gpu_checks(outcome: ev.Outcome) -> tuple:
+    """The GPU checks a run with this outcome has (the outcome is recomputed from them)."""
+    status = {ev.Outcome.PASS: "pass", ev.Outcome.INFRASTRUCTURE: "not-run"}.get(outcome, "pass")
+    checks = [gpu_check(cid, status) for cid in REQUIRED_GPU_CHECKS]
+    if outcome is ev.Outcome.PRODUCT_FAILURE:
+        checks[2] = gpu_check(REQUIRED_GPU_CHECKS[2], "fail")
+    return tuple(checks)
+
+
+def sign_with(key_file: Path, password: str = PASSWORD):
+    """(sign(path), TrustedKey) for a key file, with the test password (no terminal, no environment)."""
+    s, public = signer.key_signer("builtin", key_file, password.encode())
+
+    def sign(path: Path) -> None:
+        s.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
+
+    return sign, folder.TrustedKey.from_bytes(cosign_keys.public_key_pem(public), str(key_file))
+
+
+class Lab:
+    """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host."""
+
+    def __init__(self, root: Path, level: str = "unverified") -> None:
+        self.root = root
+        keys = root / "keys"
+        keys.mkdir(parents=True, exist_ok=True)
+        self.release_key, self.release_pub = make_key_pair(keys)
+        self.host_key, self.host_pub = make_key_pair(keys, prefix="gpu-host")
+        stmt = statement("sm120", DIGEST_A, level=level)
+        stmt["predicate"].setdefault("toolkit", {})["probe_sha256"] = PROBE
+        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key)
+        self.manifests = self.folder.parent
+        self.sign, self.key = sign_with(self.release_key)
+        self.t0 = rec.parse_time(folder.read_release(self.folder).index.time, "release time")
+        self.now = self.t0 + dt.timedelta(days=30)
+        self.enroll(("lab-5090", self.host_pub))
+
+    def enroll(self, *hosts: tuple) -> Path:
+        entries = []
+        for name, pub in hosts:
+            key = folder.TrustedKey.read(pub)
+            entries.append(rec.EnrolledHost(name, key_pem=key.pem.decode(), fingerprint=key.fingerprint))
+        path = self.manifests / rec.HOSTS_FILE
+        folder.write_hosts(path, rec.EnrolledHosts(len(entries), tuple(entries)), self.sign, self.key)
+        return path
+
+    @property
+    def hosts(self) -> rec.EnrolledHosts:
+        return folder.read_hosts(self.manifests / rec.HOSTS_FILE, self.key)
+
+    def when(self, n: int) -> str:
+        return rec.format_time(self.t0 + dt.timedelta(seconds=n))  # after the release, never in the future
+
+    def record(self, n: int, outcome: ev.Outcome = ev.Outcome.PASS, digest: str = DIGEST_A, cap: str = "12.0",
+               probe: str = PROBE, release: str = TAG, **kw) -> ev.Evidence:
+        computed = ev.outcome_of(gpu_checks(outcome), cap, "12.0")
+        fields = dict(release=release, target="sm120", capability="12.0",
+                      image_reference=f"127.0.0.1:5555/blackwell/sm120@{digest}", image_digest=digest,
+                      probe_sources_digest=probe,
+                      gpu=ev.Gpu("NVIDIA GeForce RTX 5090" if cap == "12.0" else "NVIDIA H200", cap,
+                                 ev.hashed("GPU-1"), "580.1"),
+                      host_id_sha256=ev.hashed("host"), time=self.when(n), outcome=computed.outcome,
+                      reason=computed.reason, checks=gpu_checks(outcome), figures={"bf16_matmul_tflops": 200.0 + n},
+                      run_id=f"{n:032x}")
+        fields.update(kw)
+        return ev.Evidence(**fields)
+
+    def write(self, records: Sequence[ev.Evidence], signed: bool = True, key: Optional[Path] = None,
+              where: Optional[Path] = None) -> list:
+        where = where or self.root / "handed-in"
+        where.mkdir(parents=True, exist_ok=True)
+        out = []
+        for r in records:
+            path = ev.write(where / ev.file_name(r.target, r.time, ev.hashed(f"host-{len(out)}")), r)
+            if signed:
+                ev.sign(path, key or self.host_key, PASSWORD.encode())
+            out.append(path)
+        return out
+
+    def promote(self, paths: Sequence[Path], allow_unsigned: bool = False, hosts=None) -> promote.Promoted:
+        (done,) = promote.promote(self.folder, TAG, paths, TF, self.sign, self.key,
+                                  self.hosts if hosts is None else hosts, allow_unsigned, now=self.now)
+        return done
+
+    def run(self, records, **kw) -> promote.Promoted:
+        return self.promote(self.write(records), **kw)
+
+    def manifest(self) -> mf.Manifest:
+        return folder.read_release(self.folder, folder.KeyAnchor(trusted=self.key)).target("sm120").manifest
