@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -196,14 +197,20 @@ def test_second_release_without_force_is_refused_and_changes_nothing(repo, keys)
         asked.append("password")
         return builtin_factory(key_file)()
 
-    with pytest.raises(ReleaseError, match=f"tag {TAG} already exists"):
+    # Another release under the same tag: refused before the key's password is asked for, nothing changed.
+    write_manifest(repo / "build" / "manifests" / "sm100.json", "sm100", DIGEST_A, level="experimental",
+                   revision=head(repo))
+    changed = snapshot(repo)
+    with pytest.raises(ReleaseError, match=f"tag {TAG} already exists .* and holds another release .other manifests "
+                                           "for sm100."):
         release.run_release(options(repo), factory, built_images, progress=lambda m: None)
-    assert snapshot(repo) == before and git(repo, "cat-file", "-p", TAG) == tag_before
+    assert snapshot(repo) == changed and git(repo, "cat-file", "-p", TAG) == tag_before
     assert asked == []  # refused before asking for the key's password
     cli = run_qualify(["release", TAG, "--key", str(key_file), "--no-upload"], repo,
                       {"COSIGN_PASSWORD": PASSWORD})
     assert cli.returncode == ReleaseError.exit_code and "already exists" in cli.stderr
-    assert snapshot(repo) == before and git(repo, "cat-file", "-p", TAG) == tag_before
+    assert snapshot(repo) == changed and git(repo, "cat-file", "-p", TAG) == tag_before
+    assert before != changed
 
 
 def test_force_moves_the_tag_and_rewrites(repo, keys):
@@ -351,3 +358,68 @@ def test_cli_release_json_and_no_secret_anywhere(keys, tmp_path, docker_engine, 
     texts = [result.stdout, result.stderr, verified.stdout, verified.stderr, *tree_texts(root),
              git(root, "cat-file", "-p", TAG), git(root, "log", "--all", "-p")]
     assert_no_secrets(texts, secrets_of(key_file))
+
+
+# --- interruptions: a real run killed (SIGKILL) at a named step, then the same command again -----------------
+
+
+_KILLED_RUN = """
+import sys
+from pathlib import Path
+from qualify.release import release
+from qualify.signing import signer
+repo, key, password = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].encode()
+opts = release.ReleaseOptions(tag=sys.argv[4], repo=repo, source=repo / "build" / "manifests",
+                              out_root=repo / "manifests", upload=False, allow_partial=True)
+out = release.run_release(opts, lambda: signer.key_signer("builtin", key, password),
+                          lambda reference: reference.partition("@")[2], progress=lambda m: None)
+print("RECOVERED:", " | ".join(out.recovered))
+"""
+
+
+def _run_killable(repo: Path, key_file: Path, kill_at: str = "") -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    if kill_at:
+        env["QUALIFY_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-c", _KILLED_RUN, str(repo), str(key_file), PASSWORD, TAG], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("step", ["release:written", "release:committed", "release:tagged"])
+def test_a_release_killed_at_any_step_is_finished_by_running_it_again(repo, keys, tmp_path, step):
+    """Issue 30, item 8: killed after tagging, the re-run used to refuse 'tag already exists'. Now the same
+    release at the same source finishes what is left, gives the same bytes, tag and commit, and says what it
+    found done."""
+    key_file, _ = keys
+    clean = tmp_path / "clean"
+    shutil.copytree(repo, clean)
+    assert _run_killable(clean, key_file).returncode == 0  # an uninterrupted run, for comparison
+    killed = _run_killable(repo, key_file, step)
+    assert killed.returncode == -9, killed.stderr
+    again = _run_killable(repo, key_file)
+    assert again.returncode == 0, again.stderr
+    files = lambda root: {p.name: p.read_bytes() for p in (root / "manifests" / TAG).iterdir()}  # noqa: E731
+    assert files(repo) == files(clean)
+    tree = lambda root: git(root, "rev-parse", f"{TAG}^{{tree}}").strip()  # noqa: E731
+    assert tree(repo) == tree(clean) and git(repo, "tag", "-l").split() == [TAG]
+    assert "already written, identical" in again.stdout
+    if step == "release:tagged":
+        assert "was already made by an earlier run" in again.stdout
+    status = git(repo, "status", "--porcelain", "--untracked-files=all")
+    assert "staging" not in status and not list((repo / ".git" / "qualify-staging").glob("*"))
+
+
+def test_a_kill_in_the_write_step_leaves_nothing_that_blocks_the_next_release(repo, keys):
+    """Issue 30, item 7: the killed run's staging folder used to stay in the work tree and make every later
+    release a dirty tree. It is in the git folder now, and removed by the next run before the tree check."""
+    key_file, _ = keys
+    stale = repo / ".git" / "qualify-staging" / f"release-{TAG}.staging-killed"
+    stale.mkdir(parents=True)
+    (stale / "sm100.json").write_text("half")
+    outcome = do_release(repo, key_file)
+    assert not stale.exists() and outcome.dirty == []
+    index = json.loads((repo / "manifests" / TAG / "release.json").read_text())
+    assert index["dirty"] == {"allowed": False, "paths": []}

@@ -217,7 +217,7 @@ def test_force_leaves_every_file_it_did_not_write_untouched(repo, keys):
     (rel / "NOTES.md").write_text("the release engineer's notes\n")
     # The next run releases only sm100: sm120's files were written by the first release.
     (repo / "build/manifests/sm120.json").unlink()
-    with pytest.raises(ReleaseError, match="already exists"):
+    with pytest.raises(ReleaseError, match="already exists .* holds another release"):
         do_release(repo, key_file)
     outcome = do_release(repo, key_file, force=True)
     assert (rel / "NOTES.md").read_text() == "the release engineer's notes\n"
@@ -394,3 +394,24 @@ def test_publishing_is_composed_between_writing_and_tagging_and_the_tag_names_th
     index = records.ReleaseIndex.parse((repo / "manifests" / TAG / "release.json").read_bytes(), "release.json")
     assert "published.json" not in dict(index.files)  # written after the index, bound to it by its sha256
     assert "published.json" in folder.removable_by_force(index)  # a later --force may replace it
+
+
+def test_generate_key_says_what_to_commit_and_the_release_then_checks_its_key(repo, tmp_path):
+    """Issue 30, item 2: generate-key left cosign.pub in the root and the next `release` refused a dirty tree."""
+    (repo / ".gitignore").write_text("build/\n/cosign.key\n")  # as this repository ignores its private key
+    git(repo, "commit", "-q", "-am", "ignore the private key")
+    made = run_qualify(["sign", "generate-key"], repo, ENV)
+    assert made.returncode == 0, made.stderr
+    fingerprint = made.stdout.split("RELEASE_KEY_FINGERPRINT=", 1)[1].split()[0]
+    assert "git add cosign.pub && git commit" in made.stdout and fingerprint.startswith("sha256:")
+    refused = run_qualify(["release", TAG, "--key", "cosign.key", "--no-upload", "--dry-run"], repo, ENV)
+    assert refused.returncode == ReleaseError.exit_code and "commit the release's public key first" in refused.stderr
+    git(repo, "add", "cosign.pub")
+    git(repo, "commit", "-q", "-m", "release key")
+    out, rev = repo / "build" / "manifests", head(repo)
+    write_manifest(out / "sm100.json", "sm100", DIGEST_A, revision=rev)
+    write_manifest(out / "sm120.json", "sm120", DIGEST_B, revision=rev)
+    assert do_release(repo, repo / "cosign.key").released
+    other_key, _ = make_key_pair(tmp_path, prefix="other")
+    with pytest.raises(ReleaseError, match="but the repository's cosign.pub is " + fingerprint):
+        do_release(repo, other_key, tag="v1.1.0")

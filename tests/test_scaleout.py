@@ -159,7 +159,8 @@ def test_the_workflow_follows_the_targets_file():
         # The evidence is signed keyless with the job's identity: what promote counts once it is enrolled.
         assert job["permissions"]["id-token"] == "write"
         gpu_run = "\n".join(s.get("run", "") for s in job["steps"])
-        assert gpu_run.index("qualify gpu-evidence") < gpu_run.index('qualify sign "evidence/$TARGET.$RUNNER_NAME.json" --keyless')
+        signing = 'qualify sign "evidence/$TARGET.$RUNNER_NAME.json" --keyless'
+        assert gpu_run.index("qualify gpu-evidence") < gpu_run.index(signing)
     promote = "\n".join(s.get("run", "") for s in doc["jobs"]["promote"]["steps"])
     assert 'python -m qualify promote "$GITHUB_REF_NAME" --key "$RUNNER_TEMP/cosign.key"' in promote
     assert "--hosts manifests/hosts.json --evidence evidence/*.json" in promote

@@ -239,7 +239,22 @@ def test_a_statically_qualified_image_needs_the_gpu_checks_here(host, docker_eng
     released(host, statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"}, level="unverified")
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
     assert done.returncode == 4
-    assert "qualified only statically" in done.stderr and "GPU checks cannot run here" in done.stderr
+    assert "qualified only statically" in done.stderr
+    # Issue 30, item 4: the words say the manifest passes and only a GPU run here can raise its level.
+    assert SAYS_UNVERIFIED in done.stderr and "the container gets no GPU, so they cannot run here" in done.stderr
+    assert "deploy a release whose manifest passes" not in done.stderr and "GPU_RUNTIME=auto" in done.stderr
+
+
+SAYS_UNVERIFIED = ("trust gate: REFUSED: the GPU checks did not run on this host: the manifest passes, but its level "
+                   "is unverified, and only GPU checks passing on the target's own GPU can raise it")
+
+
+def test_a_smoke_profile_release_is_refused_it_cannot_serve(host, docker_engine):
+    """Issue 30, item 4: start.sh accepted a smoke release and failed only when the container crash-looped."""
+    released(host, profile="smoke")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 4
+    assert "the image is the smoke profile, which holds no vLLM server" in done.stderr
 
 
 def test_no_release_for_the_target(host, docker_engine):
@@ -356,6 +371,7 @@ def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu
     reference = built.image_reference
     digest = reference.split("@", 1)[1]
     host.settings(HEALTH_TIMEOUT_S=30)
+    # The smoke image stands in for a vLLM one (profile vllm in its statement): the gate's GPU path is the same.
     manifest = host.release(statement("sm120", digest, reference=reference, level="unverified",
                                       statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"}))
     started = time.monotonic()
@@ -364,7 +380,7 @@ def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu
     print(f"real GPU gate through start.sh: {seconds:.1f} s")
     assert done.returncode == 4, done.stderr[-4000:]
     assert f"pulling {reference}" in done.stderr
-    assert "GPU checks: running the probe inside the image" in done.stderr
+    assert "GPU checks: running the probe inside the image, WITHOUT a GPU (GPU_RUNTIME=none" in done.stderr
     saved = sorted(manifest.parent.glob("sm120.gpu-evidence.*.json"))
     assert len(saved) == 1, done.stderr[-3000:]
     record = evidence.load(saved[0])
@@ -377,7 +393,7 @@ def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu
     required = [c for c in record.checks if c.get("required")]
     assert required and all((c["status"], c["reason"]) == ("not-run", "no GPU visible") for c in required)
     assert "gpu.bf16-matmul: not-run: no GPU visible" in record.reason
-    assert "trust gate: REFUSED: the GPU checks did not run on this host: " in done.stderr
+    assert SAYS_UNVERIFIED in done.stderr  # the same words as the dry run's refusal
     assert "gpu.bf16-matmul: not-run: no GPU visible" in done.stderr
     assert not host.compose_file.exists() and containers_of(docker_engine, host.project) == []
 

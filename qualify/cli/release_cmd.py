@@ -54,6 +54,8 @@ def _print_human(o: model.ReleaseResult) -> None:
         print(f"  {w.target:<12} WITHHELD      {w.reason}")
     print(f"Release commit {o.release_commit[:12]} on top of {o.source_revision[:12]}; "
           f"tag {o.tag} ({o.tag_object[:12]}); files written: {len(o.written)}, unchanged: {len(o.unchanged)}")
+    if o.recovered:
+        print("Recovered from an earlier, interrupted run: " + "; ".join(o.recovered))
     if o.left_untouched:
         print(f"Left untouched (no release wrote them, not part of the release): {', '.join(o.left_untouched)}")
     if o.dirty:

@@ -60,6 +60,10 @@ def generate_key(args) -> int:
     print(f"Private key written to {key_file} (keep it secret)")
     print(f"Public key written to {pub_file} ({fingerprint})")
     _warn_if_tracked(key_file)
+    print(f"Next: commit the public key, which every release copies into its folder and checks its key against:\n"
+          f"  git add {pub_file} && git commit -m 'release key {fingerprint[:19]}...'\n"
+          f"Deploy hosts pin it in their .env (announce it with the release):\n"
+          f"  RELEASE_KEY_FINGERPRINT={fingerprint}")
     return 0
 
 

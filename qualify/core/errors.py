@@ -104,7 +104,7 @@ def internal_error(exc: BaseException) -> str:
 @dataclass(frozen=True)
 class ExitCode:
     code: int
-    cli: str  # what `python -m qualify ...` (and the nox sessions) mean by it
+    cli: str  # what `python -m qualify ...` means by it (a nox session exits 1 for any failure)
     start_sh: str  # what ./start.sh and scripts/*.sh mean by it ("" when they never use it)
     error: Optional[str] = None  # the error class that exits with it
     shell_name: str = ""  # the readonly name in scripts/lib.sh
@@ -146,6 +146,6 @@ def shell_code(name: str) -> int:
 
 
 def exit_codes_markdown() -> str:
-    rows = ["| code | `python -m qualify`, nox sessions | `./start.sh`, `scripts/*.sh` |", "|---|---|---|"]
+    rows = ["| code | `python -m qualify` | `./start.sh`, `scripts/*.sh` |", "|---|---|---|"]
     rows += [f"| {e.code} | {e.cli} | {e.start_sh or '—'} |" for e in EXIT_CODES]
     return "\n".join(rows)

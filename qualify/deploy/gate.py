@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from qualify.core import manifest as mf
-from qualify.core.enums import SupportLevel
+from qualify.core.enums import Profile, SupportLevel
 
 # Levels whose GPU evidence already comes from enough runs on the target (seed 000's promotion rule).
 PROVEN_LEVELS = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value)
@@ -39,6 +39,9 @@ def gate_decision(m: mf.Manifest) -> Decision:
         return Decision(Action.REFUSE.value, f"the manifest's verdict is {verdict or 'missing'}{failing}")
     if level == SupportLevel.UNSUPPORTED or level not in mf.LEVELS:
         return Decision(Action.REFUSE.value, f"the manifest's support level is {level or 'missing'}")
+    if m.profile != Profile.VLLM:
+        return Decision(Action.REFUSE.value, f"the image is the {m.profile or 'unrecorded'} profile, which holds no vLLM "
+                        "server: it qualifies the toolchain, it cannot serve (release a --profile vllm build)")
     if level == SupportLevel.UNVERIFIED or verdict == "incomplete":
         return Decision(Action.PROBE.value, f"qualified only statically (support level {level}, verdict {verdict}): "
                         "the GPU checks must pass on this host first")

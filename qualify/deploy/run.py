@@ -57,12 +57,12 @@ class Deploy:
 
     # --- trust gate ------------------------------------------------------------------
 
-    def override(self, reason: str, image: str) -> str:
+    def override(self, reason: str, image: str, fix: str = "") -> str:
         """Stop, unless --allow-unqualified, which is announced loudly; the reason for the label."""
         if not self.opts.allow_unqualified:
             raise Stop(EX_TRUST, f"trust gate: REFUSED: {reason}",
-                       f"deploy a release whose manifest passes for {self.target} (RELEASE_TAG in {self.s.env_file})",
-                       "or, at your own risk: ./start.sh --allow-unqualified")
+                       fix or f"deploy a release whose manifest passes for {self.target} (RELEASE_TAG in "
+                       f"{self.s.env_file})", "or, at your own risk: ./start.sh --allow-unqualified")
         self.ui.banner(["--allow-unqualified: DEPLOYING AN IMAGE THE TRUST GATE REFUSED", f"reason: {reason}",
                         f"image: {image}", "Its qualification does not vouch for it on this host."])
         return f"UNQUALIFIED (--allow-unqualified): {reason}"
@@ -191,7 +191,9 @@ class Deploy:
 
         rt = self.plan.runtime
         gpus = {"nvidia": f"device={self.plan.gpu.uuid}", "cdi": "all"}.get(rt.kind)
-        self.ui.say(f"GPU checks: running the probe inside the image on {self.plan.gpu.name} before serving")
+        where = f"with {self.plan.gpu.name}" if gpus else f"WITHOUT a GPU (GPU_RUNTIME={rt.kind}; this host's " \
+            f"{self.plan.gpu.name} is not given to the container)"
+        self.ui.say(f"GPU checks: running the probe inside the image, {where}, before serving")
         target = container.probe_target(self.plan.target, trust.manifest.profile if trust.manifest else None)
         engine = Engine(self.plan.engine.kind)
         engine.binary = self.plan.engine.cli  # the client preflight found answering
@@ -206,9 +208,22 @@ class Deploy:
         if outcome.outcome == ev.Outcome.PASS:
             self.ui.say(f"GPU checks: all passed on this host ({outcome.reason})")
             return replace(trust, reason=f"{trust.reason}; GPU checks passed here"), path
-        kind = "failed" if outcome.outcome == ev.Outcome.PRODUCT_FAILURE else "did not run"
-        reason = f"the GPU checks {kind} on this host: {outcome.reason} (evidence: {path})"
-        return replace(trust, reason=self.override(reason, trust.image)), path
+        if outcome.outcome == ev.Outcome.PRODUCT_FAILURE:
+            reason = f"the GPU checks failed on this host: {outcome.reason} (evidence: {path})"
+            return replace(trust, reason=self.override(reason, trust.image)), path
+        reason = self.gpu_checks_refusal(trust, f"they did not run here: {outcome.reason} (evidence: {path})")
+        return replace(trust, reason=self.override(reason, trust.image, self.gpu_checks_fix())), path
+
+    def gpu_checks_refusal(self, trust: Trust, why: str) -> str:
+        """The one wording of a refusal for want of GPU checks here, in a dry run and a real run alike."""
+        level = trust.manifest.support_level if trust.manifest else "unknown"
+        return (f"the GPU checks did not run on this host: the manifest passes, but its level is {level}, and only "
+                f"GPU checks passing on the target's own GPU can raise it; {why}")
+
+    def gpu_checks_fix(self) -> str:
+        if self.plan.runtime.kind == "none":
+            return "give the container the GPU (GPU_RUNTIME=auto with the NVIDIA container toolkit or CDI), then run again"
+        return "run again once the GPU checks can run (see above), or deploy a release that is baseline for " + self.target
 
     def evidence_record(self, trust: Trust, outcome: ev.ProbeOutcome, predicate: Mapping[str, Any],
                         sources: str) -> ev.Evidence:
@@ -385,8 +400,9 @@ class Deploy:
     def dry_run_gate(self, trust: Trust) -> Trust:
         """Nothing runs in a dry run: say what the GPU checks would be, and refuse when they could not pass."""
         if self.plan.runtime.kind == "none":
-            reason = "the GPU checks must run on this host first, and with GPU_RUNTIME=none its GPU checks cannot run here"
-            return replace(trust, reason=self.override(reason, trust.image))
+            reason = self.gpu_checks_refusal(trust, "with GPU_RUNTIME=none the container gets no GPU, so they cannot "
+                                             "run here (the real run would run them, and refuse after them)")
+            return replace(trust, reason=self.override(reason, trust.image, self.gpu_checks_fix()))
         self.ui.say(f"dry run: would run the GPU checks first: {self.plan.engine.cli} run --rm "
                     f"{' '.join(self.plan.runtime.run_args)} ... {trust.image} python3 -m qualify.probe --only gpu")
         return trust

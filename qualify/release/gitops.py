@@ -45,9 +45,9 @@ def tracked_under(repo: Path, rev: str, folder: str) -> List[str]:
 
 
 
-def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], message: str) -> str:
-    """A commit of the parent's tree plus the release folder's files, made in a private index:
-    the work tree, the index and every branch stay as they are."""
+def release_tree(opts: ReleaseOptions, parent: str, files: Sequence[str]) -> str:
+    """The parent's tree plus the release folder's files, built in a private index: the work tree, the
+    index and every branch stay as they are."""
     with tempfile.TemporaryDirectory(prefix="qualify-release-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git(opts.repo, "read-tree", parent, env=env)
@@ -55,7 +55,12 @@ def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], mess
         for name in files:
             blob = git(opts.repo, "hash-object", "-w", "--", str(opts.directory / name)).stdout.strip()
             git(opts.repo, "update-index", "--add", "--cacheinfo", f"100644,{blob},{opts.folder}/{name}", env=env)
-        tree = git(opts.repo, "write-tree", env=env).stdout.strip()
+        return git(opts.repo, "write-tree", env=env).stdout.strip()
+
+
+def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], message: str) -> str:
+    """A commit of release_tree on top of the parent; no branch moves."""
+    tree = release_tree(opts, parent, files)
     return git(opts.repo, "commit-tree", tree, "-p", parent, "-F", "-", input_text=message).stdout.strip()
 
 

@@ -113,6 +113,7 @@ class ReleaseResult:
     dry_run: bool = False
     files: List[str] = field(default_factory=list)
     steps: List[StepResult] = field(default_factory=list)
+    recovered: List[str] = field(default_factory=list)  # what an earlier, interrupted run had already done
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)

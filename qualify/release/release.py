@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from qualify import cmd
+from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
@@ -56,7 +57,15 @@ from qualify.release import changelog, history
 from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
 from qualify.release.folder import TrustedKey, removable_by_force, sha256, verify_blob
-from qualify.release.gitops import create_tag, existing_tag, git, is_commit, release_commit, tracked_under
+from qualify.release.gitops import (
+    create_tag,
+    existing_tag,
+    git,
+    is_commit,
+    release_commit,
+    release_tree,
+    tracked_under,
+)
 from qualify.release.model import (
     Candidate,
     ReleasedTarget,
@@ -124,15 +133,46 @@ def check_tag(opts: ReleaseOptions) -> str:
         raise ReleaseError(f"{opts.repo} has no commit to tag")
     found = existing_tag(opts.repo, opts.tag)
     if found and not opts.force:
-        raise ReleaseError(
-            f"tag {opts.tag} already exists ({found[:12]}); a release never moves a tag",
-            hint="choose a new tag, or pass --force to re-sign, rewrite the release's own files and move the tag",
-        )
+        differs = _differs_from_tag(opts)
+        if differs:
+            raise ReleaseError(
+                f"tag {opts.tag} already exists ({found[:12]}) and holds another release ({differs}); "
+                "a release never moves a tag",
+                hint="choose a new tag, or pass --force to re-sign, rewrite the release's own files and move the tag",
+            )
     collision = _folder_collision(opts)
     if collision:
         raise ReleaseError(f"tag {opts.tag} collides with an existing folder: {collision}",
                            hint="choose another tag name; a release only writes manifests/<tag>/ for itself")
+    if found and not opts.force:
+        return f"{opts.tag} exists and holds these manifests: resuming it (the steps left are done, the rest checked)"
     return f"{opts.tag}" + (" (exists; --force moves it)" if found else "")
+
+
+def _differs_from_tag(opts: ReleaseOptions) -> str:
+    """Why the release the tag holds is not the one build/manifests would make ("" when it is the same:
+    a re-run after an interruption, which resumes). Read before any key is asked for; the resumed run's
+    commit is then compared tree for tree with the tag's (`_commit_or_resume`)."""
+    from qualify.release.history import _git_bytes
+
+    root = opts.out_root.relative_to(opts.repo).as_posix()
+    data = _git_bytes(opts.repo, "show", f"refs/tags/{opts.tag}:{root}/{opts.tag}/{INDEX_FILE}")
+    if data is None:
+        return f"its commit has no {root}/{opts.tag}/{INDEX_FILE}"
+    try:
+        index = rec.ReleaseIndex.parse(data, f"{opts.tag}:{INDEX_FILE}", ReleaseError)
+    except ReleaseError as exc:
+        return exc.message
+    tagged = {e.target: e.manifest_sha256 for e in index.targets}
+    withheld = {t for t, _ in index.withheld}  # withheld again or not: the commit's tree decides later
+    try:
+        here = {c.target: sha256(c.data) for c in collect(opts.source) if c.target not in withheld}
+    except ReleaseError as exc:
+        return exc.message
+    if here != tagged:
+        changed = sorted(t for t in set(here) | set(tagged) if here.get(t) != tagged.get(t))
+        return f"other manifests for {', '.join(changed)}"
+    return ""
 
 
 # --- 2. tree ------------------------------------------------------------------
@@ -154,9 +194,12 @@ def dirty_paths(opts: ReleaseOptions) -> List[str]:
 def check_tree(opts: ReleaseOptions) -> List[str]:
     dirty = dirty_paths(opts)
     if dirty and not opts.allow_dirty:
+        hint = "commit or stash the changes, or pass --allow-dirty (recorded in the release)"
+        if PUBLIC_KEY_FILE in dirty:
+            hint = (f"commit the release's public key first (git add {PUBLIC_KEY_FILE} && git commit -m 'release key'): "
+                    "every release checks its key against it; then " + hint)
         raise ReleaseError(f"the work tree is not clean: {', '.join(dirty[:5])}"
-                           + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else ""),
-                           hint="commit or stash the changes, or pass --allow-dirty (recorded in the release)")
+                           + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else ""), hint=hint)
     return dirty
 
 
@@ -223,6 +266,19 @@ def sign_staged(name: str, data: bytes, staging: Path, dest: Path, sign, key: Tr
         raise ReleaseError(f"{done.signer} made a signature for {name} that does not verify with the key: "
                            f"{exc.message}") from None
     return f"signed with {done.signer}"
+
+
+def check_committed_key(opts: ReleaseOptions, key: TrustedKey) -> None:
+    """The repository's committed cosign.pub (generate-key says to commit it) is the release key: a release
+    signed with another key is refused before anything is signed."""
+    committed = opts.repo / PUBLIC_KEY_FILE
+    if not committed.is_file():
+        return
+    mine = TrustedKey.read(committed, ReleaseError)
+    if mine.fingerprint != key.fingerprint:
+        raise ReleaseError(f"the signing key is {key.fingerprint}, but the repository's {PUBLIC_KEY_FILE} is "
+                           f"{mine.fingerprint}", hint="sign with the release key (--key), or commit the new "
+                           f"key's {PUBLIC_KEY_FILE} if the release key really changed")
 
 
 def release_files(entries: Sequence[ReleasedTarget]) -> List[str]:
@@ -412,6 +468,7 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         signer = steps.run("key", "load the signing key and check its password", make_signer,
                            lambda s: cosign_keys.fingerprint(s[1]))
         key = TrustedKey.from_bytes(cosign_keys.public_key_pem(signer[1]), "the release key")
+        check_committed_key(opts, key)
     candidates = collect(opts.source)
     by_target = {c.target: c for c in candidates}
     outcome.released, outcome.withheld = steps.run(
@@ -446,18 +503,43 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         outcome.files = sorted(set(outcome.files) | set(extra))
     outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, index_sha,
                                       [*changes, *([""] if changes and published else []), *published])
+    resumed = existing_tag(opts.repo, opts.tag) if not opts.force else None
     outcome.release_commit = steps.run(
         "commit", f"commit {opts.folder}/ on top of {outcome.source_revision[:12]}",
-        lambda: release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message))
-    outcome.tag_object = steps.run("tag", f"annotated tag {opts.tag} on the release commit",
-                                   lambda: create_tag(opts.repo, opts.tag, outcome.tag_message, opts.force,
-                                                      outcome.release_commit))
+        lambda: _commit_or_resume(opts, outcome, resumed), lambda c: c[:12] + (
+            " (the tag's own commit: an earlier run made it)" if resumed else ""))
+    killpoint.reached("release:committed")
+    if resumed:
+        outcome.tag_object = resumed
+        outcome.recovered.append(f"tag {opts.tag} ({resumed[:12]}) was already made by an earlier run")
+        steps.skip("tag", f"{opts.tag} already points at this release commit (an earlier run made it)")
+    else:
+        outcome.tag_object = steps.run("tag", f"annotated tag {opts.tag} on the release commit",
+                                       lambda: create_tag(opts.repo, opts.tag, outcome.tag_message, opts.force,
+                                                          outcome.release_commit))
+    killpoint.reached("release:tagged")
     outcome.push = steps.run("push", f"push the tag to {opts.remote}", lambda: push(opts))
     upload_result = steps.run("publish", "upload the release files",
                               lambda: upload(opts, _files_for_upload(opts, outcome.files), progress),
                               lambda r: r[0])
     outcome.upload, outcome.upload_command = upload_result
     return outcome
+
+
+def _commit_or_resume(opts: ReleaseOptions, outcome: ReleaseResult, tagged: Optional[str]) -> str:
+    """The release commit; for a resumed release, the tag's own commit, when it holds exactly this tree on
+    this parent (else the release is another one: refused, nothing moved)."""
+    if not tagged:
+        return release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message)
+    commit = git(opts.repo, "rev-parse", f"refs/tags/{opts.tag}^{{commit}}").stdout.strip()
+    want_tree = release_tree(opts, outcome.source_revision, outcome.files)
+    have_tree = git(opts.repo, "rev-parse", f"{commit}^{{tree}}").stdout.strip()
+    parent = git(opts.repo, "rev-parse", f"{commit}^", check=False).stdout.strip()
+    if (have_tree, parent) != (want_tree, outcome.source_revision):
+        raise ReleaseError(f"tag {opts.tag} already exists and its commit {commit[:12]} holds other files than this "
+                           "release writes; a release never moves a tag",
+                           hint="choose a new tag, or pass --force to move it")
+    return commit
 
 
 def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], sign,
@@ -501,7 +583,11 @@ def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidat
 
         steps.run("write", f"write {opts.directory}", write,
                   lambda p: f"{len(outcome.written)} written, {len(p.same)} unchanged"
+                  + (" (already there, identical: written by an earlier run)" if p.same and not p.differ else "")
                   + (f", left untouched (no release wrote them): {', '.join(p.untouchable)}" if p.untouchable else ""))
+        if plan_same := outcome.unchanged:
+            outcome.recovered.append(f"{len(plan_same)} file(s) of {opts.folder}/ were already written, identical")
+        killpoint.reached("release:written")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return index_sha
