@@ -393,3 +393,23 @@ def test_stage_lays_out_the_builds_own_context_at_the_bake_files_path(tmp_path, 
 def test_cli_gpu_evidence_wants_the_image_by_digest(tmp_path):
     out = _cli("gpu-evidence", "sm120", "--image", "ghcr.io/org/blackwell/sm120:v1", "--out", str(tmp_path / "e.json"))
     assert out.returncode != 0 and "not pinned by digest" in out.stderr
+
+
+def test_the_committed_h200_evidence_travels_signed_by_an_enrolled_test_host(tmp_path):
+    """The committed H200 probe manifests are signed by tests/keys/test-gpu-host (a labelled TEST key): merge
+    carries the signatures, and an enrolled-hosts list naming that key recognises who signed them."""
+    from qualify.release import evidence as ev
+    from qualify.release import records
+    from qualify.release.folder import TrustedKey
+
+    merged = merge.merge([REAL, REPO / "manifests" / "evidence" / "h200x2" / "probe-sm120.json"])
+    written = merge.write(merged, tmp_path / "out")
+    key = TrustedKey.read(REPO / "tests" / "keys" / "test-gpu-host.pub")
+    hosts = records.EnrolledHosts(1, (records.EnrolledHost("test-gpu-host", key_pem=key.pem.decode(),
+                                                           fingerprint=key.fingerprint),))
+    for path in written:
+        sig, bundle = path.with_name(path.name + ".sig"), path.with_name(path.name + ".sigstore.json")
+        assert sig.is_file() and bundle.is_file()
+        assert ev.signed_by(hosts, path.read_bytes(), sig.read_bytes(), bundle.read_bytes()) == ("test-gpu-host", "")
+    other = records.EnrolledHosts(1, ())
+    assert ev.signed_by(other, written[0].read_bytes(), None, None)[0] == ""
