@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from qualify.build import clean
+from qualify.build import clean, ledger
 from qualify.build import image as build
 from qualify.build.engine import Engine
 from qualify.build.registry import Registry
@@ -113,7 +113,11 @@ def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_
     ours = _tiny_image(docker_engine, f"{registry.address}/blackwell/sm120:smoke-hermetic")
     released = _tiny_image(docker_engine, f"{registry.address}/blackwell/sm121:smoke-hermetic")
     foreign = _tiny_image(docker_engine, f"qualify-test/foreign:{uuid.uuid4().hex[:8]}")
-    ours_digest, released_digest = engine.push(ours), engine.push(released)
+    # Another checkout's build on this host: in the toolkit's namespace, not in this checkout's ledger.
+    theirs = _tiny_image(docker_engine, f"{registry.address}/blackwell/sm100:smoke-hermetic")
+    ours_digest, released_digest, theirs_digest = engine.push(ours), engine.push(released), engine.push(theirs)
+    for image, digest in ((ours, ours_digest), (released, released_digest)):  # as build() records them
+        ledger.record(engine.image_id(image), f"{image.rsplit(':', 1)[0]}@{digest}", state_dir=state)
     releases = tmp_path / "manifests"
     fsutil.write_json(releases / "v1.0.0" / "sm121.json",
                       manifest.statement(released.rsplit(":", 1)[0], released_digest, {"target": {"name": "sm121"}}))
@@ -130,18 +134,20 @@ def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_
         report = json.loads(proc.stdout)
         assert report["images"] == [ours] and any(released in k for k in report["kept_images"])
         assert report["registry_manifests"] == [f"{registry.address}/blackwell/sm120@{ours_digest}"]
+        assert report["other_checkouts"] == [theirs]  # issue 30, item 6: only what this checkout made
         # Frees what it reports, measured independently with du.
         assert report["freed_state_bytes"] == state_before
         registry_freed = registry_before - _du(registry_dir)
         assert registry_freed > 0 and abs(report["freed_registry_bytes"] - registry_freed) <= 64 << 10
         assert not (state / "contexts").exists() and not (state / "wheelhouse").exists()
         # What it removed is gone; what was released or not ours is still there.
-        assert not engine.exists(ours) and engine.exists(released) and engine.exists(foreign)
+        assert not engine.exists(ours) and engine.exists(released) and engine.exists(foreign) and engine.exists(theirs)
+        assert registry.manifest_digest("blackwell/sm100", theirs_digest) == theirs_digest
         assert registry.answers()  # restarted after garbage collection
         assert registry.manifest_digest("blackwell/sm120", ours_digest) is None
         assert registry.manifest_digest("blackwell/sm121", released_digest) == released_digest
     finally:
-        subprocess.run([docker_engine, "image", "rm", "-f", ours, released, foreign], capture_output=True)
+        subprocess.run([docker_engine, "image", "rm", "-f", ours, released, foreign, theirs], capture_output=True)
 
 
 def test_clean_dry_run_removes_nothing(tmp_path, docker_engine, own_registry):
@@ -171,3 +177,38 @@ def test_build_cache_listing_waits_for_another_disk_usage_call(docker_engine):
     with ThreadPoolExecutor(max_workers=6) as pool:
         listings = list(pool.map(lambda _: engine.build_cache(), range(6)))
     assert all(isinstance(found, dict) for found in listings)
+
+
+def test_a_killed_builds_context_is_removed_by_the_next_build_of_it(tmp_path, monkeypatch, capfd):
+    """Issue 30, item 11: a build killed early left its context (237 MB for smoke) in the state folder."""
+    monkeypatch.setattr(build, "STATE_DIR", tmp_path)
+    contexts = tmp_path / "contexts"
+    dead = contexts / "sm120-smoke-hermetic-999999-abc"  # pid 999999: no such process
+    alive = contexts / f"sm120-smoke-hermetic-{os.getpid()}-def"  # a build running now keeps its own
+    other = contexts / "sm121-smoke-hermetic-999999-ghi"  # another build's: not this one to judge
+    for folder in (dead, alive, other):
+        folder.mkdir(parents=True)
+    lock = tmp_path / "lock.txt"
+    lock.write_text("x==1 --hash=sha256:" + "0" * 64 + "\n")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    ctx = build.stage_context("sm120-smoke-hermetic", lock, wheels)
+    assert not dead.exists() and alive.exists() and other.exists() and ctx.is_dir()
+    assert "removed sm120-smoke-hermetic-999999-abc, the context of a build that was killed" in capfd.readouterr().err
+
+
+def test_a_rebuild_removes_the_image_its_tag_named_before(docker_engine, capfd):
+    """Issue 30, item 11: a rebuild left the previous 1.66 GB image dangling in the engine."""
+    engine = Engine("docker")
+    tag = f"qualify-test/rebuilt:{uuid.uuid4().hex[:8]}"
+    first = engine.image_id(_tiny_image(docker_engine, tag))
+    second = engine.image_id(_tiny_image(docker_engine, tag))  # the tag moves: `first` is nameless now
+    kept = engine.image_id(_tiny_image(docker_engine, f"qualify-test/kept:{uuid.uuid4().hex[:8]}"))
+    try:
+        build._drop_previous(engine, first, second)
+        assert first not in engine.image_ids() and second in engine.image_ids()
+        assert "removed the previous image of this tag" in capfd.readouterr().err
+        build._drop_previous(engine, kept, second)  # still named elsewhere: not taken
+        assert kept in engine.image_ids()
+    finally:
+        engine.remove_created([i for i in (first, second, kept) if i in engine.image_ids()])

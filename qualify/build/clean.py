@@ -1,10 +1,12 @@
 """`python -m qualify clean [--all]`: remove what the toolkit made on this host, and nothing else.
 
-What the toolkit made, by construction rather than by guess:
-- images in repositories of its own registry (`<QUALIFY_REGISTRY>/blackwell/...`): every build is tagged
-  there, so an image named anywhere else is not ours and stays;
-- manifests in that registry's `blackwell/` repositories, and the blobs only they referenced
-  (the registry's own garbage collector, run while our registry is stopped, as its documentation asks);
+What this checkout made, by construction rather than by guess:
+- images in repositories of its own registry (`<QUALIFY_REGISTRY>/blackwell/...`) that this checkout's
+  builds recorded in its ledger (build/ledger.py): another checkout's images on a shared host, and any
+  image named anywhere else, stay (`--all` takes every toolkit image in the registry's namespace);
+- of that registry's `blackwell/` manifests, the ones this checkout pushed, and the blobs only they
+  referenced (the registry's own garbage collector, run while our registry is stopped, as its
+  documentation asks);
 - the state directory (QUALIFY_STATE_DIR): build contexts, repro scratch, staged probes, wheelhouses.
 
 Released images (digests named by a release's manifests under manifests/<tag>/) and the hermetic base
@@ -45,6 +47,7 @@ class CleanReport:
     dry_run: bool
     images: List[str] = field(default_factory=list)
     kept_images: List[str] = field(default_factory=list)
+    other_checkouts: List[str] = field(default_factory=list)  # toolkit images this checkout did not make
     registry_manifests: List[str] = field(default_factory=list)
     directories: List[str] = field(default_factory=list)
     freed_state_bytes: int = 0
@@ -64,6 +67,10 @@ class CleanReport:
         out += [f"  registry {m}" for m in self.registry_manifests]
         out += [f"  folder {d}" for d in self.directories]
         out += [f"  kept (released or hermetic base; --all removes it): {k}" for k in self.kept_images]
+        if self.other_checkouts:
+            out.append(f"  kept: {len(self.other_checkouts)} toolkit image(s) this checkout did not make (another "
+                       f"checkout's, or built before it kept a ledger; --all removes them): "
+                       + ", ".join(self.other_checkouts[:3]) + (" ..." if len(self.other_checkouts) > 3 else ""))
         if not self.dry_run:
             out.append(f"freed {self.freed_bytes / gb:.2f} GB: engine {self.freed_engine_bytes / gb:.2f} GB, "
                        f"registry {self.freed_registry_bytes / gb:.2f} GB, state {self.freed_state_bytes / gb:.2f} GB")
@@ -89,14 +96,33 @@ def released_digests(releases_dir: Path) -> Set[str]:
     return found
 
 
+@dataclass(frozen=True)
+class Mine:
+    """What this checkout's ledger says it made: image ids and pushed digests (None: --all, everything)."""
+
+    ids: Optional[Set[str]]
+    digests: Optional[Set[str]]
+
+    def image(self, image_id: str, digests: Set[str]) -> bool:
+        return self.ids is None or image_id in self.ids or bool(digests & (self.digests or set()))
+
+    def manifest(self, digest: str) -> bool:
+        return self.digests is None or digest in self.digests
+
+
 def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bool = False, dry_run: bool = False,
           state_dir: Path = STATE_DIR) -> CleanReport:
+    from qualify.build import ledger
+
     keep = set() if everything else released_digests(releases_dir)
+    made = ledger.made(state_dir)
+    mine = Mine(None, None) if everything else Mine({m.image_id for m in made},
+                                                    {m.reference.split("@", 1)[1] for m in made if "@" in m.reference})
     report = CleanReport(dry_run=dry_run)
     engine_free = _free(engine.storage_root())
-    _clean_images(engine, registry, keep, everything, report)
+    _clean_images(engine, registry, keep, everything, report, mine)
     if registry.answers():
-        _clean_registry(registry, keep, everything, report, state_dir)
+        _clean_registry(registry, keep, everything, report, state_dir, mine)
     _clean_state(state_dir, everything, report)
     if not dry_run:
         report.freed_engine_bytes = max(0, _free(engine.storage_root()) - engine_free)
@@ -106,7 +132,8 @@ def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bo
 # --- images ---------------------------------------------------------------------------
 
 
-def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything: bool, report: CleanReport) -> None:
+def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything: bool, report: CleanReport,
+                  mine: Mine) -> None:
     prefix = f"{registry.address}/{NAMESPACE}/"
     doomed: List[str] = []
     for info in engine.inspect_existing(sorted(engine.image_ids())):
@@ -116,6 +143,9 @@ def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything
         foreign = [t for t in info.get("RepoTags") or [] if not t.startswith(prefix) and not t.endswith(":<none>")]
         digests = {d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in d}
         hermetic = any(n.startswith(f"{registry.address}/{HERMETIC_REPOSITORY}") for n in names)
+        if not hermetic and not mine.image(info["Id"], digests):
+            report.other_checkouts.append(names[0])
+            continue
         if foreign or (not everything and (digests & keep or hermetic)):
             report.kept_images.append(names[0] + (f" (also named {foreign[0]})" if foreign else ""))
             continue
@@ -131,13 +161,14 @@ def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything
 # --- registry -------------------------------------------------------------------------
 
 
-def _clean_registry(registry: Registry, keep: Set[str], everything: bool, report: CleanReport, state_dir: Path) -> None:
+def _clean_registry(registry: Registry, keep: Set[str], everything: bool, report: CleanReport, state_dir: Path,
+                    mine: Mine) -> None:
     data = state_dir / f"registry-{registry.address.rsplit(':', 1)[1]}"
     storage = data / "data" / "docker" / "registry" / "v2" / "repositories"
     if not storage.is_dir():
         return  # a registry we did not start: its storage is not ours to collect
     for repository, digest in _stored_manifests(storage):
-        if not everything and (digest in keep or repository == HERMETIC_REPOSITORY):
+        if not everything and (digest in keep or repository == HERMETIC_REPOSITORY or not mine.manifest(digest)):
             continue
         report.registry_manifests.append(f"{registry.address}/{repository}@{digest}")
     if report.dry_run or not report.registry_manifests:

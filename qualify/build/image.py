@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from qualify.build import cleanup, hermetic, provenance, wheelhouse
+from qualify.build import cleanup, hermetic, ledger, provenance, wheelhouse
 from qualify.build.engine import BuildRequest, Engine
 from qualify.build.registry import STATE_DIR, Registry
 from qualify.config.imageref import ImageRef
@@ -130,7 +130,8 @@ def stage_context(name: str, lock: Path, wheels: Path) -> Path:
     Each build gets its own directory: two checkouts may build the same target at once."""
     parent = STATE_DIR / "contexts"
     parent.mkdir(parents=True, exist_ok=True)
-    ctx = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=parent))
+    _remove_stale_contexts(parent, name)
+    ctx = Path(tempfile.mkdtemp(prefix=f"{name}-{os.getpid()}-", dir=parent))
     (ctx / "wheelhouse").mkdir()
     for rel in _CONTEXT_FILES:
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +140,17 @@ def stage_context(name: str, lock: Path, wheels: Path) -> Path:
     for wheel in sorted(wheels.glob("*.whl")):
         _link_or_copy(wheel, ctx / "wheelhouse" / wheel.name)
     return ctx
+
+
+def _remove_stale_contexts(parent: Path, name: str) -> None:
+    """Contexts of this build that a killed run left (its pid in the name, and no longer alive)."""
+    from qualify.core.fsutil import pid_alive
+
+    for stale in parent.glob(f"{name}-*"):
+        pid = stale.name[len(name) + 1:].split("-", 1)[0]
+        if stale.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"[build] removed {stale.name}, the context of a build that was killed", file=sys.stderr, flush=True)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -215,6 +227,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     suffix = f"-{opts.tag_suffix}" if opts.tag_suffix else ""
     ctx = stage_context(f"{target.name}-{opts.profile}-{opts.base}{suffix}", lock, wheels)
     tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}{suffix}"
+    previous = engine.image_id(tag)  # "" on a first build
     image_labels = labels(target, opts, base, lock, epoch)
     before = None if opts.keep_cache else cleanup.footprint(engine)
     image_id = engine.build(BuildRequest(
@@ -227,6 +240,8 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
         cleanup.report(cleanup.remove_what_the_build_made(engine, before, image_id, tag, engine.image_id(base.by_digest)))
     _check_platform(engine, tag, target)
     digest = engine.push(tag)
+    ledger.record(image_id, f"{tag.rsplit(':', 1)[0]}@{digest}")
+    _drop_previous(engine, previous, image_id)
     record = BuildRecord(
         target=target.name, profile=opts.profile, base_kind=opts.base, platform=target.platform,
         base_image=base.by_digest, image_reference=f"{tag.rsplit(':', 1)[0]}@{digest}", image_tag=tag,
@@ -237,6 +252,20 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
         write_json(record_path(target.name, opts.profile, opts.base), asdict(record))
     print(f"[build] {record.image_reference}  ({record.build_seconds:.1f} s)", file=sys.stderr, flush=True)
     return record
+
+
+def _drop_previous(engine: Engine, previous: str, image_id: str) -> None:
+    """The image this tag named before a rebuild, now nameless: removed (its digest stays in the registry,
+    where a release names it), so rebuilds do not leave gigabytes of dangling images behind."""
+    if not previous or previous == image_id:
+        return
+    info = next(iter(engine.inspect_existing([previous])), None)
+    if info is None or [t for t in info.get("RepoTags") or [] if not t.endswith(":<none>")]:
+        return  # gone already, or still named (another tag, another checkout): not ours to take
+    error = engine.remove_created([previous])
+    note = f"; it stays: {error}" if error else ""
+    print(f"[build] removed the previous image of this tag ({previous[:19]}), now unnamed{note}", file=sys.stderr,
+          flush=True)
 
 
 def _check_platform(engine: Engine, ref: str, target: Target) -> None:

@@ -63,6 +63,11 @@ def _remove_stale_temps(path: Path) -> None:
                 pass
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a folder named by a dead writer's pid is stale)."""
+    return _alive(pid)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

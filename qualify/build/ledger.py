@@ -1,0 +1,56 @@
+"""What this checkout made on this host: the images its builds tagged and pushed, one JSON line each.
+
+Several checkouts may share one host, one engine and one loopback registry (QUALIFY_STATE_DIR and
+QUALIFY_REGISTRY keep them apart only when set). `nox -s clean` removes what *this* checkout made and
+nothing else, so each build appends its image id and digest here. The ledger lives in the state folder,
+one file per checkout (named by a hash of the checkout's path), so a checkout's own `build/` folder can
+be removed without losing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+from qualify.build.registry import STATE_DIR
+from qualify.config.targets import REPO_ROOT
+from qualify.core.fsutil import file_lock
+
+MAX_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Made:
+    image_id: str
+    reference: str  # name@sha256:... as pushed
+
+
+def path(state_dir: Path = STATE_DIR, checkout: Path = REPO_ROOT) -> Path:
+    key = hashlib.sha256(str(Path(checkout).resolve()).encode()).hexdigest()[:16]
+    return Path(state_dir) / "checkouts" / key / "made.jsonl"
+
+
+def record(image_id: str, reference: str, state_dir: Path = STATE_DIR, checkout: Path = REPO_ROOT) -> None:
+    ledger = path(state_dir, checkout)
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    (ledger.parent / "checkout").write_text(str(Path(checkout).resolve()) + "\n")
+    with file_lock(ledger.with_suffix(".lock")):
+        with open(ledger, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"image_id": image_id, "reference": reference}, sort_keys=True) + "\n")
+
+
+def made(state_dir: Path = STATE_DIR, checkout: Path = REPO_ROOT) -> List[Made]:
+    ledger = path(state_dir, checkout)
+    if not ledger.is_file() or ledger.stat().st_size > MAX_BYTES:
+        return []
+    out = []
+    for line in ledger.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+            out.append(Made(str(doc["image_id"]), str(doc["reference"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line a killed write cut short
+    return out
