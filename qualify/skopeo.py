@@ -68,6 +68,18 @@ def explain(stderr: str, what: str) -> RegistryError:
                                   "(and /etc/docker/certs.d/ for docker)")
     if "manifest unknown" in low or "not found" in low or "name unknown" in low:
         return RegistryError(f"{what}: not found in the registry ({last})")
+    if "connection refused" in low or "no such host" in low or "i/o timeout" in low or "no route to host" in low:
+        return RegistryError(f"{what}: the registry does not answer ({last})",
+                             hint="check the address (REGISTRY/NAMESPACE, QUALIFY_REGISTRY) and that the registry runs; "
+                                  "the toolkit's own loopback registry starts with any build or `nox -s clean`")
+    if "no space left" in low or "disk quota" in low:
+        return RegistryError(f"{what}: the disk is full ({last})",
+                             hint="free space (nox -s clean -- --dry-run lists what the toolkit can free), then run "
+                                  "again: what was copied already is skipped")
+    if "500 internal server error" in low or "status 500" in low or "500 (internal server error)" in low:
+        return RegistryError(f"{what}: the registry failed to store or serve it (HTTP 500: {last})",
+                             hint="the registry's own log says why; a full disk under its storage is the usual cause "
+                                  "(df -h); run again once it is fixed: blobs already there are skipped")
     return RegistryError(f"{what}: skopeo failed: {last}")
 
 

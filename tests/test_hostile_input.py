@@ -254,3 +254,68 @@ def test_a_non_ascii_signature_file(tmp_path):
     out = run_qualify(["verify", str(manifest), "--key", str(pub)], tmp_path)
     assert out.returncode == VerificationError.exit_code and "not a base64 signature" in out.stderr
     no_traceback(out)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real file system with no room: an 8 KiB tmpfs (the tests run as root, as CI does)."""
+    import subprocess
+
+    from conftest import require
+
+    where = tmp_path / "full"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(where)], capture_output=True)
+    require(mounted.returncode == 0, f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield where
+    subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_a_full_disk_is_a_message_with_what_to_do_not_a_traceback(tmp_path, full_disk):
+    """Issue 30, item 13: a full disk gave raw OSError tracebacks."""
+    out = run_qualify(["bake", "--out", str(full_disk / "docker-bake.json")], tmp_path)
+    assert out.returncode == 12, out.stderr
+    assert "No space left on device" in out.stderr and "free disk space" in out.stderr
+    no_traceback(out)
+    assert not [p for p in full_disk.iterdir() if p.name.endswith(".tmp")]  # nothing half-written stays
+
+
+def test_an_atomic_write_never_replaces_a_device_or_a_link(tmp_path):
+    """`--out /dev/full` once replaced the device node with a plain file (rename over it)."""
+    from qualify.core.fsutil import write_atomic
+
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    for path in (Path("/dev/null"), link, tmp_path):
+        with pytest.raises(OSError):
+            write_atomic(path, b"x")
+    assert Path("/dev/null").is_char_device() and link.is_symlink() and target.read_text() == "{}"
+
+
+def test_registry_failures_say_what_happened_and_what_to_do():
+    from qualify import skopeo
+
+    said = {
+        "connection refused": skopeo.explain("dial tcp 127.0.0.1:5999: connect: connection refused", "push"),
+        "500": skopeo.explain("writing blob: received unexpected HTTP status: 500 Internal Server Error", "push"),
+        "disk": skopeo.explain("write /var/lib/x: no space left on device", "copy"),
+    }
+    assert "does not answer" in said["connection refused"].message and "QUALIFY_REGISTRY" in said["connection refused"].hint
+    assert "HTTP 500" in said["500"].message and "full disk" in said["500"].hint
+    assert "the disk is full" in said["disk"].message and "nox -s clean" in said["disk"].hint
+
+
+def test_empty_link_files_a_full_registry_disk_left_are_removed(tmp_path, capsys):
+    """Issue 30, item 13: a full registry left 0-byte `_layers/*/link` files that failed every later push."""
+    from qualify.build.registry import repair_storage
+
+    layers = tmp_path / "docker" / "registry" / "v2" / "repositories" / "blackwell" / "sm120" / "_layers" / "sha256"
+    (layers / ("a" * 64)).mkdir(parents=True)
+    (layers / ("a" * 64) / "link").write_bytes(b"")
+    (layers / ("b" * 64)).mkdir()
+    (layers / ("b" * 64) / "link").write_text("sha256:" + "b" * 64)
+    removed = repair_storage(tmp_path)
+    assert len(removed) == 1 and not (layers / ("a" * 64) / "link").exists()
+    assert (layers / ("b" * 64) / "link").exists() and "removed 1 empty link file" in capsys.readouterr().err

@@ -304,7 +304,8 @@ def test_dry_run_prints_everything_and_changes_nothing(repo, keys):
     calls = []
     outcome = release.run_release(options(repo, dry_run=True), factory(key_file, calls), served_as_recorded,
                                   progress=lambda m: None)
-    assert calls == [] and tree_state(repo) == before and tags(repo) == []
+    # Issue 30, item 14: the key and its password are checked, as the dry run promises; nothing else changes.
+    assert calls == ["key"] and tree_state(repo) == before and tags(repo) == []
     text = "\n".join(release.dry_run_lines(outcome, options(repo)))
     for word in (f"manifests/{TAG}/sm100.json", "release.json", f"tag it {TAG}", "git push origin",
                  "gh release upload", DIGEST_A, "Changes: first release"):

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -66,7 +67,9 @@ class Registry:
             return False
 
     def ensure(self, state_dir: Path = STATE_DIR, wait_s: float = 20.0) -> Registry:
-        """Start our registry if nothing answers at the address yet (one starter at a time)."""
+        """Start our registry if nothing answers at the address yet (one starter at a time); first, repair
+        what a full disk left in its storage."""
+        repair_storage(state_dir / f"registry-{self.address.rsplit(':', 1)[1]}" / "data")
         if self.answers():
             return self
         if not self.address.startswith("127.0.0.1:"):
@@ -136,3 +139,24 @@ class Registry:
                 return []
             raise
         return json.loads(raw).get("Tags") or []
+
+
+def repair_storage(data: Path) -> List[str]:
+    """Empty link files in our registry's storage: what a push into a full disk leaves (the registry wrote
+    the link's name but not its digest). distribution 2.8 then answers 500 for that blob or manifest on every
+    later push until the file is gone; removing it makes the blob unknown again, so the next push sends it."""
+    root = data / "docker" / "registry" / "v2" / "repositories"
+    removed = []
+    if not root.is_dir():
+        return removed
+    for link in root.rglob("link"):
+        try:
+            if link.is_file() and not link.is_symlink() and link.stat().st_size == 0:
+                link.unlink()
+                removed.append(str(link.relative_to(root)))
+        except OSError:
+            continue
+    if removed:
+        print(f"[registry] removed {len(removed)} empty link file(s) a full disk left in {root} (e.g. {removed[0]}); "
+              "the next push sends those blobs again", file=sys.stderr, flush=True)
+    return removed

@@ -75,3 +75,21 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:  # the host said no (a full disk, a permission): what, where, and what to do
+        return _host_error(exc)
+
+
+def _host_error(exc: OSError) -> int:
+    import errno
+
+    from qualify.core.errors import printable
+
+    where = f" ({exc.filename})" if exc.filename else ""
+    hint = {errno.ENOSPC: "free disk space (nox -s clean -- --dry-run lists what the toolkit can free), then run "
+                          "the same command again: it keeps what is done",
+            errno.EDQUOT: "free space within your disk quota, then run the same command again",
+            errno.EACCES: "run as a user who may write there (the toolkit's state folder is QUALIFY_STATE_DIR)",
+            errno.EROFS: "the file system is read-only: point QUALIFY_STATE_DIR (or the output) elsewhere"}.get(
+        exc.errno, "see the message above; run the same command again once it is fixed")
+    print(f"error: {printable(exc.strerror or str(exc))}{printable(where)}\n  hint: {hint}", file=sys.stderr)
+    return 12  # the table's "the host refused"

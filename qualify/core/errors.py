@@ -128,6 +128,7 @@ EXIT_CODES: Tuple[ExitCode, ...] = (
     ExitCode(9, "verification: signature, image digest or verdict", "", "VerificationError"),
     ExitCode(10, "release policy or repository state", "", "ReleaseError"),
     ExitCode(11, "unparseable binary", "", "ParseError"),
+    ExitCode(12, "the host refused: a full disk, a permission, a read-only file system", ""),
     ExitCode(20, "`deploy` helpers: no released manifest for the target", ""),
     ExitCode(130, "interrupted (Ctrl-C)", "interrupted"),
 )

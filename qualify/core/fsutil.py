@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -28,6 +29,9 @@ def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         data = data.encode("utf-8")
+    if os.path.lexists(path) and not os.path.isfile(path) or os.path.islink(path):
+        # Renaming over it would replace a device (/dev/full), a FIFO or a link with a plain file.
+        raise IsADirectoryError(errno.EEXIST, "exists and is not a regular file; not replaced", str(path))
     _remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=str(path.parent))
     try:

@@ -8,13 +8,20 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
 from qualify import cmd
-from qualify.core.errors import ReleaseError
+from qualify.core.errors import ExternalCommandError, ReleaseError
 from qualify.release.model import ReleaseOptions
 
 
 def git(repo: Path, *args: str, check: bool = True, input_text: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None) -> cmd.Result:
-    return cmd.call(["git", *args], cwd=str(repo), check=check, input_text=input_text, timeout=120, env=env)
+    result = cmd.call(["git", *args], cwd=str(repo), check=False, input_text=input_text, timeout=120, env=env)
+    if check and result.returncode != 0:
+        said = cmd.tail(result.stderr or result.stdout, 5)
+        if any(m in said.lower() for m in ("no space left", "out of diskspace", "disk quota")):
+            raise ReleaseError(f"the disk under {repo} is full: git {args[0]} could not write ({said})",
+                               hint="free space, then run the release again: what it wrote is kept and checked")
+        raise ExternalCommandError(f"command failed (exit {result.returncode}): git {cmd.quote(args)}\n{said}")
+    return result
 
 
 
@@ -66,5 +73,12 @@ def release_commit(opts: ReleaseOptions, parent: str, files: Sequence[str], mess
 
 
 def create_tag(repo: Path, tag: str, message: str, force: bool, commit: str = "HEAD") -> str:
-    git(repo, "tag", "-a", *(["-f"] if force else []), tag, commit, "-F", "-", input_text=message)
+    done = git(repo, "tag", "-a", *(["-f"] if force else []), tag, commit, "-F", "-", input_text=message, check=False)
+    if done.returncode != 0:
+        now = existing_tag(repo, tag)
+        if now and not force:  # two releases of one tag at once: the other made it between our check and here
+            raise ReleaseError(f"tag {tag} was made by another run while this one worked ({now[:12]}); nothing of "
+                               "this run was tagged", hint=f"run the release again: it checks the tag {tag} holds "
+                               "these manifests and finishes what is left, or says which release it holds")
+        raise ReleaseError(f"git tag {tag} failed: {cmd.tail(done.stderr or done.stdout, 5)}")
     return existing_tag(repo, tag) or ""

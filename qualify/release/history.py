@@ -37,24 +37,22 @@ def _git_bytes(repo: Path, *args: str) -> Optional[bytes]:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def tagged_release(repo: Path, root: str, tag: str, key: Optional[TrustedKey]) -> Optional[Released]:
-    """The release index tag `tag` carries at `<root>/<tag>/release.json`, verified with `key`; else None.
-    With no key (`release --dry-run`, which signs nothing) it is only parsed: what it says is shown, never trusted."""
+def tagged_release(repo: Path, root: str, tag: str, key: TrustedKey) -> Optional[Released]:
+    """The release index tag `tag` carries at `<root>/<tag>/release.json`, verified with `key`; else None."""
     path = f"{root}/{tag}/{rec.INDEX_FILE}"
     data = _git_bytes(repo, "show", f"refs/tags/{tag}:{path}")
     signature = _git_bytes(repo, "show", f"refs/tags/{tag}:{path}{formats.SIGNATURE_SUFFIX}")
     if data is None or signature is None or len(data) > 16 << 20 or len(signature) > 64 << 10:
         return None
     try:
-        if key is not None:
-            verify_blob(key, data, signature, None, f"{tag}:{path}")
+        verify_blob(key, data, signature, None, f"{tag}:{path}")
         index = rec.ReleaseIndex.parse(data, f"{tag}:{path}")
     except QualifyError:
         return None
     return Released(index, sha256(data)) if index.tag == tag else None
 
 
-def released(repo: Path, root: str, key: Optional[TrustedKey]) -> List[Released]:
+def released(repo: Path, root: str, key: TrustedKey) -> List[Released]:
     out = (_git_bytes(repo, "tag", "-l") or b"").decode("utf-8", "replace").split()
     found = []
     for tag in out[:MAX_TAGS]:

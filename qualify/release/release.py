@@ -461,14 +461,12 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
                                   lambda d: f"{len(d)} changed path(s) recorded")
     else:
         steps.run("tree", "check the work tree is clean", lambda: check_tree(opts), lambda d: "clean")
-    signer, key = None, None
-    if opts.dry_run:
-        steps.skip("key", "--dry-run: nothing is signed")
-    else:
-        signer = steps.run("key", "load the signing key and check its password", make_signer,
-                           lambda s: cosign_keys.fingerprint(s[1]))
-        key = TrustedKey.from_bytes(cosign_keys.public_key_pem(signer[1]), "the release key")
-        check_committed_key(opts, key)
+    # A dry run checks the key and its password too, as it promises: a run that would fail there says so now.
+    signer = steps.run("key", "load the signing key and check its password" + (" (--dry-run: nothing is signed)"
+                                                                                if opts.dry_run else ""),
+                       make_signer, lambda s: cosign_keys.fingerprint(s[1]))
+    key = TrustedKey.from_bytes(cosign_keys.public_key_pem(signer[1]), "the release key")
+    check_committed_key(opts, key)
     candidates = collect(opts.source)
     by_target = {c.target: c for c in candidates}
     outcome.released, outcome.withheld = steps.run(
@@ -489,7 +487,7 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     if opts.dry_run:
         for name in ("sign", "write", "registry", "commit", "tag", "push", "publish"):
             steps.skip(name, "--dry-run")
-        outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, None, "<sha256>", changes)
+        outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, "<sha256>", changes)
         return outcome
     sign, _ = signer
     when = history.source_time(opts.repo, outcome.source_revision)
@@ -595,7 +593,10 @@ def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidat
 
 def dry_run_lines(o: ReleaseResult, opts: ReleaseOptions) -> List[str]:
     """What a dry run would do, for people."""
-    lines = [f"Dry run of release {o.tag} (nothing signed, written, tagged, pushed or uploaded)", "", "Would sign:"]
+    lines = [f"Dry run of release {o.tag} (the key and its password checked; nothing signed, written, tagged, pushed "
+             "or uploaded)", f"It would be sequence {o.sequence}" + (f", after {o.predecessor}" if o.predecessor else
+                                                                       ", the first release of this key"),
+             "", "Would sign:"]
     lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.image_digest}, {e.support_level})"
               for e in o.released]
     lines += ["", f"Would write {opts.folder}/:"] + [f"  {n}" for n in o.files]
