@@ -269,5 +269,6 @@ def test_serving_path_check_never_passes_a_class_it_does_not_know():
     from qualify.probe import census_check
 
     row = {"short": "vllm/_C.abi3.so", "class": "unknown", "best": "unknown", "sass": [], "ptx": [], "serving_path": True}
-    assert census_check.serving_path([row], Capability.parse("12.1")).status == "warn"
+    # Issue 29: the serving-path check is required, and the unknown part is on the serving path: fail.
+    assert census_check.serving_path([row], Capability.parse("12.1")).status == "fail"
     assert census_check.serving_path([dict(row, best="native")], Capability.parse("12.1")).status == "pass"

@@ -52,6 +52,9 @@ def test_table(tree):
         "(sm_)",
         "PTX",
         "(compute_)",
+        "LINK-ONLY",
+        "(never",
+        "loaded)",
         "CLASS",
         "FOR",
         "12.1",
@@ -61,10 +64,11 @@ def test_table(tree):
         "ERRORS",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:5]}
-    assert rows[str(tree / "libplain.so")] == ["2", "100", "120", "121", "121", "native", "native", "0/1"]
-    assert rows[str(tree / "libarch.so")] == ["2", "100a", "103a", "120a", "-", "none", "none", "1/1"]
-    assert rows[str(tree / "k.cubin")] == ["1", "120f", "-", "compatible", "compatible", "0/1"]
-    assert rows[str(tree / "libtrunc.so")] == ["0", "-", "-", "-", "-", "0/0", "1"]
+    # Columns: containers, SASS, PTX, link-only (none here), class, best, no code.
+    assert rows[str(tree / "libplain.so")] == ["2", "100", "120", "121", "121", "-", "native", "native", "0/1"]
+    assert rows[str(tree / "libarch.so")] == ["2", "100a", "103a", "120a", "-", "-", "none", "none", "1/1"]
+    assert rows[str(tree / "k.cubin")] == ["1", "120f", "-", "-", "compatible", "compatible", "0/1"]
+    assert rows[str(tree / "libtrunc.so")] == ["0", "-", "-", "-", "-", "-", "0/0", "1"]
     out = proc.stdout
     assert f"{tree / 'libarch.so'}: no code for 12.1 in:\n  .nv_fatbin at 0x" in out
     assert "sm_100a sm_103a sm_120a" in out

@@ -113,7 +113,9 @@ def _short(names: Sequence[str]) -> str:
 
 def _row(lib: census.LibraryCensus) -> List[str]:
     data = lib.to_json()
-    row = [lib.path, str(data["containers"]), _short(data["sass"]), _short(data["ptx"])]
+    linked = data["link_only"]["sass"] + data["link_only"]["ptx"]
+    row = [lib.path, "archive" if data.get("archive") else str(data["containers"]), _short(data["sass"]),
+           _short(data["ptx"]), " ".join(linked) or "-"]
     verdict = data["verdict"]
     if verdict is not None:
         klass = verdict["class"] or ("-" if lib.summary.errors else "no code")
@@ -127,7 +129,7 @@ def _row(lib: census.LibraryCensus) -> List[str]:
 def render(report: census.CensusReport) -> str:
     """A readable table, then the containers without code and the files with errors."""
     lines: List[str] = []
-    header = ["LIBRARY", "CONTAINERS", "SASS (sm_)", "PTX (compute_)"]
+    header = ["LIBRARY", "CONTAINERS", "SASS (sm_)", "PTX (compute_)", "LINK-ONLY (never loaded)"]
     if report.target is not None:
         header += [f"CLASS FOR {report.target}", "BEST", "NO CODE"]
     header.append("ERRORS")
@@ -136,6 +138,7 @@ def render(report: census.CensusReport) -> str:
     else:
         lines.append("no ELF, cubin or fatbin files with device code found")
     lines += _no_code_lines(report)
+    lines += _archive_lines(report)
     lines += _error_lines(report)
     lines.append(_summary_line(report))
     return "\n".join(lines) + "\n"
@@ -156,6 +159,16 @@ def _no_code_lines(report: census.CensusReport) -> List[str]:
         hidden = len(lib.verdict.no_code) - _MAX_NO_CODE_LISTED
         if hidden > 0:
             lines.append(f"  ... and {hidden} more (--json lists all)")
+    return lines
+
+
+def _archive_lines(report: census.CensusReport) -> List[str]:
+    archives = [lib for lib in report.libraries if lib.summary.archive]
+    if not archives:
+        return []
+    lines = ["\nstatic archives (link inputs: linked into other binaries, never loaded; members counted, not read):"]
+    lines += [f"  {lib.path}: {lib.summary.archive[0]} member(s), {lib.summary.archive[1]} with device code"
+              for lib in archives]
     return lines
 
 

@@ -120,7 +120,8 @@ class TargetVerdict:
     cross_generation_jit: bool
     units: int
     excluded: Dict[str, int]
-    no_code: List[Unit]
+    no_code: List[Unit]  # no code for the target, and known to hold kernels: gaps
+    no_code_unknown: List[Unit] = field(default_factory=list)  # no code for the target; kernels could not be read
 
     def to_json(self) -> dict:
         return {
@@ -132,6 +133,7 @@ class TargetVerdict:
             "units": self.units,
             "excluded": dict(self.excluded),
             "no_code": [u.to_json() for u in self.no_code],
+            "no_code_unknown": [u.to_json() for u in self.no_code_unknown],
         }
 
 
@@ -155,21 +157,33 @@ def needs_cross_generation_jit(unit: Unit, target: Capability) -> bool:
 
 
 def judge(file: summary.FileSummary, target: Capability) -> TargetVerdict:
-    """The verdict for `target` (`summary.summarize(fatbin.read_file(path))`)."""
+    """The verdict for `target` (`summary.summarize(fatbin.read_file(path))`).
+
+    Per unit, `unit_class` (a unit with no code for the target whose kernels could not be looked for is
+    `unknown`: it may be an empty stub). For the library, `best` is what its code alone allows: when no
+    unit has code that can run on the target, nothing in the library runs there, whatever its containers
+    hold, so it is `none`, never `unknown` (issue 29: `_flashmla_C`, sm_90a/sm_100f only, on 12.0)."""
     counts: Dict[Compat, int] = {}
     no_code: List[Unit] = []
+    no_code_unknown: List[Unit] = []
+    raw_classes = set()
     worst: Optional[Compat] = None
     cross = False
     for unit in file.units:
-        klass = unit_class(unit, target)
+        raw = best(unit.classes(target))
+        raw_classes.add(raw)
+        klass = Compat.UNKNOWN if raw is Compat.NONE and not unit.holds_kernels else raw
         counts[klass] = counts.get(klass, 0) + 1
         if klass is Compat.NONE:
             no_code.append(unit)
+        elif raw is Compat.NONE:
+            no_code_unknown.append(unit)
         if worst is None or klass.rank > worst.rank:
             worst = klass
         cross = cross or needs_cross_generation_jit(unit, target)
-    top = best(counts) if counts else None
-    return TargetVerdict(target, worst, top, counts, cross, len(file.units), dict(file.excluded), no_code)
+    top = best(raw_classes) if raw_classes else None
+    return TargetVerdict(target, worst, top, counts, cross, len(file.units), dict(file.excluded), no_code,
+                         no_code_unknown)
 
 
 # --- per library ---------------------------------------------------------------
@@ -186,7 +200,12 @@ class LibraryCensus:
 
     def to_json(self, detail: bool = False) -> dict:
         file = self.summary
-        targets = summary.targets_of(file.keys)
+        # What the driver can load (registered and embedded containers); code kept only for device
+        # linking (`__nv_relfatbin`) is reported apart: it is never loaded, so it is no JIT fallback.
+        loaded = frozenset(k for sec in file.sections if sec.role != ROLE_RELOCATABLE for k in sec.keys)
+        link_only = frozenset(k for sec in file.sections if sec.role == ROLE_RELOCATABLE for k in sec.keys)
+        targets = summary.targets_of(loaded)
+        linked = summary.targets_of(link_only)
         others = sorted(
             (number, variant.value, kind, variant)
             for kind, number, variant in file.keys
@@ -205,9 +224,15 @@ class LibraryCensus:
             "other_kinds": [fatbin_model.entry_name(k, n, v) for n, _, k, v in others if k != fatbin_model.KIND_LTO_IR],
             "compression": dict(file.compression),
             "link_stubs": dict(file.link_stubs),
+            "link_only": {"sass": summary.kind_names(linked, CodeKind.SASS),
+                          "ptx": summary.kind_names(linked, CodeKind.PTX)},
             "sections": {sec.name: sec.to_json() for sec in file.sections},
             "verdict": self.verdict.to_json() if self.verdict else None,
         }
+        if file.archive is not None:
+            out["archive"] = {"members": file.archive[0], "with_device_code": file.archive[1], "read": False,
+                              "note": "a static archive is a link input: its device code is linked into other "
+                                      "binaries and never loaded, so its members are counted, not judged"}
         if detail:
             out["details"] = list(file.details or ())
         return out
@@ -441,7 +466,8 @@ def scan(
 
     Files given explicitly are always reported; files found by walking a
     directory are reported when they carry device code or could not be read,
-    and counted in `without_device_code` when they are ELF files with none.
+    and counted in `without_device_code` when they are ELF files with none
+    (a static archive with device code is reported, as a link input).
     embedded=False reads `.nv_fatbin` only (see fatbin.read_file): faster,
     and blind to kernel databases such as cuFFT's. decompress=False looks
     into no compressed container (as in an image without the decoders).
@@ -459,7 +485,7 @@ def scan(
         if result is None:
             continue
         scanned += 1
-        if result.containers or result.errors or task.explicit:
+        if result.containers or result.errors or task.explicit or (result.archive and result.archive[1]):
             libraries.append(LibraryCensus(result))
         else:
             without.append(task.path)

@@ -78,6 +78,7 @@ from qualify.core.elf import (
 )
 from qualify.core.errors import internal_error
 from qualify.core.fatbin_model import (
+    AR_MAGIC,
     ARCH_NUMBER_RANGE,
     CONTAINER_HEADER,
     CONTAINER_PREFIX,
@@ -145,7 +146,7 @@ def mapped(path: str) -> Iterator[mmap.mmap]:
 
 
 def sniff(path: str) -> Optional[str]:
-    """'elf' or 'fatbin' from the first four bytes; None for anything else."""
+    """'elf', 'fatbin' or 'archive' from the first bytes; None for anything else."""
     try:
         return sniff_strict(path)
     except OSError:
@@ -156,13 +157,15 @@ def sniff_strict(path: str) -> Optional[str]:
     """As sniff, but a file that cannot be opened or read raises OSError."""
     fd = open_regular(path)
     try:
-        head = os.read(fd, 4)
+        head = os.read(fd, len(AR_MAGIC))
     finally:
         os.close(fd)
-    if head == ELF_MAGIC:
+    if head[:4] == ELF_MAGIC:
         return "elf"
-    if head == MAGIC_BYTES:
+    if head[:4] == MAGIC_BYTES:
         return "fatbin"
+    if head == AR_MAGIC:
+        return "archive"
     return None
 
 
@@ -220,8 +223,47 @@ def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool, decoders: Decode
         else:
             scan.format = "elf"
             _read_elf(mm, elf, scan, embedded, decoders)
+    elif mm[:len(AR_MAGIC)] == AR_MAGIC:
+        scan.format = "archive"
+        _read_archive(mm, scan)
     else:
-        scan.errors.append("neither an ELF file nor a fatbin (unknown magic)")
+        scan.errors.append("neither an ELF file, a fatbin nor a static archive (unknown magic)")
+
+
+AR_HEADER = 60
+MAX_ARCHIVE_MEMBERS = 100_000
+_DEVICE_CODE_SECTIONS = (b".nv_fatbin", SECTION_RELOCATABLE.encode())
+
+
+def _read_archive(mm: mmap.mmap, scan: FileScan) -> None:
+    """A static archive (`ar`): its members are objects that are linked into other binaries, never loaded,
+    so its device code is not judged. Counted: members, and members that are ELF objects naming a
+    device-code section (so a report can say what the archive would bring into a link)."""
+    pos, members, with_code = len(AR_MAGIC), 0, 0
+    while pos + AR_HEADER <= len(mm):
+        header = mm[pos:pos + AR_HEADER]
+        if header[58:60] != b"`\n":
+            scan.errors.append(f"static archive: bad member header at offset {pos}")
+            break
+        try:
+            size = int(header[48:58].decode("ascii").strip() or "0")
+        except (UnicodeDecodeError, ValueError):
+            scan.errors.append(f"static archive: bad member size at offset {pos}")
+            break
+        start, end = pos + AR_HEADER, pos + AR_HEADER + size
+        if end > len(mm):
+            scan.errors.append(f"static archive: member at offset {pos} runs past the end of the file")
+            break
+        name = header[:16].rstrip()
+        if name not in (b"/", b"//", b"/SYM64/"):  # the symbol table and the long-name table are no members
+            members += 1
+            if mm[start:start + 4] == ELF_MAGIC and any(mm.find(n, start, end) >= 0 for n in _DEVICE_CODE_SECTIONS):
+                with_code += 1
+        if members > MAX_ARCHIVE_MEMBERS:
+            scan.errors.append(f"static archive: more than {MAX_ARCHIVE_MEMBERS} members; not counted further")
+            break
+        pos = end + (size & 1)  # members are 2-byte aligned
+    scan.archive = (members, with_code)
 
 
 def _read_elf(mm: mmap.mmap, elf: ElfHeader, scan: FileScan, embedded: bool, decoders: Decoders) -> None:

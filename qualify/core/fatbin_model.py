@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from qualify.core.arch import ArchError, Capability, CodeKind, CodeTarget, Variant
 from qualify.core.elf import SEGMENT_PREFIX
 
 FATBIN_MAGIC = 0xBA55ED50
 MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+AR_MAGIC = b"!<arch>\n"  # a static archive (`.a`): link inputs, never loaded
 # magic + version 1 + header size 16: what a real container starts with.
 CONTAINER_PREFIX = MAGIC_BYTES + struct.pack("<HH", 1, 16)
 CONTAINER_HEADER = struct.Struct("<IHHQ")
@@ -226,11 +227,12 @@ class FileScan:
     """Everything read from one file."""
 
     path: str
-    format: str  # elf | cubin | fatbin | unknown
+    format: str  # elf | cubin | fatbin | archive | unknown
     size: int
     containers: List[Container] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
     unreadable: bool = False  # could not be opened or listed at all (permission denied, ...)
+    archive: Optional[Tuple[int, int]] = None  # a static archive: (members, members that carry device code)
 
     @property
     def ok(self) -> bool:

@@ -126,6 +126,7 @@ class FileSummary:
     units: Tuple[Unit, ...]  # in file order
     excluded: Tuple[Tuple[str, int], ...]  # containers left out of judging, in EXCLUSIONS order
     details: Optional[Tuple[dict, ...]] = None  # every container's JSON (summarize(detail=True))
+    archive: Optional[Tuple[int, int]] = None  # a static archive: (members, members with device code)
 
     @property
     def ok(self) -> bool:
@@ -177,6 +178,7 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
         units=tuple(units),
         excluded=tuple((k, excluded[k]) for k in EXCLUSIONS),
         details=tuple(c.to_json() for c in scan.containers) if detail else None,
+        archive=scan.archive,
     )
 
 

@@ -92,10 +92,17 @@ def _rows(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
             "class": v.get("class"), "best": v.get("best"), "counts": v.get("counts"),
             "cross_generation_jit": v.get("cross_generation_jit", False),
             "no_code_units": len(v.get("no_code", [])),
+            # Units with no code for the target whose kernels could not be read: unknown, never a pass.
+            "no_code_unknown_units": len(v.get("no_code_unknown", [])),
+            "unknown_units": (v.get("counts") or {}).get("unknown", 0),
             "no_code_specific_only": sum(1 for u in v.get("no_code", []) if _specific_only(u)),
+            # Whatever their containers hold, code that is all a/f-specific for other devices cannot run here.
+            "no_code_specific_unknown": sum(1 for u in v.get("no_code_unknown", []) if _specific_only(u)),
+            "link_only": lib.get("link_only") or {"sass": [], "ptx": []},
             "errors": lib["errors"],
             "serving_path": _is_serving(lib["path"]),
             "format": lib.get("format"),
+            **({"archive": lib["archive"]} if lib.get("archive") else {}),
         })
     return rows
 
@@ -120,6 +127,11 @@ def _aggregate_cubins(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return sorted(out, key=lambda r: r["path"])
 
 
+def names_of(members: List[Dict[str, Any]], kind: str) -> List[str]:
+    found = {n for m in members for n in (m.get("link_only") or {}).get(kind, [])}
+    return sorted(found, key=lambda n: (arch.CodeTarget.parse(n).capability, n))
+
+
 def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
     def names(field: str) -> List[str]:
         found = {n for m in members for n in m[field]}
@@ -141,7 +153,11 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
         "best": arch.best(bests).value if bests else None,
         "counts": counts, "cross_generation_jit": any(m["cross_generation_jit"] for m in members),
         "no_code_units": sum(m["no_code_units"] for m in members),
+        "no_code_unknown_units": sum(m["no_code_unknown_units"] for m in members),
+        "unknown_units": sum(m["unknown_units"] for m in members),
         "no_code_specific_only": sum(m["no_code_specific_only"] for m in members),
+        "no_code_specific_unknown": sum(m["no_code_specific_unknown"] for m in members),
+        "link_only": {"sass": names_of(members, "sass"), "ptx": names_of(members, "ptx")},
         "errors": [e for m in members for e in m["errors"]][:10], "serving_path": False,
         "format": members[0]["format"], "files": len(members),
     }
@@ -182,9 +198,10 @@ def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckRe
     if bad:
         return CheckResult(cid, title, FAIL, "; ".join(bad), evidence=evidence)
     undecided = [r for r in serving if r["best"] not in DECIDED]
-    if undecided:  # a class this probe does not know (damaged or undecodable input): never a pass
-        return CheckResult(cid, title, WARN, "the census could not judge " + ", ".join(
-            f"{r['short']} ({r['best']})" for r in undecided), evidence=evidence)
+    if undecided:  # the census could not tell whether anything runs (damaged input): never a pass
+        return CheckResult(cid, title, FAIL, "the census could not tell whether these serving-path libraries run "
+                           "anything on the target: " + ", ".join(f"{r['short']} ({r['best']})" for r in undecided),
+                           evidence=evidence)
     return CheckResult(cid, title, PASS, f"{len(serving)} serving-path librar{'y' if len(serving) == 1 else 'ies'}: "
                        + ", ".join(f"{r['short']} {r['best']}" for r in serving), evidence=evidence)
 
@@ -204,22 +221,29 @@ def unit_gaps(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResul
     """Serving-path libraries that run, but with compiled units holding only plain code for other
     devices (vLLM builds some sources for one architecture and dispatches them only there)."""
     cid, title = "census.unit-gaps", f"Serving-path units without code for {target}"
-    hits = [r for r in rows if r["serving_path"] and r["best"] not in (None, "none")
-            and r["no_code_units"] > r["no_code_specific_only"]]
-    if not hits:
+    runs = [r for r in rows if r["serving_path"] and r["best"] not in (None, "none")]
+    known = {r["short"]: r["no_code_units"] - r["no_code_specific_only"] for r in runs
+             if r["no_code_units"] > r["no_code_specific_only"]}
+    unknown = {r["short"]: r["unknown_units"] for r in runs if r["unknown_units"]}
+    if not known and not unknown:
         return CheckResult(cid, title, PASS, "every compiled unit of the serving path has code for the target",
                            required=False)
-    return CheckResult(cid, title, WARN,
-                       "kernels in these units cannot launch here (the library dispatches them only on other devices): "
-                       + ", ".join(f"{r['short']} ({r['no_code_units'] - r['no_code_specific_only']} of "
-                                   f"{sum((r['counts'] or {}).values())} units)" for r in hits),
-                       required=False, evidence={"libraries": {r["short"]: r["no_code_units"] - r["no_code_specific_only"]
-                                                               for r in hits}})
+    units = {r["short"]: sum((r["counts"] or {}).values()) for r in runs}
+    said = []
+    if known:
+        said.append("kernels in these units cannot launch here (the library dispatches them only on other devices): "
+                    + ", ".join(f"{name} ({n} of {units[name]} units)" for name, n in known.items()))
+    if unknown:  # undecodable containers (no decoder in the image): unknown, never a pass
+        said.append("could not tell whether these units hold kernels for the target (their containers could not be "
+                    "decompressed here): " + ", ".join(f"{name} ({n} of {units[name]} units)" for name, n in unknown.items()))
+    return CheckResult(cid, title, WARN, "; ".join(said), required=False,
+                       evidence={"libraries": known, "unknown": unknown})
+
 
 
 def arch_specific(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
     cid, title = "census.arch-specific", f"Arch-specific (a/f) code that does not match {target}"
-    hits = [r for r in rows if r["no_code_specific_only"]]
+    hits = [r for r in rows if r["no_code_specific_only"] + r["no_code_specific_unknown"]]
     if not hits:
         return CheckResult(cid, title, PASS, "none", required=False)
     # Libraries with nothing at all for the target first (FA3 sm_90a-only), big cubin directories last.
@@ -228,13 +252,16 @@ def arch_specific(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckR
     def describe(r: Dict[str, Any]) -> str:
         code = ", ".join(r["sass"] + r["ptx"])
         only = f"only {code}" if len(code) <= 40 else f"{len(r['sass'])} SASS arches"
-        return f"{r['short']} ({r['no_code_specific_only']} unit(s); {only})"
+        n = r["no_code_specific_only"] + r["no_code_specific_unknown"]
+        nothing = "; nothing in it runs here" if r["best"] == "none" else ""
+        return f"{r['short']} ({n} unit(s); {only}{nothing})"
 
     return CheckResult(cid, title, WARN,
                        "units whose only code is arch-specific for other devices (dispatched only there): "
                        + "; ".join(describe(r) for r in hits[:20])
                        + (f" and {len(hits) - 20} more" if len(hits) > 20 else ""),
-                       required=False, evidence={"libraries": {r["short"]: r["no_code_specific_only"] for r in hits}})
+                       required=False, evidence={"libraries": {r["short"]: r["no_code_specific_only"] +
+                                                               r["no_code_specific_unknown"] for r in hits}})
 
 
 def torch_arch_list(rows: List[Dict[str, Any]], claimed: Optional[List[str]], why_missing: Optional[str] = None) -> CheckResult:
