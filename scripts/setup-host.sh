@@ -81,12 +81,12 @@ arm64_image() {
 }
 
 # What broke torch: does an arm64 container's /proc/cpuinfo describe an arm64 CPU?
-# Prints the image checked; 0 yes, 1 no (the host's x86 cpuinfo, or the container failed), 2 no image to check with.
+# Prints the image checked; 0 yes, 1 no (the host's x86 cpuinfo), 2 no image to check with, 3 the container failed.
 cpu_seen() {
   local image cpuinfo
   image=$(arm64_image) || return 2
   echo "$image"
-  cpuinfo=$(timeout 120 /usr/bin/docker run --rm --network none --platform linux/arm64 "$image" cat /proc/cpuinfo 2>&1) || return 1
+  cpuinfo=$(timeout 120 /usr/bin/docker run --rm --network none --platform linux/arm64 "$image" cat /proc/cpuinfo 2>&1) || return 3
   grep -Eq '^CPU architecture[[:space:]]*: 8$' <<<"$cpuinfo" && grep -q '^Features' <<<"$cpuinfo" &&
     ! grep -Eq '^(vendor_id|cpu family|flags)[[:space:]]*:' <<<"$cpuinfo"
 }
@@ -163,12 +163,14 @@ else
     case "$rc" in
       0) say "emulator: arm64 programs see an arm64 CPU (/proc/cpuinfo in an arm64 container of $image)" ;;
       2) say "emulator: not checked, no arm64 image here yet (tests/test_emulation.py checks it)" ;;
+      3) say "warning: emulator not checked: an arm64 container of $image did not run" ;;
       *) msg="arm64 programs see the host's x86 /proc/cpuinfo under $(sed -n 's/^interpreter //p' "$binfmt/qemu-aarch64"): torch cannot be imported in arm64 images"
          if [ "$backports" = yes ]; then die "$msg"; fi
          say "warning: $msg (their torch-side checks will be not-run)" ;;
     esac
   fi
 fi
+
 # Python tooling for the sessions; the package itself is installed by nox into its own venvs.
 if ! python3 -m nox --version >/dev/null 2>&1; then
   say "installing nox"
