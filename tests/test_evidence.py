@@ -90,3 +90,16 @@ def test_the_manifest_schema_knows_every_compatibility_class():
     library = SCHEMA["$defs"]["library"]
     for key in ("class", "best"):
         assert set(library["properties"][key]["enum"]) - {None} == {c.value for c in Compat}
+
+
+def test_sm121_vllm_evidence_ran_every_check_but_the_gpu_ones():
+    """Issue 31: under qemu-user 10 torch imports in the arm64 image, so only GPU checks are not-run."""
+    p = manifest.predicate(manifest.load(REPO / "manifests" / "evidence" / "vllm" / "sm121.json"))
+    not_run = [c["id"] for c in p["checks"] if c["status"] == "not-run"]
+    assert not_run and all(cid.startswith("gpu.") for cid in not_run), not_run
+    assert p["verdict"] != "incomplete" and p["host"]["emulated"] and p["target"]["profile"] == "vllm"
+    torch = p["versions"]["torch"]
+    assert torch["status"] == "pass" and torch["torch"].startswith("2.14.0") and torch["arch_list"]
+    checks = {c["id"]: c for c in p["checks"]}
+    assert checks["triton.cross-compile"]["evidence"]["cubin_arches"] == ["sm_121a"]
+    assert not p["toolkit"]["source_revision"].endswith("-dirty")

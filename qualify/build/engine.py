@@ -451,10 +451,16 @@ class Engine:
         name: Optional[str] = None,
         gpus: Optional[str] = None,
         on_stderr_line: Optional[Callable[[str], None]] = None,
+        init: bool = False,
     ) -> subprocess.CompletedProcess:
         """Run a throw-away container; mounts are (host, container, 'ro'|'rw').
-        `on_stderr_line` sees each stderr line as it is written (progress of long steps)."""
+        `on_stderr_line` sees each stderr line as it is written (progress of long steps).
+        `init`: the engine's init process is PID 1 (docker-init, podman's catatonit) and reaps the command's
+        children; a command that is PID 1 itself ignores signals it has no handler for, so one that crashes
+        under qemu-user does not exit."""
         argv = [self.binary, "run", "--rm"]
+        if init:
+            argv.append("--init")
         if name:
             argv += ["--name", name]
         if network:

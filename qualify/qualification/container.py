@@ -5,7 +5,8 @@ host) both come here. Only the image side is staged and mounted: the package
 root's `__init__.py`, `qualify/core` and `qualify/probe`, plus pyelftools; the
 target is passed as JSON, so nothing in the image reads the targets file.
 The container gets no network and one writable directory for its output,
-and runs the image's own python3, so it qualifies what users will run.
+an init process as PID 1 (`--init`), and runs the image's own python3, so it
+qualifies what users will run.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
             env={"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"},
             network="none", platform=target.platform, timeout=timeout, gpus=gpus,
             on_stderr_line=_forward_progress,
+            # An init as PID 1: a probe that crashes (under qemu-user) exits instead of hanging until the timeout.
+            init=True,
         )
         result = out_dir / "predicate.json"
         if proc.returncode not in PROBE_EXITS or not result.exists():
