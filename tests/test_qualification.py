@@ -172,3 +172,36 @@ def test_host_probe_writes_a_statement_without_gpu(tmp_path):
     p = manifest.predicate(doc)
     assert p["verdict"] == "incomplete" and p["support_level"] == "unverified"
     assert manifest.subject_name(doc).startswith("host:")
+
+
+def test_the_probe_decodes_inside_the_image_with_the_decoders_staged_for_its_interpreter(qualified):
+    """Issue 29, item 1: the census inside an image reads compressed containers as the host's does. The
+    decoders (zstandard, lz4) are staged for the image's own python3, on amd64 and under arm64 emulation."""
+    record, doc = qualified
+    p = manifest.predicate(doc)
+    assert p["census"]["decoders"] == {"zstd": True, "lz4": True}
+    assert not [lib for lib in p["census"]["libraries"] if lib.get("undecodable")]
+    machine = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[record.platform]
+    assert p["host"]["machine"] == machine
+
+
+def test_an_image_without_python3_or_with_an_old_one_is_a_clear_error(engine, docker_engine, tmp_path):
+    """The probe needs the image's own python3 (3.9+). A stand-in python3 (a shell script that answers as a
+    3.8 interpreter would: a TEST DOUBLE, no Python 3.8 image can be made here) gives the version error."""
+    from qualify.core.errors import EngineError
+
+    base = images.smoke("sm120").image_reference
+    bare = images.derived(docker_engine, base, "qualify-test/no-python:1",
+                          "RUN rm -f /usr/bin/python3* /usr/local/bin/python3* /opt/venv/bin/python3*", {}, tmp_path,
+                          "linux/amd64")
+    old = images.derived(docker_engine, base, "qualify-test/python38:1",
+                         "COPY python3 /usr/local/sbin/python3\nENV PATH=/usr/local/sbin:$PATH",
+                         {"python3": b"#!/bin/sh\necho cpython-38-x86_64 3.8\n"}, tmp_path, "linux/amd64")
+    try:
+        with pytest.raises(EngineError, match="qualify-test/no-python:1: has no python3 on its PATH"):
+            container.interpreter(engine, bare, "linux/amd64")
+        with pytest.raises(EngineError, match="its python3 is 3.8; the probe needs 3.9 or newer"):
+            container.interpreter(engine, old, "linux/amd64")
+        assert container.interpreter(engine, base, "linux/amd64")[0] == "cpython-311-x86_64"
+    finally:
+        subprocess.run([docker_engine, "rmi", bare, old], capture_output=True)

@@ -413,3 +413,17 @@ def test_the_committed_h200_evidence_travels_signed_by_an_enrolled_test_host(tmp
         assert ev.signed_by(hosts, path.read_bytes(), sig.read_bytes(), bundle.read_bytes()) == ("test-gpu-host", "")
     other = records.EnrolledHosts(1, ())
     assert ev.signed_by(other, written[0].read_bytes(), None, None)[0] == ""
+
+
+def test_the_probe_bundle_carries_the_decoders_for_the_images_interpreters(tmp_path, monkeypatch):
+    """Issue 29: the Kubernetes Job's probe decodes compressed containers too: the bundle carries zstandard and
+    lz4 for the targets' interpreters on both platforms, and the Job names them (QUALIFY_STAGED)."""
+    from qualify.scaleout import bakestage
+
+    monkeypatch.setattr(bakestage, "REPO_ROOT", tmp_path / "repo")
+    bundle = bakestage.stage_probe()
+    for tag in ("cpython-311-x86_64", "cpython-312-x86_64", "cpython-311-aarch64", "cpython-312-aarch64"):
+        assert (bundle / "staged" / tag / "zstandard").is_dir() and (bundle / "staged" / tag / "lz4").is_dir(), tag
+    assert (bundle / "qualify" / "probe" / "decoders.lock").is_file()
+    container = k8s.manifests(_job("sm120"))[1]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "QUALIFY_STAGED", "value": "/probe/staged"} in container["env"]

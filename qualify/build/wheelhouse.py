@@ -81,7 +81,12 @@ def wheelhouse_dir(lock: Path, platform: str, python: Optional[str]) -> Path:
 
 def prepare(lock: Path, platform: str, python: Optional[str]) -> Path:
     """Download (once) and verify the wheels a lock names for a platform; one checkout at a time."""
-    dest = wheelhouse_dir(lock, platform, python)
+    return prepare_into(lock, platform, python, wheelhouse_dir(lock, platform, python))
+
+
+def prepare_into(lock: Path, platform: str, python: Optional[str], dest: Path) -> Path:
+    """As prepare, into `dest` (a lock whose wheels differ by Python keeps one folder per Python)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.file_lock(dest.with_name(dest.name + ".lock")):
         return _prepare(lock, platform, python, dest)
 

@@ -101,6 +101,13 @@ def _lz4_partial() -> Optional[Callable[..., int]]:
     return None
 
 
+def decoder_status() -> Dict[str, bool]:
+    """Which decoders this interpreter has: a census without one reads the kernels of those containers as
+    `unknown`, and says so."""
+    zstd, lz4 = _decoder_modules()
+    return {"zstd": zstd is not None, "lz4": lz4 is not None}
+
+
 def load_decoders() -> None:
     """Import the decoders now (before worker processes fork, so that each
     does not import them again)."""

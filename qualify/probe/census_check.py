@@ -168,10 +168,17 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
     """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}."""
     import time
 
+    from qualify.core import kernels
+
     start = time.monotonic()
     report = census.scan(list(paths), target).to_json()
     seconds = time.monotonic() - start
+    decoders = kernels.decoder_status()
     rows = summarise(report, paths)
+    for row in rows:  # where a decoder is missing, say per library what could not be read
+        undecodable = {k: n for k, n in (row.get("compression") or {}).items() if k in decoders and not decoders[k]}
+        if undecodable:
+            row["undecodable"] = undecodable
     checks = [
         serving_path(rows, target),
         unit_gaps(rows, target),
@@ -183,7 +190,7 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
     if profile == Profile.SMOKE:
         checks.append(smoke_extension(rows, arch_list))
     return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3),
-            "files_scanned": report["files_scanned"], "paths": list(paths)}
+            "files_scanned": report["files_scanned"], "paths": list(paths), "decoders": decoders}
 
 
 def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:

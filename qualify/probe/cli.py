@@ -21,7 +21,7 @@ from typing import List, Optional
 from qualify.core import fsutil, manifest
 from qualify.core.enums import Profile, Verdict
 from qualify.core.errors import QualifyError
-from qualify.probe import runner
+from qualify.probe import runner, staged
 
 EXIT = {Verdict.PASS: 0, Verdict.WARN: 0, Verdict.FAIL: 1, Verdict.INCOMPLETE: 3}
 
@@ -74,6 +74,7 @@ def execute(args, target: runner.ProbeTarget) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    staged.activate()  # the decoders the host staged for this interpreter, before the census imports them
     parser = argparse.ArgumentParser(prog="python3 -m qualify.probe", description=__doc__.splitlines()[0])
     configure_parser(parser)
     args = parser.parse_args(argv)

@@ -16,12 +16,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from qualify.build.registry import STATE_DIR
 from qualify.config.targets import Target
 from qualify.core.errors import EngineError
-from qualify.probe import identity
+from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
 
 if TYPE_CHECKING:  # the engine (python-on-whales) is not needed to describe a target on a GPU host
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the engine (python-on-whales) is not needed to describe a t
 
 PACKAGE_ROOT, IMAGE_SIDE = identity.PACKAGE_ROOT, identity.IMAGE_SIDE
 CONTAINER_ROOT = "/opt/qualify"
+STAGED_ROOT = "/opt/qualify-staged"  # the decoders for the image's interpreter (probe/staged.py)
 PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
 
 
@@ -85,10 +86,47 @@ def _forward_progress(line: str) -> None:
         print("  " + line, file=sys.stderr, flush=True)
 
 
+_INTERPRETER = ("import platform, sys; print(sys.implementation.cache_tag + '-' + platform.machine(), "
+                "'%d.%d' % sys.version_info[:2])")
+
+
+def interpreter(engine: Engine, image: str, platform: str) -> Tuple[str, str]:
+    """(`cache tag-machine`, `major.minor`) of the image's python3, from a throw-away container; an image
+    without one, or with one older than the probe needs, is a clear error naming the image."""
+    proc = engine.run_container(image, ["python3", "-c", _INTERPRETER], mounts=[], env={}, network="none",
+                                platform=platform, timeout=300, init=True)
+    said = (proc.stderr or proc.stdout or "").strip()
+    words = proc.stdout.split() if proc.returncode == 0 else []
+    if len(words) != 2:
+        missing = proc.returncode in (126, 127) or "executable file not found" in said or "not found" in said
+        raise EngineError(f"{image}: " + ("has no python3 on its PATH" if missing else
+                                          f"python3 did not answer (exit {proc.returncode}): {said[-300:]}"),
+                          hint="the probe runs with the image's own python3 (3.9 or newer); install one in the image"
+                          if missing else "see the output above")
+    tag, version = words
+    if tuple(int(x) for x in version.split(".")) < (3, 9):
+        raise EngineError(f"{image}: its python3 is {version}; the probe needs 3.9 or newer",
+                          hint="qualify an image with a newer python3 (the probe uses the image's own interpreter)")
+    return tag, version
+
+
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
               timeout: float = 900) -> Dict[str, Any]:
-    """The probe's predicate, from a throw-away container of `image`."""
+    """The probe's predicate, from a throw-away container of `image`, with the decoders for its python3
+    staged beside it (qualification/decoders.py)."""
+    from qualify.qualification import decoders
+
     mount = stage_probe(probe_sources_digest())
+    tag, version = interpreter(engine, image, target.platform)
+    staged_dir = decoders.stage(tag)
+    if staged_dir is None:
+        print(f"[qualify] no decoder wheels for {tag} (python {version}): compressed containers stay unknown",
+              file=sys.stderr, flush=True)
+    mounts = [(str(mount), CONTAINER_ROOT, "ro")]
+    env = {"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
+    if staged_dir is not None:
+        mounts.append((str(staged_dir.parent), STAGED_ROOT, "ro"))
+        env[staged.ENV] = STAGED_ROOT
     with tempfile.TemporaryDirectory(prefix="qualify-out-") as out:
         out_dir = Path(out)
         out_dir.chmod(0o777)
@@ -99,8 +137,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
             image,
             ["python3", "-m", "qualify.probe", "--target-json", target.to_json(),
              "--only", scope, "--predicate-only", "--out", "/out/predicate.json"],
-            mounts=[(str(mount), CONTAINER_ROOT, "ro"), (str(out_dir), "/out", "rw")],
-            env={"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"},
+            mounts=[*mounts, (str(out_dir), "/out", "rw")], env=env,
             network="none", platform=target.platform, timeout=timeout, gpus=gpus,
             on_stderr_line=_forward_progress,
             # An init as PID 1: a probe that crashes (under qemu-user) exits instead of hanging until the timeout.
@@ -111,6 +148,6 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
             raise EngineError(
                 f"the probe did not complete in {image} (exit {proc.returncode}):\n"
                 + "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:]),
-                hint="the image needs a python3 (3.9+); see the output above",
+                hint=f"the image's python3 ({version}) started the probe, which then stopped: see its output above",
             )
         return json.loads(result.read_text())

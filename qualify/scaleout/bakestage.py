@@ -41,11 +41,36 @@ def stage(tf: TargetsFile, bt: BakeTarget) -> Path:
     return _link(ctx, bt.name)
 
 
+BUNDLE_PYTHONS = ("3.11", "3.12")  # the hermetic and the nvidia/cuda ubuntu24.04 images' interpreters
+STAGED_DIR = "staged"  # inside the bundle: QUALIFY_STAGED of the Job (probe/staged.py)
+
+
 def stage_probe() -> Path:
+    """The probe bundle: the staged probe, and the decoders for the interpreters of the targets' images on
+    both platforms (the bundle serves images of either; probe/staged.py picks the one that fits)."""
+    import shutil
+    import tempfile
+
+    from qualify.build.registry import STATE_DIR
+    from qualify.qualification import decoders
     from qualify.qualification.container import probe_sources_digest
     from qualify.qualification.container import stage_probe as staged
 
-    return _link(staged(probe_sources_digest()), "probe")
+    probe = staged(probe_sources_digest())
+    bundle = STATE_DIR / "bake-probe" / f"{probe.name}-{decoders.root().name}"
+    if not (bundle / ".complete").exists():
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=bundle.parent))
+        shutil.copytree(probe, tmp / "bundle")
+        for platform in decoders.MACHINES.values():
+            decoders.stage_all(platform, BUNDLE_PYTHONS)
+        shutil.copytree(decoders.root(), tmp / "bundle" / STAGED_DIR, ignore=shutil.ignore_patterns("wheels", ".*"))
+        (tmp / "bundle" / ".complete").write_text("")
+        if bundle.exists():
+            shutil.rmtree(bundle)
+        (tmp / "bundle").rename(bundle)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _link(bundle, "probe")
 
 
 def record(tf: TargetsFile, bt: BakeTarget, metadata_file: Path, values: Mapping[str, str]) -> Path:

@@ -145,6 +145,8 @@ def _pod_spec(job: GpuJob) -> Dict[str, Any]:
             "env": [
                 {"name": "PYTHONPATH", "value": PROBE_MOUNT},
                 {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                # The decoders the bundle carries for the image's interpreter (probe/staged.py).
+                {"name": "QUALIFY_STAGED", "value": f"{PROBE_MOUNT}/staged"},
                 {"name": "QUALIFY_TARGET_JSON", "value": target_json},
                 {"name": "QUALIFY_SUBJECT", "value": job.image},
                 {"name": "EVIDENCE_DIR", "value": EVIDENCE_MOUNT},

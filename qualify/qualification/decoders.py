@@ -1,0 +1,92 @@
+"""The decoders staged beside the probe for an image's interpreter (host side of probe/staged.py).
+
+Why staged wheels and not the host reading the image's files: the probe then runs the same census in an
+image, a deploy's GPU gate, a Kubernetes Job and a bare GPU host, with nothing but the image's own
+interpreter and what is mounted read-only beside the probe; reading an image's files from the host needs
+its file system on the host (podman can mount an image; Docker 20.10 cannot mount a created container,
+so there it is a running container's overlay directory or a copy of gigabytes). Measured on the sm120
+vLLM image: ARCHITECTURE.md.
+
+The wheels (zstandard, lz4; one per Python 3.9-3.13 and platform) are pinned by hash in
+qualify/probe/decoders.lock, downloaded once into the state folder, checked against the lock, and unpacked
+into `<STATE_DIR>/probe-staged/<lock digest>/<cache tag>-<machine>/` without the parts the census never
+imports (zstandard's cffi backend: 12 of its 23 MB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+from qualify.build import wheelhouse
+from qualify.build.registry import STATE_DIR
+from qualify.core.errors import LockError
+from qualify.probe import staged
+
+LOCK = Path(staged.__file__).with_name(staged.LOCK)
+MACHINES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+_TAG = re.compile(r"cpython-3(\d{1,2})-(x86_64|aarch64)")
+SKIP = ("zstandard/_cffi", "zstandard/backend_cffi")  # the census imports the C backend only
+
+
+def supported(tag: str) -> bool:
+    m = _TAG.fullmatch(tag)
+    return bool(m) and 9 <= int(m.group(1)) <= 13
+
+
+def root() -> Path:
+    key = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]
+    return STATE_DIR / "probe-staged" / key
+
+
+def stage(tag: str) -> Optional[Path]:
+    """The unpacked decoders for interpreter `tag` (`cpython-311-x86_64`), staged once; None when there are
+    no wheels for it (another implementation, an older or newer Python): its census reads `unknown`."""
+    if not supported(tag):
+        return None
+    m = _TAG.fullmatch(tag)
+    python, machine = f"3.{m.group(1)}", m.group(2)
+    dest = root() / tag
+    if (dest / ".complete").exists():
+        return dest
+    wheels = wheelhouse.prepare_into(LOCK, MACHINES[machine], python, root() / "wheels" / tag)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=dest.parent))
+    try:
+        for wheel in sorted(wheels.glob("*.whl")):
+            _unpack(wheel, tmp)
+        (tmp / ".complete").write_text("")
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"[qualify] decoders for {tag}: staged in {dest}", file=sys.stderr, flush=True)
+    return dest
+
+
+def _unpack(wheel: Path, into: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            name = info.filename
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise LockError(f"{wheel.name}: unsafe member {name!r}")
+            if name.startswith(SKIP) or ".dist-info/" in name:
+                continue
+            zf.extract(info, into)
+
+
+def stage_all(platform_: str, pythons=("3.11", "3.12")) -> Path:
+    """A folder with the decoders for `pythons` on `platform_` (a probe bundle: the interpreter of the image
+    it serves is not known when it is built)."""
+    machine = next(m for m, p in MACHINES.items() if p == platform_)
+    for python in pythons:
+        stage(f"cpython-3{python.split('.')[1]}-{machine}")
+    return root()
