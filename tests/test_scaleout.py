@@ -427,3 +427,42 @@ def test_the_probe_bundle_carries_the_decoders_for_the_images_interpreters(tmp_p
     assert (bundle / "qualify" / "probe" / "decoders.lock").is_file()
     container = k8s.manifests(_job("sm120"))[1]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "QUALIFY_STAGED", "value": "/probe/staged"} in container["env"]
+
+
+def test_the_pod_signs_its_evidence_with_the_key_its_secret_mounts_and_merge_keeps_the_signature(tmp_path):
+    """Issue 27: every evidence path can sign. The Job's container script, run here as the pod runs it (this
+    checkout as the staged probe, no GPU), signs with an EC P-256 key (what the Secret would mount) through
+    probe/sign.py and the cryptography staged for this interpreter; merge reads the signature block and the
+    enrolled cluster key recognises it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from qualify.probe import staged
+    from qualify.qualification import staging
+    from qualify.release import evidence as ev
+    from qualify.release import records
+    from qualify.release.folder import TrustedKey
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = tmp_path / "key.pem"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert staging.stage(staged.tag()) is not None  # cryptography for this interpreter, as the bundle carries it
+    job = _job("sm120")
+    container = k8s.manifests(job)[1]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "SIGNING_KEY", "value": "/signing/key.pem"} in container["env"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    env.update(PYTHONPATH=str(REPO), EVIDENCE_DIR=str(tmp_path), TERMINATION_LOG=str(tmp_path / "termination-log"),
+               PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="", SIGNING_KEY=str(pem),
+               QUALIFY_STAGED=str(staging.root()))
+    out = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=300)
+    log = tmp_path / "pod.log"
+    log.write_text(out.stderr + out.stdout)
+    assert k8s.SIG_BEGIN in out.stdout, out.stderr[-2000:]
+    (found,) = merge.parse(log)
+    hosts = records.EnrolledHosts(1, (records.EnrolledHost("k8s-lab", key_pem=public.decode(),
+                                                           fingerprint=TrustedKey.from_bytes(public, "k").fingerprint),))
+    assert found.signature and ev.signed_by(hosts, found.data, found.signature, None) == ("k8s-lab", "")
+    written = merge.write(merge.merge([log]), tmp_path / "merged")
+    assert written[0].with_name(written[0].name + ".sig").read_bytes() == found.signature

@@ -1,5 +1,6 @@
 """What the host stages beside the probe for the interpreter it runs in: ZSTD and LZ4 decoders (issue 29),
-so the census inside an image reads compressed fatbin containers as the host's census does.
+so the census inside an image reads compressed fatbin containers as the host's census does, and
+cryptography, so a probe that runs without the toolkit can sign its evidence (probe/sign.py).
 
 The host mounts (or a probe bundle carries) a folder of unpacked wheels per interpreter, named
 `<cache tag>-<machine>` (`cpython-311-x86_64`), and names it in QUALIFY_STAGED. `activate` puts the one for
@@ -17,6 +18,7 @@ from typing import Optional
 
 ENV = "QUALIFY_STAGED"
 LOCK = "decoders.lock"
+SIGNING_LOCK = "signing.lock"  # cryptography, for probe/sign.py (Python 3.11 and newer)
 
 
 def tag() -> str:

@@ -113,12 +113,12 @@ def interpreter(engine: Engine, image: str, platform: str) -> Tuple[str, str]:
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
               timeout: float = 900) -> Dict[str, Any]:
     """The probe's predicate, from a throw-away container of `image`, with the decoders for its python3
-    staged beside it (qualification/decoders.py)."""
-    from qualify.qualification import decoders
+    staged beside it (qualification/staging.py)."""
+    from qualify.qualification import staging
 
     mount = stage_probe(probe_sources_digest())
     tag, version = interpreter(engine, image, target.platform)
-    staged_dir = decoders.stage(tag)
+    staged_dir = staging.stage(tag)
     if staged_dir is None:
         print(f"[qualify] no decoder wheels for {tag} (python {version}): compressed containers stay unknown",
               file=sys.stderr, flush=True)

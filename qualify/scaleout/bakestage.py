@@ -52,19 +52,19 @@ def stage_probe() -> Path:
     import tempfile
 
     from qualify.build.registry import STATE_DIR
-    from qualify.qualification import decoders
+    from qualify.qualification import staging
     from qualify.qualification.container import probe_sources_digest
     from qualify.qualification.container import stage_probe as staged
 
     probe = staged(probe_sources_digest())
-    bundle = STATE_DIR / "bake-probe" / f"{probe.name}-{decoders.root().name}"
+    bundle = STATE_DIR / "bake-probe" / f"{probe.name}-{staging.root().name}"
     if not (bundle / ".complete").exists():
         bundle.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=bundle.parent))
         shutil.copytree(probe, tmp / "bundle")
-        for platform in decoders.MACHINES.values():
-            decoders.stage_all(platform, BUNDLE_PYTHONS)
-        shutil.copytree(decoders.root(), tmp / "bundle" / STAGED_DIR, ignore=shutil.ignore_patterns("wheels", ".*"))
+        for platform in staging.MACHINES.values():
+            staging.stage_all(platform, BUNDLE_PYTHONS)
+        shutil.copytree(staging.root(), tmp / "bundle" / STAGED_DIR, ignore=shutil.ignore_patterns("wheels", ".*"))
         (tmp / "bundle" / ".complete").write_text("")
         if bundle.exists():
             shutil.rmtree(bundle)

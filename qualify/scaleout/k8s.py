@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from qualify.build import image as build_image
 from qualify.config.imageref import parse_pinned
@@ -36,6 +36,10 @@ from qualify.scaleout.bake import PROBE_IMAGE, PROBE_ROOT, probe_tag
 LABEL = "dev.blackwell-qualify"
 BEGIN = "-----BEGIN BLACKWELL-QUALIFY EVIDENCE-----"
 END = "-----END BLACKWELL-QUALIFY EVIDENCE-----"
+SIG_BEGIN = "-----BEGIN BLACKWELL-QUALIFY SIGNATURE-----"  # right after an evidence block: its .sig
+SIG_END = "-----END BLACKWELL-QUALIFY SIGNATURE-----"
+SIGNING_MOUNT = "/signing"  # the node's evidence key, from the Secret SIGNING_SECRET (optional)
+SIGNING_SECRET = "qualify-evidence-key"  # kubectl create secret generic qualify-evidence-key --from-file=key.pem
 PROBE_MOUNT = "/probe"
 EVIDENCE_MOUNT = "/evidence"
 ARCH_LABEL = "kubernetes.io/arch"
@@ -55,6 +59,12 @@ if [ -s "$out" ]; then
   echo "{BEGIN}"
   cat "$out"
   echo "{END}"
+  # Signed where it was made, with the key the Secret mounts (probe/sign.py); unsigned when there is none.
+  if [ -r "$SIGNING_KEY" ] && python3 -m qualify.probe.sign --key "$SIGNING_KEY" "$out"; then
+    echo "{SIG_BEGIN}"
+    cat "$out.sig"; echo
+    echo "{SIG_END}"
+  fi
   python3 -c '{_SUMMARY}' "$out" > "$TERMINATION_LOG" || true
 fi
 exit "$rc"
@@ -151,6 +161,7 @@ def _pod_spec(job: GpuJob) -> Dict[str, Any]:
                 {"name": "QUALIFY_SUBJECT", "value": job.image},
                 {"name": "EVIDENCE_DIR", "value": EVIDENCE_MOUNT},
                 {"name": "TERMINATION_LOG", "value": "/dev/termination-log"},
+                {"name": "SIGNING_KEY", "value": f"{SIGNING_MOUNT}/key.pem"},
             ],
             "resources": {"limits": {"nvidia.com/gpu": 1}},
             "terminationMessagePath": "/dev/termination-log",
@@ -158,10 +169,14 @@ def _pod_spec(job: GpuJob) -> Dict[str, Any]:
             "volumeMounts": [
                 {"name": "probe", "mountPath": PROBE_MOUNT, "readOnly": True},
                 {"name": "evidence", "mountPath": EVIDENCE_MOUNT},
+                {"name": "signing", "mountPath": SIGNING_MOUNT, "readOnly": True},
             ],
             "securityContext": _LOCKED_DOWN,
         }],
-        "volumes": [{"name": "probe", "emptyDir": {}}, {"name": "evidence", "emptyDir": {}}],
+        "volumes": [{"name": "probe", "emptyDir": {}}, {"name": "evidence", "emptyDir": {}},
+                    # optional: without the Secret the pod runs and its evidence is unsigned
+                    {"name": "signing", "secret": {"secretName": SIGNING_SECRET, "optional": True,
+                                                   "defaultMode": 0o400}}],
     }
 
 
@@ -191,16 +206,22 @@ def dumps(job: GpuJob) -> str:
     return yamlout.dumps_all(manifests(job), header)
 
 
-def evidence_blocks(text: str, where: str) -> List[bytes]:
-    """Every Statement between the markers of a pod log (what `qualify merge` reads from *.log)."""
-    lines, blocks, start = text.splitlines(), [], None
+def evidence_blocks(text: str, where: str) -> List[Tuple[bytes, Optional[bytes]]]:
+    """Every Statement between the markers of a pod log, with the signature block that follows it, if any
+    (what `qualify merge` reads from *.log). The Statement's bytes are the file the probe wrote and signed."""
+    lines, blocks, start, sig_start = text.splitlines(), [], None, None
     for i, line in enumerate(lines):
         if line == BEGIN:
             start = i
         elif line == END and start is not None:
-            blocks.append(("\n".join(lines[start + 1:i]) + "\n").encode())
+            blocks.append([("\n".join(lines[start + 1:i]) + "\n").encode(), None])
             start = None
+        elif line == SIG_BEGIN and blocks and start is None:
+            sig_start = i
+        elif line == SIG_END and sig_start is not None:
+            blocks[-1][1] = "".join(lines[sig_start + 1:i]).strip().encode()
+            sig_start = None
     if not blocks:
         raise ConfigError(f"{where}: no evidence between {BEGIN!r} and {END!r}",
                           hint="the probe did not finish; the log's last lines say why")
-    return blocks
+    return [(data, sig) for data, sig in blocks]

@@ -116,8 +116,8 @@ def parse(path: Path) -> List[EvidenceFile]:
     if path.suffix == ".log":
         from qualify.scaleout.k8s import evidence_blocks
 
-        found = [_evidence(path, block, f"{path} (evidence block {i + 1})")
-                 for i, block in enumerate(evidence_blocks(data.decode("utf-8", "replace"), str(path)))]
+        found = [_evidence(path, block, f"{path} (evidence block {i + 1})", signature)
+                 for i, (block, signature) in enumerate(evidence_blocks(data.decode("utf-8", "replace"), str(path)))]
         about = {(e.target, e.digest) for e in found}
         if len(about) > 1:
             raise MergeError(f"{path}: its evidence blocks disagree: " + "; ".join(

@@ -1,4 +1,6 @@
-"""The decoders staged beside the probe for an image's interpreter (host side of probe/staged.py).
+"""What is staged beside the probe for an image's interpreter (host side of probe/staged.py): the ZSTD and
+LZ4 decoders the census needs (decoders.lock), and cryptography, with which a probe that runs without the
+toolkit (a Kubernetes Job) signs its own evidence (signing.lock, probe/sign.py).
 
 Why staged wheels and not the host reading the image's files: the probe then runs the same census in an
 image, a deploy's GPU gate, a Kubernetes Job and a bare GPU host, with nothing but the image's own
@@ -7,10 +9,10 @@ its file system on the host (podman can mount an image; Docker 20.10 cannot moun
 so there it is a running container's overlay directory or a copy of gigabytes). Measured on the sm120
 vLLM image: ARCHITECTURE.md.
 
-The wheels (zstandard, lz4; one per Python 3.9-3.13 and platform) are pinned by hash in
-qualify/probe/decoders.lock, downloaded once into the state folder, checked against the lock, and unpacked
-into `<STATE_DIR>/probe-staged/<lock digest>/<cache tag>-<machine>/` without the parts the census never
-imports (zstandard's cffi backend: 12 of its 23 MB).
+The wheels are pinned by hash in qualify/probe/*.lock (part of probe_sha256), downloaded once into the
+state folder, checked against their lock, and unpacked into
+`<STATE_DIR>/probe-staged/<locks digest>/<cache tag>-<machine>/` without the parts nothing imports
+(zstandard's cffi backend: 12 of its 23 MB).
 """
 
 from __future__ import annotations
@@ -29,20 +31,28 @@ from qualify.build.registry import STATE_DIR
 from qualify.core.errors import LockError
 from qualify.probe import staged
 
-LOCK = Path(staged.__file__).with_name(staged.LOCK)
+_HERE = Path(staged.__file__).parent
+# (lock, the Python minor versions it has wheels for)
+LOCKS = ((_HERE / staged.LOCK, range(9, 14)), (_HERE / staged.SIGNING_LOCK, range(11, 14)))
 MACHINES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
 _TAG = re.compile(r"cpython-3(\d{1,2})-(x86_64|aarch64)")
 SKIP = ("zstandard/_cffi", "zstandard/backend_cffi")  # the census imports the C backend only
 
 
-def supported(tag: str) -> bool:
+def _minor(tag: str) -> int:
     m = _TAG.fullmatch(tag)
-    return bool(m) and 9 <= int(m.group(1)) <= 13
+    return int(m.group(1)) if m else -1
+
+
+def supported(tag: str) -> bool:
+    return _minor(tag) in LOCKS[0][1]
 
 
 def root() -> Path:
-    key = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]
-    return STATE_DIR / "probe-staged" / key
+    h = hashlib.sha256()
+    for lock, _ in LOCKS:
+        h.update(lock.read_bytes())
+    return STATE_DIR / "probe-staged" / h.hexdigest()[:12]
 
 
 def stage(tag: str) -> Optional[Path]:
@@ -55,11 +65,12 @@ def stage(tag: str) -> Optional[Path]:
     dest = root() / tag
     if (dest / ".complete").exists():
         return dest
-    wheels = wheelhouse.prepare_into(LOCK, MACHINES[machine], python, root() / "wheels" / tag)
+    folders = [wheelhouse.prepare_into(lock, MACHINES[machine], python, root() / "wheels" / f"{tag}-{lock.stem}")
+               for lock, minors in LOCKS if _minor(tag) in minors]
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=dest.parent))
     try:
-        for wheel in sorted(wheels.glob("*.whl")):
+        for wheel in sorted(w for folder in folders for w in folder.glob("*.whl")):
             _unpack(wheel, tmp)
         (tmp / ".complete").write_text("")
         if dest.exists():
@@ -68,7 +79,7 @@ def stage(tag: str) -> Optional[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"[qualify] decoders for {tag}: staged in {dest}", file=sys.stderr, flush=True)
+    print(f"[qualify] decoders (and signing) for {tag}: staged in {dest}", file=sys.stderr, flush=True)
     return dest
 
 
