@@ -1,9 +1,12 @@
-"""The one virtual environment every host-side nox session runs the toolkit in.
+"""The one virtual environment the toolkit runs in: the repository's `.venv`.
 
-Nox would make one venv per session (five build sessions, five qualify
-sessions...); sharing one, reinstalled only when pyproject.toml changes,
-keeps a no-change rebuild fast. Standard library only: it runs before the
-toolkit's dependencies exist.
+`scripts/setup-host.sh` makes it; every host-side nox session runs there
+(nox would make one venv per session: five build sessions, five qualify
+sessions...); `python3 -m qualify ...` from the repository moves into it when
+the interpreter it was started with lacks the toolkit's dependencies
+(qualify/cli); `./start.sh` finds it. Reinstalled only when pyproject.toml
+changes, which keeps a no-change rebuild fast. Standard library only: it runs
+before the toolkit's dependencies exist.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-VENV = REPO / ".nox" / "_toolkit"
+VENV = REPO / ".venv"
 
 # setuptools' default editable install imports a path finder (pathlib,
 # urllib, ...) at every interpreter start: 8 ms of a 0.35 s `qualify

@@ -32,7 +32,7 @@ pick_python() {
     PY=$QUALIFY_PYTHON
     return 0
   fi
-  for c in "$REPO/.venv/bin/python" "$REPO/.nox/_toolkit/bin/python" python3; do
+  for c in "$REPO/.venv/bin/python" python3; do  # .venv: the toolkit's (scripts/setup-host.sh makes it)
     if python_ok "$c"; then
       PY=$c
       return 0
@@ -47,7 +47,7 @@ hand_over() {
   pick_python
   "$PY" -c 'import cryptography, elftools' 2>/dev/null || fail "$EX_PREFLIGHT" \
     "'$PY' lacks the toolkit's dependencies (cryptography, pyelftools)" \
-    "python3 -m venv $REPO/.venv && $REPO/.venv/bin/pip install -e $REPO   (the scripts then use .venv)" \
+    "bash $REPO/scripts/setup-host.sh   (it makes $REPO/.venv, which the scripts then use)" \
     "or set QUALIFY_PYTHON to a Python with the toolkit installed"
   PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m qualify deploy "$@" --prog "$PROG"
 }

@@ -14,7 +14,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 # catatonit: podman's init for `run --init` (only recommended by podman, so not installed with it).
 packages=(docker.io docker-registry debootstrap binfmt-support catatonit
           podman buildah skopeo shellcheck openssl ca-certificates curl git docker-compose
-          llvm)  # llvm-objcopy: the census test of libraries whose section headers were stripped
+          llvm  # llvm-objcopy: the census test of libraries whose section headers were stripped
+          python3-venv python-is-python3)  # the toolkit's .venv (Debian refuses system-wide pip installs); `python`
 
 # arm64 images (their RUN steps and their qualification) run under qemu-user through binfmt_misc.
 # Debian 12's qemu-user 7.2 shows arm64 programs the host's x86 /proc/cpuinfo, and `import torch`
@@ -171,9 +172,14 @@ else
   fi
 fi
 
-# Python tooling for the sessions; the package itself is installed by nox into its own venvs.
+# Python tooling for the sessions (nox), and the toolkit in the repository's .venv: `python3 -m qualify ...`
+# from the repository, the nox sessions and ./start.sh all run there (qualify/toolenv.py; it reinstalls
+# only when pyproject.toml changes).
 if ! python3 -m nox --version >/dev/null 2>&1; then
   say "installing nox"
   python3 -m pip install -q -r "$here/scripts/requirements-host.txt"
 fi
+(cd "$here" && python3 -c 'from qualify import toolenv; print(toolenv.ensure())' >/dev/null) \
+  || die "the toolkit's venv could not be made in $here/.venv (see above)"
+say "toolkit: $here/.venv (python3 -m qualify --help lists the commands)"
 say "done"

@@ -58,7 +58,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             sub.add_parser(name, help=help_text, add_help=False)
         parser.parse_args(argv or ["--help"])
         return 2
-    module = _load(argv[0])
+    try:
+        module = _load(argv[0])
+    except ModuleNotFoundError as exc:
+        return _missing_dependency(exc, argv)
     cmd_parser = argparse.ArgumentParser(prog=f"python -m qualify {argv[0]}", description=COMMANDS[argv[0]][1])
     module.configure_parser(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
@@ -77,6 +80,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 141
     except OSError as exc:  # the host said no (a full disk, a permission): what, where, and what to do
         return _host_error(exc)
+
+
+def _missing_dependency(exc: ModuleNotFoundError, argv: List[str]) -> int:
+    """A command whose dependencies this interpreter lacks (the host's python3, not the toolkit's): run it in
+    the toolkit's venv when there is one, else say the one command that makes it. Never a traceback."""
+    import os
+    from pathlib import Path
+
+    from qualify import toolenv
+
+    venv_python = toolenv.python()
+    if venv_python.exists() and Path(sys.executable).resolve() != venv_python.resolve():
+        os.execv(str(venv_python), [str(venv_python), "-m", "qualify", *argv])
+    print(f"error: `{argv[0]}` needs the toolkit's dependencies, and this Python ({sys.executable}) lacks "
+          f"{exc.name}\n  hint: run `bash scripts/setup-host.sh` once in {toolenv.REPO} (it makes {toolenv.VENV}, "
+          "which `python3 -m qualify` then uses), or activate a venv where `pip install -e .` ran", file=sys.stderr)
+    return 2
 
 
 def _host_error(exc: OSError) -> int:
