@@ -205,3 +205,15 @@ def test_an_image_without_python3_or_with_an_old_one_is_a_clear_error(engine, do
         assert container.interpreter(engine, base, "linux/amd64")[0] == "cpython-311-x86_64"
     finally:
         subprocess.run([docker_engine, "rmi", bare, old], capture_output=True)
+
+
+@pytest.mark.parametrize("said,words", [
+    ("Error response from daemon: pull access denied for ghcr.io/acme/sm120, repository does not exist or may "
+     "require 'docker login': denied: requested access to the resource is denied", "docker login ghcr.io"),
+    ("docker: Error response from daemon: could not select device driver \"\" with capabilities: [[gpu]].",
+     "NVIDIA container toolkit"),
+])
+def test_what_the_engine_said_is_named_not_a_missing_python3(said, words):
+    """Issue 30, item 5: gpu-evidence said 'the image needs a python3' for missing credentials, then no driver."""
+    problem = container._engine_problem(said, "ghcr.io/acme/sm120@sha256:" + "a" * 64)
+    assert problem is not None and words in problem.hint and "python3" not in problem.message

@@ -97,6 +97,9 @@ def interpreter(engine: Engine, image: str, platform: str) -> Tuple[str, str]:
                                 platform=platform, timeout=300, init=True)
     said = (proc.stderr or proc.stdout or "").strip()
     words = proc.stdout.split() if proc.returncode == 0 else []
+    engine_said = _engine_problem(said, image)
+    if engine_said is not None:
+        raise engine_said
     if len(words) != 2:
         missing = proc.returncode in (126, 127) or "executable file not found" in said or "not found" in said
         raise EngineError(f"{image}: " + ("has no python3 on its PATH" if missing else
@@ -108,6 +111,25 @@ def interpreter(engine: Engine, image: str, platform: str) -> Tuple[str, str]:
         raise EngineError(f"{image}: its python3 is {version}; the probe needs 3.9 or newer",
                           hint="qualify an image with a newer python3 (the probe uses the image's own interpreter)")
     return tag, version
+
+
+def _engine_problem(said: str, image: str) -> Optional[EngineError]:
+    """What the engine said before the image's python3 ran at all, in the user's terms (issue 30, item 5: this
+    used to read 'the image needs a python3' when credentials or the GPU driver were the cause)."""
+    low = said.lower()
+    host = image.split("/", 1)[0]
+    if any(m in low for m in ("unauthorized", "authentication required", "pull access denied", "denied:")):
+        return EngineError(f"cannot pull {image}: the registry wants credentials the engine does not have ({said[-200:]})",
+                           hint=f"docker reads its own login, not REGISTRY_AUTH_FILE: run `docker login {host}` "
+                                "(podman: `podman login`), then again")
+    if "could not select device driver" in low or "nvidia-container-cli" in low or "unknown or invalid runtime" in low:
+        return EngineError(f"the engine cannot give {image} a GPU ({said[-200:]})",
+                           hint="install the NVIDIA container toolkit (nvidia-ctk runtime configure) or CDI specs, "
+                                "and check `nvidia-smi` works on this host")
+    if "manifest unknown" in low or "not found: manifest" in low or "no such image" in low:
+        return EngineError(f"cannot pull {image}: the registry does not have it ({said[-200:]})",
+                           hint="check the reference (repository@sha256:...) and that it was published there")
+    return None
 
 
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
@@ -144,6 +166,9 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
             init=True,
         )
         result = out_dir / "predicate.json"
+        engine_said = _engine_problem((proc.stderr or proc.stdout or "").strip(), image)
+        if engine_said is not None and not result.exists():
+            raise engine_said
         if proc.returncode not in PROBE_EXITS or not result.exists():
             raise EngineError(
                 f"the probe did not complete in {image} (exit {proc.returncode}):\n"
