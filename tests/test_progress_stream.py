@@ -32,3 +32,16 @@ def test_streaming_run_still_times_out(docker_engine, debian_python_image):
     with pytest.raises(EngineError, match="did not finish within 3 s"):
         Engine("docker").run_container(debian_python_image, ["sleep", "60"], timeout=3, name="qualify-test-stream-timeout",
                                        on_stderr_line=lambda line: None)
+
+
+def test_a_push_that_prints_nothing_for_a_while_still_says_it_goes_on(capfd):
+    """Issue 30, item 14: a 12 GB layer is one line at its start and one at its end, minutes apart."""
+    from qualify.build.progress import PushProgress
+
+    progress = PushProgress("127.0.0.1:5555/blackwell/sm120:vllm-hermetic", 12 << 30, every_s=0.2)
+    progress.line("abc123: Pushing")
+    time.sleep(0.7)
+    progress.done()
+    err = capfd.readouterr().err
+    assert err.count("still pushing: 0/1 layers done (0 already in the registry), 1 pushing") >= 2, err
+    assert "done in" in err

@@ -271,6 +271,7 @@ class Engine:
                 if "digest: sha256:" in line:
                     digest = line.split("digest: ", 1)[1].split()[0]
         except DockerException as exc:
+            progress.done()
             raise EngineError(f"push of {ref} failed: {_tail(exc)}") from None
         if not digest:
             raise EngineError(f"push of {ref} printed no digest")

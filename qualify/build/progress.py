@@ -4,6 +4,7 @@ silent one looks hung."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Dict
 
@@ -12,11 +13,26 @@ class PushProgress:
     """Progress of one push from the engine's per-layer lines: layers done, time, and at the end the rate.
     A 12 GB image takes minutes; a silent push looks hung."""
 
-    def __init__(self, ref: str, size: int, every_s: float = 10.0) -> None:
+    def __init__(self, ref: str, size: int, every_s: float = 10.0, heartbeat: bool = True) -> None:
         self.ref, self.size = ref, size  # size: the image's, 0 when unknown
         self.start = self.last = time.monotonic()
         self.every_s = every_s
         self.layers: Dict[str, str] = {}
+        self._stop = threading.Event()
+        # A 12 GB layer is one line at its start and one at its end, minutes apart: a heartbeat says it goes on.
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True) if heartbeat else None
+        if self._beat is not None:
+            self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            now = time.monotonic()
+            if now - self.last >= self.every_s:
+                self.last = now
+                pushing = sum(1 for s in self.layers.values() if s == "Pushing")
+                state = f"{self._counts()}, {pushing} pushing" if self.layers else "starting"
+                print(f"[push] {self.ref}: still pushing: {state}, {now - self.start:.0f} s", file=sys.stderr,
+                      flush=True)
 
     def line(self, text: str) -> None:
         layer, _, state = text.partition(": ")
@@ -37,6 +53,7 @@ class PushProgress:
         return f"{pushed + present}/{len(self.layers)} layers done ({present} already in the registry)"
 
     def done(self) -> None:
+        self._stop.set()
         seconds = max(time.monotonic() - self.start, 1e-3)
         present = sum(1 for s in self.layers.values() if s == "Layer already exists")
         size = f"; image {self.size / 1e9:.2f} GB" if self.size else ""
