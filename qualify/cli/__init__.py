@@ -58,10 +58,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             sub.add_parser(name, help=help_text, add_help=False)
         parser.parse_args(argv or ["--help"])
         return 2
+    if argv[0] not in IMAGE_SIDE:
+        lacking = _lacking_dependency()
+        if lacking:
+            return _missing_dependency(lacking, argv)
     try:
         module = _load(argv[0])
     except ModuleNotFoundError as exc:
-        return _missing_dependency(exc, argv)
+        return _missing_dependency(exc.name or "a dependency", argv)
     cmd_parser = argparse.ArgumentParser(prog=f"python -m qualify {argv[0]}", description=COMMANDS[argv[0]][1])
     module.configure_parser(cmd_parser)
     args = cmd_parser.parse_args(argv[1:])
@@ -70,6 +74,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except QualifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:  # a lazy import of a host dependency, under an interpreter without it
+        if (exc.name or "").partition(".")[0] == "qualify":
+            raise
+        return _missing_dependency(exc.name or "a dependency", argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -82,7 +90,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _host_error(exc)
 
 
-def _missing_dependency(exc: ModuleNotFoundError, argv: List[str]) -> int:
+# Commands that run inside images with the standard library (and what is staged beside it).
+IMAGE_SIDE = frozenset({"probe", "inspect", "arch", "targets"})
+# One module of each host dependency a command may import late (inside execute): looked up, not imported.
+HOST_DEPENDENCIES = ("python_on_whales", "tomlkit", "elftools", "cryptography", "jsonschema")
+
+
+def _lacking_dependency() -> Optional[str]:
+    from importlib.util import find_spec
+
+    return next((name for name in HOST_DEPENDENCIES if find_spec(name) is None), None)
+
+
+def _missing_dependency(missing: str, argv: List[str]) -> int:
     """A command whose dependencies this interpreter lacks (the host's python3, not the toolkit's): run it in
     the toolkit's venv when there is one, else say the one command that makes it. Never a traceback."""
     import os
@@ -94,7 +114,7 @@ def _missing_dependency(exc: ModuleNotFoundError, argv: List[str]) -> int:
     if venv_python.exists() and Path(sys.executable).resolve() != venv_python.resolve():
         os.execv(str(venv_python), [str(venv_python), "-m", "qualify", *argv])
     print(f"error: `{argv[0]}` needs the toolkit's dependencies, and this Python ({sys.executable}) lacks "
-          f"{exc.name}\n  hint: run `bash scripts/setup-host.sh` once in {toolenv.REPO} (it makes {toolenv.VENV}, "
+          f"{missing}\n  hint: run `bash scripts/setup-host.sh` once in {toolenv.REPO} (it makes {toolenv.VENV}, "
           "which `python3 -m qualify` then uses), or activate a venv where `pip install -e .` ran", file=sys.stderr)
     return 2
 
