@@ -103,3 +103,24 @@ def test_sm121_vllm_evidence_ran_every_check_but_the_gpu_ones():
     checks = {c["id"]: c for c in p["checks"]}
     assert checks["triton.cross-compile"]["evidence"]["cubin_arches"] == ["sm_121a"]
     assert not p["toolkit"]["source_revision"].endswith("-dirty")
+
+
+def test_sm120_vllm_evidence_reads_every_container_and_names_what_cannot_run():
+    """Issue 29, item 3: the sm120 vLLM image re-qualified by the probe that decodes inside the image."""
+    p = manifest.predicate(manifest.load(REPO / "manifests" / "evidence" / "vllm" / "sm120.json"))
+    assert p["census"]["decoders"] == {"zstd": True, "lz4": True}
+    libs = {lib["short"]: lib for lib in p["census"]["libraries"]}
+    assert not [s for s, lib in libs.items() if lib["counts"].get("unknown")], "a container stayed undecoded"
+    checks = {c["id"]: c for c in p["checks"]}
+    gaps = checks["census.unit-gaps"]
+    assert gaps["status"] == "warn" and gaps["evidence"]["libraries"]["vllm/_C_stable_libtorch.abi3.so"] == 7
+    assert "7 of 107 units" in gaps["reason"]
+    for name in ("vllm/_deepselect_C.abi3.so", "vllm/_qutlass_C.abi3.so", "vllm/_flashmla_C.abi3.so"):
+        assert libs[name]["class"] == "none" and libs[name]["best"] == "none", name
+        assert f"{name} (" in checks["census.arch-specific"]["reason"]
+    assert [c for c in checks.values() if c["status"] == "not-run"] and all(
+        cid.startswith("gpu.") for cid, c in checks.items() if c["status"] == "not-run")
+    assert p["verdict"] == "warn" and p["support_level"] == "unverified"  # not-run is never pass
+    assert not p["toolkit"]["source_revision"].endswith("-dirty")
+    shown = (REPO / "manifests" / "evidence" / "vllm" / "sm120.txt").read_text()
+    assert "None" not in shown.split("libraries (")[1] and "link input" in shown  # archives say what they are

@@ -46,11 +46,20 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
         out += ["", "providers", table(rows, ["kind", "variant", "selected", "mode", "reason"], width)]
     libs = (p.get("census") or {}).get("libraries") or []
     if libs:
-        rows = [[lib.get("short", lib.get("path", "")), str(lib.get("class")), str(lib.get("best")),
+        rows = [[lib.get("short", lib.get("path", "")), _class_cell(lib, "class"), _class_cell(lib, "best"),
                  " ".join(lib.get("sass") or []), " ".join(lib.get("ptx") or [])] for lib in libs]
         out += ["", clip(f"libraries ({len(libs)}) for {t.get('capability')}", width),
                 table(rows, ["library", "worst", "best", "SASS", "PTX"], width)]
     return "\n".join(out)
+
+
+def _class_cell(lib: dict, key: str) -> str:
+    """A library's class; a library without one says why: a static archive is a link input, and device code
+    without kernels (a container of data or link stubs only) has nothing to judge."""
+    value = lib.get(key)
+    if value is not None:
+        return str(value)
+    return "link input" if lib.get("format") == "archive" else "no kernels"
 
 
 def _promotion_lines(promotion: Any) -> List[str]:
