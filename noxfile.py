@@ -144,7 +144,7 @@ def publish(session: nox.Session) -> None:
 @nox.session(name="attest-interop", python=False)
 def attest_interop(session: nox.Session) -> None:
     """Our DSSE envelopes and bundles checked by sigstore-js (npm) and openssl over the PAE."""
-    _module(session, "qualify.publish.interop")
+    _module(session, "qualify.devtools.attest_interop")
 
 
 @nox.session(name="fuzz", python=False)

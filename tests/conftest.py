@@ -68,7 +68,7 @@ def debian_python_image(docker_engine) -> str:
     """A small local image (Debian bookworm + python3's standard library) for tests that
     need a container but not CUDA. Made with debootstrap, since nothing can be pulled;
     tagged by the rootfs recipe's key so a changed package list makes a new image."""
-    from qualify.build.rootfs import debian_rootfs
+    from qualify.imagebuild.rootfs import debian_rootfs
 
     tar = debian_rootfs("amd64", "bookworm", "http://deb.debian.org/debian",
                         ["python3-minimal", "libpython3.11-stdlib", "ca-certificates"])
@@ -82,7 +82,7 @@ def debian_python_image(docker_engine) -> str:
 @pytest.fixture(scope="session")
 def loopback_registry(docker_engine):
     """Our registry on 127.0.0.1 (a real one: Debian's docker-registry)."""
-    from qualify.build.registry import Registry
+    from qualify.host.registry import Registry
 
     return Registry.from_env().ensure()
 

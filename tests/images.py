@@ -9,34 +9,34 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 
-from qualify.build import image as build
-from qualify.build.engine import Engine
-from qualify.build.registry import Registry
 from qualify.config import targets
+from qualify.host.engine import Engine
+from qualify.host.registry import Registry
+from qualify.imagebuild import image
 
 _CACHE = {}
 
 
-def smoke(target: str) -> build.BuildRecord:
+def smoke(target: str) -> image.BuildRecord:
     """The smoke image of `target` on the hermetic base (built on first use)."""
     if target not in _CACHE:
         tf = targets.load()
         # The suite's many builds share their cache (a warm CI run takes minutes, not a quarter hour);
         # the clean-up a user's build does by default has its own test.
-        opts = build.BuildOptions(target=target, base="hermetic", profile="smoke", engine="docker", keep_cache=True)
-        _CACHE[target] = build.build(tf, opts, Engine("docker"), Registry.from_env())
+        opts = image.BuildOptions(target=target, base="hermetic", profile="smoke", engine="docker", keep_cache=True)
+        _CACHE[target] = image.build(tf, opts, Engine("docker"), Registry.from_env())
     return _CACHE[target]
 
 
-def variant(target: str, name: str, **changes) -> build.BuildRecord:
+def variant(target: str, name: str, **changes) -> image.BuildRecord:
     """A deliberately changed build of `target` under another name (e.g. another arch list)."""
     key = (target, name)
     if key not in _CACHE:
         tf = targets.load()
         t = dataclasses.replace(tf.get(target), name=name, **changes)
         tf2 = dataclasses.replace(tf, targets={**tf.targets, name: t})
-        opts = build.BuildOptions(target=name, base="hermetic", profile="smoke", engine="docker", keep_cache=True)
-        _CACHE[key] = build.build(tf2, opts, Engine("docker"), Registry.from_env())
+        opts = image.BuildOptions(target=name, base="hermetic", profile="smoke", engine="docker", keep_cache=True)
+        _CACHE[key] = image.build(tf2, opts, Engine("docker"), Registry.from_env())
     return _CACHE[key]
 
 

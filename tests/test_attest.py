@@ -12,7 +12,8 @@ import pytest
 from conftest import require
 
 from qualify.core.errors import VerificationError
-from qualify.publish import dsse, interop, oci, sbom
+from qualify.devtools import attest_interop
+from qualify.publish import dsse, oci, sbom
 from qualify.signing import keys as cosign_keys
 
 
@@ -48,12 +49,12 @@ def test_openssl_verifies_our_pae_signature(key, tmp_path):
     require(shutil.which("openssl") is not None, "openssl is needed")
     private, public_pem = key
     (tmp_path / "k.pub").write_bytes(public_pem)
-    assert interop.openssl_check(tmp_path, dsse.sign(private, b'{"a":1}'), tmp_path / "k.pub").startswith("openssl")
+    assert attest_interop.openssl_check(tmp_path, dsse.sign(private, b'{"a":1}'), tmp_path / "k.pub").startswith("openssl")
 
 
 def test_attest_interop_session_runs_sigstore_js():
     require(shutil.which("node") is not None and shutil.which("npm") is not None, "node and npm are needed")
-    out = subprocess.run([sys.executable, "-m", "qualify.publish.interop"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "qualify.devtools.attest_interop"], capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sigstore-js: DSSE bundle v0.3 verified" in out.stdout and "openssl: PAE signature verified" in out.stdout
@@ -79,8 +80,9 @@ def test_dpkg_status_parser_keeps_installed_only():
 
 
 def test_labels_fit_for_publishing():
-    from qualify.build import image, provenance
     from qualify.config import targets
+    from qualify.host import provenance
+    from qualify.imagebuild import image
 
     assert provenance.public_url("/work/main") == "" and provenance.public_url("file:///srv/x.git") == ""
     assert provenance.public_url("git@github.com:acme/bq.git") == "https://github.com/acme/bq"

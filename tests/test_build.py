@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import images
-from qualify.build import image as build
-from qualify.build import provenance, wheelhouse
-from qualify.build.engine import BuildRequest, Engine
 from qualify.config import targets
 from qualify.core.errors import BuildError, ConfigError, LockError
+from qualify.host import provenance
+from qualify.host.engine import BuildRequest, Engine
+from qualify.imagebuild import image, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.engine
@@ -36,7 +36,7 @@ def test_records_name_digests(sm120, sm121):
     for record in (sm120, sm121):
         assert "@sha256:" in record.image_reference and record.base_image.count("@sha256:") == 1
         assert record.image_reference.startswith("127.0.0.1:")
-        on_disk = json.loads(build.record_path(record.target, "smoke", "hermetic").read_text())
+        on_disk = json.loads(image.record_path(record.target, "smoke", "hermetic").read_text())
         assert on_disk["image_reference"] == record.image_reference
 
 
@@ -111,7 +111,7 @@ def test_labels_record_base_target_and_provenance(sm120):
 def test_no_change_rebuild_is_cached(sm120, capsys):
     """Reports the time of a no-change rebuild (the target is < 10 s; not asserted: shared machines are noisy)."""
     start = time.monotonic()
-    again = build.build(targets.load(), build.BuildOptions("sm120", "hermetic", "smoke"))
+    again = image.build(targets.load(), image.BuildOptions("sm120", "hermetic", "smoke"))
     seconds = time.monotonic() - start
     assert again.image_reference == sm120.image_reference
     with capsys.disabled():
@@ -164,12 +164,12 @@ def test_failed_run_step_shows_its_tail(docker_engine, debian_python_image, tmp_
 
 def test_hermetic_dry_run_prints_the_plan_without_building_the_base(monkeypatch, tmp_path):
     """Issue 20 bug 5: `build --base hermetic --dry-run` crashed with an ImageRefError traceback (exit 1)."""
-    from qualify.build.registry import Registry
+    from qualify.host.registry import Registry
 
     monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("the engine was called"))
     monkeypatch.setattr(Registry, "ensure", lambda *a, **k: pytest.fail("the registry was started"))
     monkeypatch.setattr(Registry, "manifest_digest", lambda *a, **k: pytest.fail("the registry was asked"))
-    plan = build.plan(targets.load(), build.BuildOptions("sm121", "hermetic", "smoke"))
+    plan = image.plan(targets.load(), image.BuildOptions("sm121", "hermetic", "smoke"))
     assert plan.base_kind == "hermetic" and plan.platform == "linux/arm64"
     assert "hermetic-cuda@<digest once built>" in plan.base and plan.build_args["BASE_IMAGE"] == plan.base
     out = subprocess.run([sys.executable, "-m", "qualify", "build", "sm121", "--base", "hermetic", "--profile", "smoke",

@@ -23,8 +23,7 @@ from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, make_release, sta
 from qualify.config import targets
 from qualify.core import manifest as mf
 from qualify.core.errors import VerificationError
-from qualify.deploy import api, compose, errors, gate, memory, netcheck
-from qualify.deploy import release as rel
+from qualify.deploy import api, choice, compose, errors, gate, memory, netcheck
 from qualify.release.folder import KeyAnchor, TrustedKey
 
 TF = targets.load()
@@ -131,18 +130,18 @@ def test_newest_release_is_chosen_by_semver_not_by_text(tmp_path, release_key):
     """v1.10.0 above v1.9.0 and v1.2.0; a release above its pre-release (v1.1.0 above v1.1.0-rc.1)."""
     manifests = _released(tmp_path, release_key, ["v1.9.0", "v1.10.0", "v1.2.0", "v1.11.0-rc.1", "v1.11.0"])
     make_release(tmp_path / "repo", "v2.0.0", [statement("sm100", DIGEST_A)], release_key[0])
-    assert rel.choose_release(manifests, "sm120", "", KeyAnchor()).tag == "v1.11.0"
-    assert rel.choose_release(manifests, "sm120", "v1.2.0", KeyAnchor()).tag == "v1.2.0"
-    assert rel.choose_release(manifests, "sm100", "", KeyAnchor()).tag == "v2.0.0"
+    assert choice.choose_release(manifests, "sm120", "", KeyAnchor()).tag == "v1.11.0"
+    assert choice.choose_release(manifests, "sm120", "v1.2.0", KeyAnchor()).tag == "v1.2.0"
+    assert choice.choose_release(manifests, "sm100", "", KeyAnchor()).tag == "v2.0.0"
 
 
 def test_missing_release_names_the_ones_there_are(tmp_path, release_key):
     manifests = _released(tmp_path, release_key, ["v1.0.0"])
     with pytest.raises(errors.DeployError, match="releases here with target sm120: v1.0.0") as info:
-        rel.choose_release(manifests, "sm120", "v9.0.0", KeyAnchor())
+        choice.choose_release(manifests, "sm120", "v9.0.0", KeyAnchor())
     assert not isinstance(info.value, errors.NoReleaseError)  # a typo is no licence for another image
     with pytest.raises(errors.NoReleaseError, match="no release under"):
-        rel.choose_release(manifests, "sm121", "", KeyAnchor())
+        choice.choose_release(manifests, "sm121", "", KeyAnchor())
     assert errors.NoReleaseError.exit_code != errors.DeployError.exit_code  # start.sh tells them apart
 
 
@@ -150,17 +149,17 @@ def test_a_release_without_its_signatures_is_refused(tmp_path, release_key):
     manifests = _released(tmp_path, release_key, ["v1.0.0"])
     (manifests / "v1.0.0" / "sm120.json.sig").unlink()
     with pytest.raises(VerificationError, match="signature of manifest not found|signature not found"):
-        rel.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor())
+        choice.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor())
     with pytest.raises(errors.DeployError, match="does not verify"):
-        rel.choose_release(manifests, "sm120", "", KeyAnchor())  # never passed over silently
+        choice.choose_release(manifests, "sm120", "", KeyAnchor())  # never passed over silently
 
 
 def test_a_pinned_key_fingerprint_must_match(tmp_path, release_key):
     manifests = _released(tmp_path, release_key, ["v1.0.0"])
     actual = TrustedKey.read(release_key[1]).fingerprint
-    assert rel.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor(pinned=actual)).key.fingerprint == actual
+    assert choice.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor(pinned=actual)).key.fingerprint == actual
     with pytest.raises(VerificationError, match="not the pinned RELEASE_KEY_FINGERPRINT"):
-        rel.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor(pinned="sha256:" + "0" * 64))
+        choice.choose_release(manifests, "sm120", "v1.0.0", KeyAnchor(pinned="sha256:" + "0" * 64))
 
 
 def _manifest(stmt) -> mf.Manifest:
@@ -169,10 +168,10 @@ def _manifest(stmt) -> mf.Manifest:
 
 def test_image_is_the_manifests_reference_or_the_same_digest_elsewhere():
     m = _manifest(statement("sm120", DIGEST_A))
-    assert rel.image_to_deploy(m) == m.reference
+    assert choice.image_to_deploy(m) == m.reference
     mirror = f"mirror.example:5000/vllm/sm120@{DIGEST_A}"
-    assert rel.image_to_deploy(m, mirror) == mirror
-    assert rel.image_to_deploy(m, "", mirror) == mirror  # the published reference
+    assert choice.image_to_deploy(m, mirror) == mirror
+    assert choice.image_to_deploy(m, "", mirror) == mirror  # the published reference
 
 
 @pytest.mark.parametrize("override,message", [
@@ -181,18 +180,18 @@ def test_image_is_the_manifests_reference_or_the_same_digest_elsewhere():
 ])
 def test_image_override_must_be_the_manifests_digest(override, message):
     with pytest.raises(errors.DeployError, match=message):
-        rel.image_to_deploy(_manifest(statement("sm120", DIGEST_A)), override)
+        choice.image_to_deploy(_manifest(statement("sm120", DIGEST_A)), override)
 
 
 def test_a_manifest_for_another_target_capability_or_platform_is_refused():
     m = _manifest(statement("sm120", DIGEST_A))
-    rel.check_for_gpu(m, "sm120", "12.0", "linux/amd64")
+    choice.check_for_gpu(m, "sm120", "12.0", "linux/amd64")
     for wanted in (("sm100", "12.0", "linux/amd64"), ("sm120", "12.1", "linux/amd64"), ("sm120", "12.0", "linux/arm64")):
         with pytest.raises(errors.DeployError, match="the verified manifest is for sm120"):
-            rel.check_for_gpu(m, *wanted)
+            choice.check_for_gpu(m, *wanted)
     inconsistent = _manifest(statement("sm120", DIGEST_A, reference=f"127.0.0.1:5000/qualify/sm120@{DIGEST_B}"))
     with pytest.raises(errors.DeployError, match="inconsistent"):
-        rel.image_to_deploy(inconsistent)
+        choice.image_to_deploy(inconsistent)
 
 
 # --- trust gate decision ----------------------------------------------------------------

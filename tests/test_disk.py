@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from qualify.build import clean, ledger
-from qualify.build import image as build
-from qualify.build.engine import Engine
-from qualify.build.registry import Registry
 from qualify.config import targets
 from qualify.core import fsutil, manifest
+from qualify.host import clean, ledger
+from qualify.host.engine import Engine
+from qualify.host.registry import Registry
+from qualify.imagebuild import image
 
 pytestmark = pytest.mark.engine
 
@@ -44,9 +44,9 @@ def test_a_build_removes_the_cache_records_it_made(docker_engine, loopback_regis
         pytest.fail(f"this host's docker builds with {engine.builder}; the test needs BuildKit's cache records")
     before = set(engine.build_cache())
     # A fresh epoch is a new build argument: every RUN step runs again and makes new cache records.
-    opts = build.BuildOptions("sm120", "hermetic", "smoke", source_date_epoch=str(int(time.time())),
+    opts = image.BuildOptions("sm120", "hermetic", "smoke", source_date_epoch=str(int(time.time())),
                               tag_suffix="disk-check")
-    record = build.build(targets.load(), opts, engine, loopback_registry)
+    record = image.build(targets.load(), opts, engine, loopback_registry)
     finished = datetime.datetime.now(datetime.timezone.utc)
     try:
         err = capfd.readouterr().err
@@ -116,8 +116,8 @@ def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_
     # Another checkout's build on this host: in the toolkit's namespace, not in this checkout's ledger.
     theirs = _tiny_image(docker_engine, f"{registry.address}/blackwell/sm100:smoke-hermetic")
     ours_digest, released_digest, theirs_digest = engine.push(ours), engine.push(released), engine.push(theirs)
-    for image, digest in ((ours, ours_digest), (released, released_digest)):  # as build() records them
-        ledger.record(engine.image_id(image), f"{image.rsplit(':', 1)[0]}@{digest}", state_dir=state)
+    for ref, digest in ((ours, ours_digest), (released, released_digest)):  # as build() records them
+        ledger.record(engine.image_id(ref), f"{ref.rsplit(':', 1)[0]}@{digest}", state_dir=state)
     releases = tmp_path / "manifests"
     fsutil.write_json(releases / "v1.0.0" / "sm121.json",
                       manifest.statement(released.rsplit(":", 1)[0], released_digest, {"target": {"name": "sm121"}}))
@@ -160,8 +160,8 @@ def test_clean_dry_run_removes_nothing(tmp_path, docker_engine, own_registry):
 
 
 def test_build_options_default_to_removing_the_cache():
-    assert build.BuildOptions("sm120").keep_cache is False
-    assert dataclasses.replace(build.BuildOptions("sm120"), keep_cache=True).keep_cache
+    assert image.BuildOptions("sm120").keep_cache is False
+    assert dataclasses.replace(image.BuildOptions("sm120"), keep_cache=True).keep_cache
 
 
 def test_build_cache_listing_waits_for_another_disk_usage_call(docker_engine):
@@ -181,7 +181,7 @@ def test_build_cache_listing_waits_for_another_disk_usage_call(docker_engine):
 
 def test_a_killed_builds_context_is_removed_by_the_next_build_of_it(tmp_path, monkeypatch, capfd):
     """Issue 30, item 11: a build killed early left its context (237 MB for smoke) in the state folder."""
-    monkeypatch.setattr(build, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(image, "STATE_DIR", tmp_path)
     contexts = tmp_path / "contexts"
     dead = contexts / "sm120-smoke-hermetic-999999-abc"  # pid 999999: no such process
     alive = contexts / f"sm120-smoke-hermetic-{os.getpid()}-def"  # a build running now keeps its own
@@ -192,7 +192,7 @@ def test_a_killed_builds_context_is_removed_by_the_next_build_of_it(tmp_path, mo
     lock.write_text("x==1 --hash=sha256:" + "0" * 64 + "\n")
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    ctx = build.stage_context("sm120-smoke-hermetic", lock, wheels)
+    ctx = image.stage_context("sm120-smoke-hermetic", lock, wheels)
     assert not dead.exists() and alive.exists() and other.exists() and ctx.is_dir()
     assert "removed sm120-smoke-hermetic-999999-abc, the context of a build that was killed" in capfd.readouterr().err
 
@@ -205,10 +205,10 @@ def test_a_rebuild_removes_the_image_its_tag_named_before(docker_engine, capfd):
     second = engine.image_id(_tiny_image(docker_engine, tag))  # the tag moves: `first` is nameless now
     kept = engine.image_id(_tiny_image(docker_engine, f"qualify-test/kept:{uuid.uuid4().hex[:8]}"))
     try:
-        build._drop_previous(engine, first, second)
+        image._drop_previous(engine, first, second)
         assert first not in engine.image_ids() and second in engine.image_ids()
         assert "removed the previous image of this tag" in capfd.readouterr().err
-        build._drop_previous(engine, kept, second)  # still named elsewhere: not taken
+        image._drop_previous(engine, kept, second)  # still named elsewhere: not taken
         assert kept in engine.image_ids()
     finally:
         engine.remove_created([i for i in (first, second, kept) if i in engine.image_ids()])

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import require
 
-from qualify.build import hermetic
-from qualify.build.engine import Engine
 from qualify.config import targets
+from qualify.host.engine import Engine
+from qualify.imagebuild import hermetic
 from qualify.qualification import container
 
 BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
@@ -76,10 +76,14 @@ def test_the_probe_container_runs_under_an_init():
 
     class Recorder:
         def run_container(self, image, command, **options):
+            """A recorder of the options the probe's containers get (both: the interpreter question, the probe)."""
+            seen.setdefault("inits", []).append(options["init"])
+            if not any(inside == "/out" for _, inside, _ in options["mounts"]):  # which python3 the image has
+                return subprocess.CompletedProcess(command, 0, "cpython-311-aarch64 3.11\n", "")
             seen.update(options)
             out = next(Path(host) for host, inside, _ in options["mounts"] if inside == "/out")
             (out / "predicate.json").write_text("{}")
             return subprocess.CompletedProcess(command, 0, "", "")
 
     container.run_probe(Recorder(), "image", container.probe_target(targets.load().get("sm121"), "smoke"))
-    assert seen["init"] is True
+    assert seen["init"] is True and seen["inits"] == [True, True]

@@ -295,7 +295,7 @@ def test_an_atomic_write_never_replaces_a_device_or_a_link(tmp_path):
 
 
 def test_registry_failures_say_what_happened_and_what_to_do():
-    from qualify import skopeo
+    from qualify.host import skopeo
 
     said = {
         "connection refused": skopeo.explain("dial tcp 127.0.0.1:5999: connect: connection refused", "push"),
@@ -309,7 +309,7 @@ def test_registry_failures_say_what_happened_and_what_to_do():
 
 def test_empty_link_files_a_full_registry_disk_left_are_removed(tmp_path, capsys):
     """Issue 30, item 13: a full registry left 0-byte `_layers/*/link` files that failed every later push."""
-    from qualify.build.registry import repair_storage
+    from qualify.host.registry import repair_storage
 
     layers = tmp_path / "docker" / "registry" / "v2" / "repositories" / "blackwell" / "sm120" / "_layers" / "sha256"
     (layers / ("a" * 64)).mkdir(parents=True)

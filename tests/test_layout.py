@@ -4,7 +4,9 @@ in cycles, and the probe's identity depends on the image side only."""
 from __future__ import annotations
 
 import ast
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from qualify.qualification import container
 PACKAGE = REPO / "qualify"
 IMAGE_SIDE_DIRS = ("core", "probe")
 # What the image side may import besides the standard library and itself.
-IMAGE_SIDE_THIRD_PARTY = {"elftools"}
+# zstandard, lz4 and cryptography are staged beside the probe for the image's interpreter (probe/staged.py) and
+# imported only where present; pyelftools is staged with the probe itself.
+IMAGE_SIDE_THIRD_PARTY = {"elftools", "zstandard", "lz4", "cryptography"}
 
 
 def _modules(folder: Path):
@@ -97,7 +101,7 @@ def test_editing_host_side_code_keeps_the_probe_identity(tmp_path):
     root = _copy_package(tmp_path)
     before = container.probe_sources_digest(root)
     assert before == container.probe_sources_digest(PACKAGE)
-    for host_module in ("release/release.py", "deploy/run.py", "build/engine.py", "cli/__init__.py"):
+    for host_module in ("release/release.py", "deploy/run.py", "host/engine.py", "cli/__init__.py"):
         with open(root / host_module, "a") as fh:
             fh.write("\n# an edit on the host side\n")
     assert container.probe_sources_digest(root) == before
@@ -114,8 +118,8 @@ def test_editing_image_side_code_changes_the_probe_identity(tmp_path, image_modu
 
 def test_stage_folders_read_as_the_data_flow():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert folders == sorted(["core", "probe", "config", "build", "repro", "qualification", "signing", "release",
-                              "deploy", "devtools", "cli", "publish", "scaleout"])
+    assert folders == sorted(["core", "probe", "config", "host", "imagebuild", "repro", "qualification", "signing",
+                              "release", "deploy", "devtools", "cli", "publish", "scaleout"])
 
 
 def test_the_host_probe_needs_no_host_only_dependency():
@@ -132,3 +136,26 @@ def test_the_host_probe_needs_no_host_only_dependency():
             "print(json.dumps(probe_target(targets.load().get('sm120'), 'smoke').name))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == '"sm120"', out.stderr
+
+
+def _lint_imports(root: Path):
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.fail("import-linter is not installed: pip install -e '.[test]' (the README's test set-up)")
+    return subprocess.run([str(lint), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def test_the_stage_graph_holds():
+    """Issue 28: the layers of ARCHITECTURE.md (pyproject.toml's import-linter contract), late imports included."""
+    out = _lint_imports(REPO)
+    assert out.returncode == 0 and "1 kept, 0 broken" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_an_upward_import_breaks_the_stage_graph(tmp_path):
+    """The contract can fail: a copy of the package where the census imports the CLI, inside a function."""
+    shutil.copytree(PACKAGE, tmp_path / "qualify", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "qualify" / "core" / "upward.py").write_text("def f():\n    from qualify.release import folder\n")
+    out = _lint_imports(tmp_path)
+    assert out.returncode != 0 and "BROKEN" in out.stdout and "qualify.core.upward" in out.stdout, out.stdout[-3000:]

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from qualify.config import pin, targets
+from qualify.config import targets
 from qualify.config.imageref import ImageRef
 from qualify.core.errors import RegistryError
+from qualify.imagebuild import pin
 
 REPO = Path(__file__).resolve().parent.parent
 

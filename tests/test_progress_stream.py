@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from qualify.build.engine import Engine
+from qualify.host.engine import Engine
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +36,7 @@ def test_streaming_run_still_times_out(docker_engine, debian_python_image):
 
 def test_a_push_that_prints_nothing_for_a_while_still_says_it_goes_on(capfd):
     """Issue 30, item 14: a 12 GB layer is one line at its start and one at its end, minutes apart."""
-    from qualify.build.progress import PushProgress
+    from qualify.host.progress import PushProgress
 
     progress = PushProgress("127.0.0.1:5555/blackwell/sm120:vllm-hermetic", 12 << 30, every_s=0.2)
     progress.line("abc123: Pushing")

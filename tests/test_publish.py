@@ -19,10 +19,10 @@ from conftest import require
 from signing_helpers import make_release
 
 import images
-from qualify import skopeo
 from qualify.core import manifest as mf
 from qualify.core.errors import RegistryError, VerificationError
 from qualify.core.fsutil import canonical_json
+from qualify.host import skopeo
 from qualify.publish import attestation_verify, dsse, oci, publish
 from qualify.release import records
 from qualify.release.folder import read_release

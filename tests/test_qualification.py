@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 
 import images
-from qualify.build.engine import Engine
 from qualify.config import targets
 from qualify.core import manifest
+from qualify.host.engine import Engine
 from qualify.qualification import container
 from qualify.qualification import stage as qualification
 

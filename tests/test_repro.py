@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, require
 
-from qualify.build.engine import BuildRequest, Engine
 from qualify.core.errors import EngineError, ParseError
+from qualify.host.engine import BuildRequest, Engine
 from qualify.repro import archive
 from qualify.repro import compare as explain
 from qualify.repro import double as repro

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from conftest import IN_CI, REPO
 
-from qualify.build import image
 from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.imagebuild import image
 from qualify.qualification.container import probe_sources_digest, probe_target
 from qualify.scaleout import bake, k8s, merge, workflow, yamlout
 
@@ -373,7 +373,7 @@ def test_a_log_of_the_jobs_container_on_a_real_gpu_host_merges():
 
 
 def test_stage_lays_out_the_builds_own_context_at_the_bake_files_path(tmp_path, monkeypatch):
-    from qualify.build import wheelhouse
+    from qualify.imagebuild import wheelhouse
     from qualify.scaleout import bakestage
 
     wheels = tmp_path / "wheels"

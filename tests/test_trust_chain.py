@@ -24,8 +24,7 @@ from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, make_release, sta
 from qualify.core import manifest as mf
 from qualify.core import readlimit
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
-from qualify.deploy import release as rel
-from qualify.deploy import state
+from qualify.deploy import choice, state
 from qualify.release import folder, records
 from qualify.release.folder import KeyAnchor, TrustedKey, read_release
 
@@ -84,7 +83,7 @@ def test_a_swap_between_reads_never_mixes_two_keys_or_two_releases(tmp_path, key
 
     monkeypatch.setattr(readlimit.Folder, "read", racing)
     try:
-        release = rel.choose_release(genuine.parent, "sm120", "", KeyAnchor(pinned=pinned))
+        release = choice.choose_release(genuine.parent, "sm120", "", KeyAnchor(pinned=pinned))
     except QualifyError as exc:
         assert "signature check failed" in exc.message and swapped
         return

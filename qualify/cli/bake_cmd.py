@@ -47,7 +47,7 @@ def execute(args) -> int:
     if args.record:
         if not args.metadata:
             raise ConfigError("--record needs --metadata FILE (docker buildx bake --metadata-file FILE)")
-        from qualify.build import image
+        from qualify.imagebuild import image
         from qualify.scaleout import bakestage
 
         path = bakestage.record(tf, _bake_target(tf, args.record, args.profile), args.metadata, bake.current_variables())

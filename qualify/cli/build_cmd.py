@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from qualify.build import image as build
-from qualify.build.engine import Engine
 from qualify.config import targets
+from qualify.host.engine import Engine
+from qualify.imagebuild import image
 
 
 def add_image_options(parser) -> None:
@@ -35,13 +35,13 @@ def configure_parser(parser) -> None:
 def execute(args) -> int:
     """Composes the build stage and, unless --no-qualify, the qualification stage."""
     tf = targets.load(args.file)
-    opts = build.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine,
+    opts = image.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine,
                               no_cache=args.no_cache, keep_cache=args.keep_cache)
     if args.dry_run:
-        print(build.plan(tf, opts).to_json())
+        print(image.plan(tf, opts).to_json())
         return 0
     engine = Engine(args.engine).check()
-    record = build.build(tf, opts, engine)
+    record = image.build(tf, opts, engine)
     print(record.image_reference)
     if args.no_qualify:
         return 0

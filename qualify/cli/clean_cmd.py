@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qualify.build import clean
-from qualify.build.engine import Engine
-from qualify.build.registry import Registry
+from qualify.host import clean
+from qualify.host.engine import Engine
+from qualify.host.registry import Registry
 
 
 def configure_parser(parser) -> None:

@@ -20,7 +20,10 @@ def configure_parser(parser) -> None:
     parser.add_argument("target", help="a target of images/targets.toml, e.g. sm120")
     parser.add_argument("--image", required=True, help="the published image, repository@sha256:<digest>")
     parser.add_argument("--profile", choices=targets.PROFILES, default=None)
-    parser.add_argument("--gpus", default="all", help="GPUs for the container (docker --gpus; default all)")
+    parser.add_argument("--gpus", default="all",
+                        help="GPUs for the container (docker --gpus; default all). `none` runs without a GPU, to "
+                        "rehearse the evidence path on a host that has none: the GPU checks are then not-run and "
+                        "`promote` counts the record as infrastructure, never as a pass")
     parser.add_argument("--engine", choices=("docker", "podman"), default="docker")
     parser.add_argument("--file", default=None, help="targets file (default images/targets.toml)")
     parser.add_argument("--out", type=Path, required=True, help="the manifest to write")
@@ -30,13 +33,13 @@ def configure_parser(parser) -> None:
 
 
 def execute(args) -> int:
-    from qualify.build.engine import Engine
+    from qualify.host.engine import Engine
     from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
 
     ref = parse_pinned(args.image, "--image", ConfigError, hint="give repository@sha256:<digest>")
     target = targets.load(args.file).get(args.target)
     predicate = run_probe(Engine(args.engine).check(), ref.by_digest, probe_target(target, args.profile),
-                          scope="gpu", gpus=args.gpus)
+                          scope="gpu", gpus=None if args.gpus == "none" else args.gpus)
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "probe_sha256": probe_sources_digest()}
     doc = manifest.statement(ref.name, ref.digest, predicate)
     manifest.write(args.out, doc)

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 
 from qualify.core import arch, census, workers
 from qualify.core.errors import ConfigError, ParseError
-from qualify.tables import table
+from qualify.host.tables import table
 
 _MAX_NO_CODE_LISTED = 10
 

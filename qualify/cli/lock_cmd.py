@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from qualify.build import locks
 from qualify.config import targets
+from qualify.imagebuild import locks
 
 
 def configure_parser(parser) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qualify.config import pin, targets
+from qualify.config import targets
+from qualify.imagebuild import pin
 
 
 def configure_parser(parser) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import sys
 
-from qualify.build import image as build
-from qualify.build.engine import Engine
 from qualify.cli.build_cmd import add_image_options
 from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.host.engine import Engine
+from qualify.imagebuild import image
 from qualify.qualification import stage as qualification
 
 
@@ -22,14 +22,14 @@ def configure_parser(parser) -> None:
 
 def execute(args) -> int:
     tf = targets.load(args.file)
-    opts = build.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine)
-    record = build.load_record(opts.target, opts.profile, opts.base)
+    opts = image.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine)
+    record = image.load_record(opts.target, opts.profile, opts.base)
     engine = Engine(opts.engine).check()
     if record is None or not engine.exists(record.image_reference):
         print(f"[qualify] no built {opts.profile} image of {opts.target} on the {opts.base} base: building it first",
               file=sys.stderr, flush=True)
-        built = build.build(tf, opts, engine)
-        if not isinstance(built, build.BuildRecord):
+        built = image.build(tf, opts, engine)
+        if not isinstance(built, image.BuildRecord):
             raise ConfigError("nothing was built (dry run?)")
         record = built
     return qualification.report(qualification.qualify(tf, record, engine, force=args.force), sys.stdout)

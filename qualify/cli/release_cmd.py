@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qualify import cmd
 from qualify.core.manifest import LEVEL_RANK
+from qualify.host import cmd
 from qualify.release import gitops, model, release
 from qualify.release.verify import registry_digest
 from qualify.signing import signer

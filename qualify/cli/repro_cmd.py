@@ -12,12 +12,12 @@ import json
 import shutil
 import sys
 
-from qualify.build import image as build
-from qualify.build.engine import Engine
-from qualify.build.registry import Registry
 from qualify.cli.build_cmd import add_image_options
 from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.host.engine import Engine
+from qualify.host.registry import Registry
+from qualify.imagebuild import image
 from qualify.repro import double as repro
 
 
@@ -44,7 +44,7 @@ def execute(args) -> int:
     note = repro.cannot_reproduce_note(engine)
     if note:
         repro.say(note)
-    opts = build.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine)
+    opts = image.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine)
     workdir = repro.scratch_dir()
     outcomes = []
     try:

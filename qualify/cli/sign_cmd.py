@@ -6,9 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from qualify import cmd
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.fsutil import create_exclusive
+from qualify.host import cmd
 from qualify.signing import formats, signer
 from qualify.signing import keys as cosign_keys
 

@@ -15,8 +15,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.deploy import api, compose, gate, preflight, state
-from qualify.deploy import release as rel
+from qualify.deploy import api, choice, compose, gate, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, Stop, Ui
@@ -73,10 +72,10 @@ class Deploy:
 
     def no_release(self, exc: NoReleaseError) -> Trust:
         image = self.s["IMAGE"]
-        if rel.pinned(image) and self.s["RELEASE_PUBLIC_KEY"]:
+        if choice.pinned(image) and self.s["RELEASE_PUBLIC_KEY"]:
             return self.registry_trust(image)
         self.ui.say(f"error: {exc}")
-        if self.opts.allow_unqualified and rel.pinned(image):
+        if self.opts.allow_unqualified and choice.pinned(image):
             reason = self.override(f"no released manifest for {self.target}", image)
             return Trust(image, None, None, "", reason, False)
         raise Stop(EX_TRUST, f"trust gate: no released manifest for {self.target} (see above); nothing qualifies an image "
@@ -87,7 +86,7 @@ class Deploy:
     def fetch(self, tag: str) -> None:
         """RELEASE_TAG names a release this checkout lacks: its files from the GitHub release (verified as usual)."""
         try:
-            fetched = rel.fetch_release(self.s.path("MANIFESTS_DIR"), tag, self.s["RELEASE_GITHUB_REPO"])
+            fetched = choice.fetch_release(self.s.path("MANIFESTS_DIR"), tag, self.s["RELEASE_GITHUB_REPO"])
         except DeployError as exc:
             raise self.refuse(f"release {tag}", exc) from None
         if fetched is not None:
@@ -108,8 +107,8 @@ class Deploy:
         """The image to deploy, after the verified manifest's target, capability and platform matched the GPU's."""
         t = self.plan.target
         try:
-            rel.check_for_gpu(m, t.name, str(t.capability), t.platform)
-            return rel.image_to_deploy(m, override, published)
+            choice.check_for_gpu(m, t.name, str(t.capability), t.platform)
+            return choice.image_to_deploy(m, override, published)
         except DeployError as exc:
             raise self.refuse(f"the manifest for {self.target}", exc) from None
 
@@ -118,7 +117,7 @@ class Deploy:
         tag, pin = self.s["RELEASE_TAG"], self.s["RELEASE_KEY_FINGERPRINT"]
         self.ui.say(f"trust gate: release {tag or '(newest)'} for {self.target} under {manifests}")
         try:
-            release = rel.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch)
+            release = choice.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch)
         except NoReleaseError as exc:
             return self.no_release(exc)
         except QualifyError as exc:
@@ -186,7 +185,7 @@ class Deploy:
 
     def probe_here(self, trust: Trust) -> Tuple[Trust, Optional[Path]]:
         """The probe's GPU checks inside the image, on our GPU; the evidence is saved beside the manifest."""
-        from qualify.build.engine import Engine
+        from qualify.host.engine import Engine
         from qualify.qualification import container
 
         rt = self.plan.runtime

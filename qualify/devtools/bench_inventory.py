@@ -80,7 +80,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from qualify.core import census, fatbin_model, workers
 from qualify.core.arch import ArchError, CodeKind, CodeTarget
 from qualify.core.errors import ExternalCommandError, QualifyError
-from qualify.tables import table
+from qualify.host.tables import table
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".cache" / "bench-venv"

@@ -18,11 +18,11 @@ import json
 import sys
 from typing import Dict, List, Optional
 
-from qualify import tables
-from qualify.build import image as build
-from qualify.build.engine import Engine
 from qualify.config import targets
 from qualify.core.errors import ConfigError, QualifyError
+from qualify.host import tables
+from qualify.host.engine import Engine
+from qualify.imagebuild.image import load_record
 from qualify.probe.providers import observed_name, rules
 from qualify.qualification import container
 
@@ -68,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         t = targets.load().get(args.target)
         image = args.image
         if not image:
-            record = build.load_record(args.target, "vllm", args.base)
+            record = load_record(args.target, "vllm", args.base)
             if record is None:
                 raise ConfigError(f"no built vLLM image for {args.target}",
                                   hint=f"nox -s build-{args.target} -- --base {args.base} --profile vllm, or --image REF")

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from qualify import skopeo
-from qualify.build.registry import Registry
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, RegistryError, VerificationError, printable
 from qualify.core.readlimit import strict_json
+from qualify.host import skopeo
+from qualify.host.registry import Registry
 from qualify.publish import dsse, oci
 from qualify.release.folder import TrustedKey
 from qualify.release.records import RELEASE_STATEMENT_TYPE, ReleaseStatement

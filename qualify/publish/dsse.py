@@ -111,3 +111,12 @@ def verify(envelope: Envelope, public_key, what: str = "DSSE envelope") -> bytes
                                 f" not {mine}")
     raise VerificationError(f"{what}: signature check failed: the signature does not match the payload for key {mine}"
                             " (the payload or signature was changed after signing)")
+
+
+def sigstore_bundle(envelope: Envelope, public_key) -> dict:
+    """A Sigstore bundle (v0.3 shape) around `envelope`, naming the key by its hint; no log entries (a key,
+    not keyless signing)."""
+    return {"mediaType": formats.BUNDLE_MEDIA_TYPE,
+            "verificationMaterial": {"publicKey": {"hint": cosign_keys.key_hint(public_key)},
+                                     "tlogEntries": [], "timestampVerificationData": {"rfc3161Timestamps": []}},
+            "dsseEnvelope": envelope.as_bundle_dsse()}

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from qualify import __version__, skopeo
-from qualify.build.registry import Registry
+from qualify import __version__
 from qualify.config.targets import REPO_ROOT, lock_path
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
-from qualify.publish import dsse, interop, oci, referrers, sbom, slsa
+from qualify.host import skopeo
+from qualify.host.registry import Registry
+from qualify.publish import dsse, oci, referrers, sbom, slsa
 from qualify.publish.record import ReleasedImage, released_images
 from qualify.release import records as rec
 from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, read_release, write_signed_files
@@ -201,7 +202,7 @@ def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
     subject = oci.Descriptor(media, img.digest, len(manifest))
     for body, ptype in statements:
         envelope = dsse.sign(private_key, body)
-        bundle = formats.bundle_bytes(interop.dsse_bundle(envelope, private_key.public_key()))
+        bundle = formats.bundle_bytes(dsse.sigstore_bundle(envelope, private_key.public_key()))
         doc = oci.bundle_referrer(bundle, subject, ptype, "1970-01-01T00:00:00Z")
         push_document(doc, f"{repo_ref}@{doc.digest}", f"{img.target} referrer", progress)
     return "pushed"

@@ -18,9 +18,9 @@ from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
-from qualify.build import wheelhouse
 from qualify.core.errors import EngineError, ParseError
 from qualify.core.manifest import STATEMENT_TYPE
+from qualify.imagebuild import wheelhouse
 
 PREDICATE_TYPE = "https://cyclonedx.org/bom"  # what `cosign attest --type cyclonedx` writes
 DPKG_STATUS = "/var/lib/dpkg/status"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping
 
-from qualify.build import wheelhouse
 from qualify.core.manifest import STATEMENT_TYPE
+from qualify.imagebuild import wheelhouse
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://blackwell-qualify.dev/build/image/v1"

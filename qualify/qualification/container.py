@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
-from qualify.build.registry import STATE_DIR
 from qualify.config.targets import Target
 from qualify.core.errors import EngineError
+from qualify.host.registry import STATE_DIR
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
 
 if TYPE_CHECKING:  # the engine (python-on-whales) is not needed to describe a target on a GPU host
-    from qualify.build.engine import Engine
+    from qualify.host.engine import Engine
 
 PACKAGE_ROOT, IMAGE_SIDE = identity.PACKAGE_ROOT, identity.IMAGE_SIDE
 CONTAINER_ROOT = "/opt/qualify"

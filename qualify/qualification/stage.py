@@ -11,18 +11,18 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, TextIO
 
-from qualify.build import image as build_mod
-from qualify.build import provenance
-from qualify.build.engine import Engine
 from qualify.config.targets import REPO_ROOT, TargetsFile
 from qualify.core import manifest
 from qualify.core.errors import QualifyError
 from qualify.core.fsutil import write_atomic
+from qualify.host import provenance
+from qualify.host.engine import Engine
+from qualify.imagebuild import image
 from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
 
 SCHEMA = REPO_ROOT / "manifests" / "manifest.schema.json"
-MANIFEST_DIR = build_mod.BUILD_DIR / "manifests"  # release input: <target>.json, the latest qualified
-QUALIFIED_DIR = build_mod.BUILD_DIR / "qualified"  # one per target, profile and base
+MANIFEST_DIR = image.BUILD_DIR / "manifests"  # release input: <target>.json, the latest qualified
+QUALIFIED_DIR = image.BUILD_DIR / "qualified"  # one per target, profile and base
 
 
 def validate(doc: Dict[str, Any]) -> None:
@@ -36,7 +36,7 @@ def validate(doc: Dict[str, Any]) -> None:
         raise QualifyError(f"manifest does not match {SCHEMA.name} at /{where}: {first.message}")
 
 
-def assemble(record: build_mod.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
+def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
     predicate = dict(predicate)
     predicate["image"] = {"reference": record.image_reference, "digest": record.digest, "id": record.image_id,
                           "tag": record.image_tag, "labels": record.labels}
@@ -49,11 +49,11 @@ def assemble(record: build_mod.BuildRecord, predicate: Dict[str, Any]) -> Dict[s
     return doc
 
 
-def qualified_path(record: build_mod.BuildRecord) -> Path:
+def qualified_path(record: image.BuildRecord) -> Path:
     return QUALIFIED_DIR / f"{record.target}-{record.profile}-{record.base_kind}.json"
 
 
-def already_qualified(record: build_mod.BuildRecord) -> Optional[Path]:
+def already_qualified(record: image.BuildRecord) -> Optional[Path]:
     path = qualified_path(record)
     if not path.exists():
         return None
@@ -66,7 +66,7 @@ def already_qualified(record: build_mod.BuildRecord) -> Optional[Path]:
     return path if same_image and same_probe else None
 
 
-def qualify(tf: TargetsFile, record: build_mod.BuildRecord, engine: Engine, force: bool = False) -> Path:
+def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: bool = False) -> Path:
     target = tf.get(record.target)
     existing = None if force else already_qualified(record)
     if existing:

@@ -26,9 +26,9 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from qualify.build import wheelhouse
-from qualify.build.registry import STATE_DIR
 from qualify.core.errors import LockError
+from qualify.host.registry import STATE_DIR
+from qualify.imagebuild import wheelhouse
 from qualify.probe import staged
 
 _HERE = Path(staged.__file__).parent

@@ -430,7 +430,7 @@ def _keyless_ok(host, data: bytes, bundle: bytes) -> bool:
     """A keyless (Fulcio certificate) signature of the enrolled identity; needs cosign, as `verify` does."""
     import tempfile
 
-    from qualify import cmd
+    from qualify.host import cmd
     from qualify.signing import cosign, formats
 
     if not cmd.which("cosign"):

@@ -7,8 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
-from qualify import cmd
 from qualify.core.errors import ExternalCommandError, ReleaseError
+from qualify.host import cmd
 from qualify.release.model import ReleaseOptions
 
 

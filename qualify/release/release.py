@@ -47,12 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from qualify import cmd
 from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small
+from qualify.host import cmd
 from qualify.release import changelog, history
 from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
@@ -75,7 +75,7 @@ from qualify.release.model import (
     Withheld,
 )
 from qualify.release.order import SEMVER, tag_problem
-from qualify.release.publish import create_command, push, push_command, upload, upload_command
+from qualify.release.upload import create_command, push, push_command, upload, upload_command
 from qualify.release.verify import ImageResolver, registry_digest
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys

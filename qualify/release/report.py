@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from qualify.core import manifest
-from qualify.tables import ELLIPSIS, clip, table  # noqa: F401  (ELLIPSIS: what cut text ends in)
+from qualify.host.tables import ELLIPSIS, clip, table  # noqa: F401  (ELLIPSIS: what cut text ends in)
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not-run": "----"}
 DEFAULT_WIDTH = 100

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List
 
-from qualify import cmd
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.fsutil import sha256_file, write_atomic
+from qualify.host import cmd
 
 SUMS_FILE = "SHA256SUMS"
 INPUT_DIRS = ("images", "scripts")

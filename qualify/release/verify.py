@@ -32,7 +32,7 @@ ImageResolver = Callable[[str], str]
 
 def image_digest(ref: str) -> str:
     """`sha256:...` of the local image that `ref` names (the engine's repo digest, else its id)."""
-    from qualify.build.engine import Engine  # python-on-whales: host side only
+    from qualify.host.engine import Engine  # python-on-whales: host side only
 
     try:
         return Engine("docker").repo_digest(ref)
@@ -43,7 +43,7 @@ def image_digest(ref: str) -> str:
 def registry_digest(ref: str) -> Optional[str]:
     """The digest the registry serves for `name@sha256:...`, asked by that digest (a tag can move,
     a digest cannot); None when the registry no longer has it. Loopback registries only."""
-    from qualify.build.registry import Registry  # host side only
+    from qualify.host.registry import Registry  # host side only
 
     parsed = _parse_ref(ref)
     host, _, repository = parsed.name.partition("/")

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
-from qualify.build import hermetic, provenance, rootfs
-from qualify.build import image as build
-from qualify.build.engine import BuildRequest, Engine
-from qualify.build.registry import STATE_DIR, Registry
 from qualify.config.targets import TargetsFile
 from qualify.core.errors import EngineError, RegistryError
 from qualify.core.fsutil import sha256_file
+from qualify.host import provenance
+from qualify.host.engine import BuildRequest, Engine
+from qualify.host.registry import STATE_DIR, Registry
+from qualify.imagebuild import hermetic, image, rootfs
 from qualify.repro.compare import Comparison, compare_archives, compare_tarballs, comparison_json, render
 
 SCRATCH_SUFFIX = "repro"
@@ -139,22 +139,22 @@ def double(plan: Plan, engine: Engine, workdir: Path, keep: bool = False) -> Rep
 
 
 
-def double_build(tf: TargetsFile, opts: build.BuildOptions, engine: Engine, registry: Registry, workdir: Path,
+def double_build(tf: TargetsFile, opts: image.BuildOptions, engine: Engine, registry: Registry, workdir: Path,
                  keep: bool = False) -> ReproResult:
     """A target's image, built twice under a scratch tag (the build record and real tag are left alone)."""
     epoch = opts.source_date_epoch or provenance.source_date_epoch()
     # keep_cache: the double build removes what each build made itself, by id, between the builds.
     opts = dataclasses.replace(opts, no_cache=True, keep_cache=True, source_date_epoch=epoch, tag_suffix=SCRATCH_SUFFIX)
     target = tf.get(opts.target)
-    base = build.resolve_base(engine, tf, target, opts, registry)  # an input: made once if missing
+    base = image.resolve_base(engine, tf, target, opts, registry)  # an input: made once if missing
 
     def build_once(_n: int) -> Built:
-        record = build.build(tf, opts, engine, registry)
+        record = image.build(tf, opts, engine, registry)
         return Built(record.image_id, record.digest, record.image_reference, tuple(sorted(record.labels.items())))
 
     return double(Plan(subject=f"{target.name} ({opts.profile} profile, {opts.base} base, {target.platform})",
                        epoch=epoch, base_ref=base.by_digest, build_once=build_once,
-                       tag=f"{registry.ref(build.image_repository(target))}:{opts.profile}-{opts.base}-{SCRATCH_SUFFIX}"),
+                       tag=f"{registry.ref(image.image_repository(target))}:{opts.profile}-{opts.base}-{SCRATCH_SUFFIX}"),
                   engine, workdir, keep)
 
 

@@ -1,6 +1,6 @@
 """docker-bake.json from the targets file: the same builds `nox -s build-<target>` runs.
 
-Every bake target's build arguments and labels come from `build/image.py:plan`
+Every bake target's build arguments and labels come from `imagebuild/image.py:plan`
 (the build's own dry run), never re-derived here. Values that change with
 every commit or clone (revision, source URL, epoch, the SHA256SUMS digest)
 become bake variables, so the committed file changes only when the targets
@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
-from qualify.build import image, provenance
-from qualify.build.registry import DEFAULT_ADDRESS
 from qualify.config.targets import PROFILES, REPO_ROOT, Target, TargetsFile
 from qualify.core.errors import ConfigError
+from qualify.host import provenance
+from qualify.host.registry import DEFAULT_ADDRESS
+from qualify.imagebuild import image
 
 BAKE_FILE = REPO_ROOT / "docker-bake.json"
 CONTEXT_DIR = "build/bake"  # relative to the repository root, where bake runs

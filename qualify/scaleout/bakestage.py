@@ -16,10 +16,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping
 
-from qualify.build import image, wheelhouse
 from qualify.config.targets import REPO_ROOT, TargetsFile
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_json
+from qualify.imagebuild import image, wheelhouse
 from qualify.scaleout.bake import BASE_KIND, CONTEXT_DIR, BakeTarget
 
 
@@ -51,7 +51,7 @@ def stage_probe() -> Path:
     import shutil
     import tempfile
 
-    from qualify.build.registry import STATE_DIR
+    from qualify.host.registry import STATE_DIR
     from qualify.qualification import staging
     from qualify.qualification.container import probe_sources_digest
     from qualify.qualification.container import stage_probe as staged

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from qualify.build import image as build_image
 from qualify.config.imageref import parse_pinned
 from qualify.config.targets import Target
 from qualify.core.errors import ConfigError
+from qualify.imagebuild.image import image_repository
 from qualify.scaleout import yamlout
 from qualify.scaleout.bake import PROBE_IMAGE, PROBE_ROOT, probe_tag
 
@@ -92,7 +92,7 @@ def job_for(target: Target, image: str, probe_sha256: str, probe_image: Optional
     ref = parse_pinned(image, "--image", ConfigError,
                        hint="give the published image as repository@sha256:<digest>: a Job must run what was released")
     if probe_image is None:
-        suffix = "/" + build_image.image_repository(target)
+        suffix = "/" + image_repository(target)
         registry = ref.name[: -len(suffix)] if ref.name.endswith(suffix) else ref.name.rsplit("/", 1)[0]
         probe_image = f"{registry}/{PROBE_IMAGE}:{probe_tag(probe_sha256)}-{target.name}"
     return GpuJob(target, f"{ref.name}@{ref.digest}", probe_image, probe_sha256, profile, namespace)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from qualify import cmd
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.fsutil import write_atomic
+from qualify.host import cmd
 from qualify.signing import formats
 
 PROGRAM = "cosign"

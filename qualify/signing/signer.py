@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from qualify import cmd
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
+from qualify.host import cmd
 from qualify.signing import keys as cosign_keys
 from qualify.signing.cosign import CosignKeySigner
 from qualify.signing.formats import (

@@ -2,7 +2,7 @@
 
 What this checkout made, by construction rather than by guess:
 - images in repositories of its own registry (`<QUALIFY_REGISTRY>/blackwell/...`) that this checkout's
-  builds recorded in its ledger (build/ledger.py): another checkout's images on a shared host, and any
+  builds recorded in its ledger (host/ledger.py): another checkout's images on a shared host, and any
   image named anywhere else, stay (`--all` takes every toolkit image in the registry's namespace);
 - of that registry's `blackwell/` manifests, the ones this checkout pushed, and the blobs only they
   referenced (the registry's own garbage collector, run while our registry is stopped, as its
@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional, Set, Tuple
 
-from qualify import skopeo
-from qualify.build.engine import Engine
-from qualify.build.registry import STATE_DIR, Registry
 from qualify.core import manifest
 from qualify.core.errors import QualifyError, RegistryError
 from qualify.core.fsutil import file_lock
+from qualify.host import skopeo
+from qualify.host.engine import Engine
+from qualify.host.registry import STATE_DIR, Registry
 
 NAMESPACE = "blackwell"
 HERMETIC_REPOSITORY = f"{NAMESPACE}/hermetic-cuda"
@@ -112,7 +112,7 @@ class Mine:
 
 def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bool = False, dry_run: bool = False,
           state_dir: Path = STATE_DIR) -> CleanReport:
-    from qualify.build import ledger
+    from qualify.host import ledger
 
     keep = set() if everything else released_digests(releases_dir)
     made = ledger.made(state_dir)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, List, Tuple
 
-from qualify import cmd
 from qualify.core.errors import ExternalCommandError, ReleaseError
+from qualify.host import cmd
 
 INDEX_FILE = "release.json"
 Progress = Callable[[str], None]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import FrozenSet
 
-from qualify.build.engine import Engine
+from qualify.host.engine import Engine
 
 
 @dataclass(frozen=True)

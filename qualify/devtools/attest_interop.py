@@ -53,13 +53,6 @@ try {
 """
 
 
-def dsse_bundle(envelope: dsse.Envelope, public_key) -> dict:
-    return {"mediaType": formats.BUNDLE_MEDIA_TYPE,
-            "verificationMaterial": {"publicKey": {"hint": cosign_keys.key_hint(public_key)},
-                                     "tlogEntries": [], "timestampVerificationData": {"rfc3161Timestamps": []}},
-            "dsseEnvelope": envelope.as_bundle_dsse()}
-
-
 def _sample(private_key) -> dsse.Envelope:
     stmt = mf.statement("registry.example/blackwell/sm120", "sha256:" + "ab" * 32,
                         {"schema_version": 1, "verdict": "pass", "checks": []})
@@ -100,10 +93,10 @@ def sigstore_js_check(folder: Path, envelope: dsse.Envelope, public_key, pub: Pa
     scratch = _sigstore_js_dir()
     (scratch / "verify.js").write_text(_VERIFY_JS)
     good, bad = folder / "bundle.json", folder / "tampered.json"
-    good.write_bytes(formats.bundle_bytes(dsse_bundle(envelope, public_key)))
+    good.write_bytes(formats.bundle_bytes(dsse.sigstore_bundle(envelope, public_key)))
     tampered = dsse.Envelope(envelope.payload_type, envelope.payload.replace(b'"pass"', b'"fail"'),
                              envelope.signatures)
-    bad.write_bytes(formats.bundle_bytes(dsse_bundle(tampered, public_key)))
+    bad.write_bytes(formats.bundle_bytes(dsse.sigstore_bundle(tampered, public_key)))
     ok = subprocess.run(["node", str(scratch / "verify.js"), str(good), str(pub)], capture_output=True, text=True,
                         cwd=scratch, timeout=120)
     no = subprocess.run(["node", str(scratch / "verify.js"), str(bad), str(pub)], capture_output=True, text=True,

@@ -17,11 +17,11 @@ from typing import Dict, List, Optional, Sequence
 
 import tomlkit
 
-from qualify import tables
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import DEFAULT_TARGETS_FILE, load
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import write_atomic
+from qualify.host import tables
 
 DOCKER_HUB = "registry-1.docker.io"
 
@@ -49,7 +49,7 @@ def split_registry(name: str) -> tuple:
 def resolve(ref: ImageRef, timeout: float = 20.0) -> str:
     """The digest the registry serves now for `ref`'s tag (the index digest for a multi-arch tag:
     skopeo inspect --raw returns the bytes the registry serves; tokens and TLS are skopeo's business)."""
-    from qualify import skopeo
+    from qualify.host import skopeo
 
     if not ref.tag:
         raise ConfigError(f"{ref}: no tag to re-resolve (pin needs name:tag@sha256:...)")

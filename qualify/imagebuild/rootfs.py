@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from qualify import cmd
-from qualify.build.registry import STATE_DIR
 from qualify.config.targets import REPO_ROOT
+from qualify.host import cmd
+from qualify.host.registry import STATE_DIR
 
 SCRIPT = REPO_ROOT / "scripts" / "debian-rootfs.sh"
 # Fixed so that two hosts make the same tarball from the same mirror state.

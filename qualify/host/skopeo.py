@@ -8,7 +8,7 @@ Nothing here passes --creds, --authfile or --cert-dir, so no secret is ever in
 an argument list or an echoed command.
 
 TLS is verified for every registry except the build host's own loopback
-registry (plain HTTP on 127.0.0.1, by design: see build/registry.py).
+registry (plain HTTP on 127.0.0.1, by design: see host/registry.py).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
-from qualify.build.registry import STATE_DIR
 from qualify.config.targets import REPO_ROOT
 from qualify.core.fsutil import file_lock
+from qualify.host.registry import STATE_DIR
 
 MAX_BYTES = 16 << 20
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from qualify import cmd
-from qualify.build.wheelhouse import PYPI, parse_lock
 from qualify.config.targets import LOCKS_DIR, REPO_ROOT
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
+from qualify.host import cmd
+from qualify.imagebuild.wheelhouse import PYPI, parse_lock
 
 REQUIREMENTS_DIR = REPO_ROOT / "images" / "requirements"
 _UV_PLATFORM = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}

@@ -41,9 +41,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
 
-from qualify.build.progress import PushProgress
 from qualify.config.imageref import ImageRef
 from qualify.core.errors import BaseImageError, BuildError, EngineError
+from qualify.host.progress import PushProgress
 
 ENGINES = ("docker", "podman")
 BUILDERS = {"docker": ("buildx", "buildkit", "classic"), "podman": ("podman",)}

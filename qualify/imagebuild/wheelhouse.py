@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
-from qualify import cmd
-from qualify.build.registry import STATE_DIR
 from qualify.core import fsutil
 from qualify.core.errors import LockError
+from qualify.host import cmd
+from qualify.host.registry import STATE_DIR
 
 PYPI = "https://pypi.org/simple"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"

@@ -108,7 +108,7 @@ class Registry:
     def manifest_digest(self, repository: str, reference: str, timeout: float = 10.0) -> Optional[str]:
         """Digest the registry serves for `repository:reference` (tag or digest); None if absent.
         Through skopeo (the one registry client; see ARCHITECTURE.md)."""
-        from qualify import skopeo
+        from qualify.host import skopeo
 
         sep = "@" if reference.startswith("sha256:") else ":"
         try:
@@ -122,7 +122,7 @@ class Registry:
     def delete_tag(self, ref: str) -> None:
         """Drop a tag's manifest from its repository (other repositories keep their links).
         A scratch tag only: a registry keeps no record of who made a manifest."""
-        from qualify import skopeo
+        from qualify.host import skopeo
 
         name, _, tag = ref.rpartition(":")
         repository = name.split("/", 1)[1]
@@ -130,7 +130,7 @@ class Registry:
             skopeo.delete(f"docker://{ref}", (self.address,))
 
     def tags(self, repository: str) -> List[str]:
-        from qualify import skopeo
+        from qualify.host import skopeo
 
         try:
             raw = skopeo.list_tags(f"docker://{self.address}/{repository}", (self.address,))

@@ -20,12 +20,12 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
-from qualify.build import locks, rootfs, wheelhouse
-from qualify.build.engine import BuildRequest, Engine
-from qualify.build.registry import STATE_DIR, Registry
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, Target, TargetsFile
 from qualify.core import fsutil
+from qualify.host.engine import BuildRequest, Engine
+from qualify.host.registry import STATE_DIR, Registry
+from qualify.imagebuild import locks, rootfs, wheelhouse
 
 DOCKERFILE = REPO_ROOT / "images" / "hermetic" / "Dockerfile"
 # What the base needs beyond minbase: Python for the payload, a host compiler

@@ -17,14 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from qualify.build import cleanup, hermetic, ledger, provenance, wheelhouse
-from qualify.build.engine import BuildRequest, Engine
-from qualify.build.registry import STATE_DIR, Registry
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import PROFILES, REPO_ROOT, Target, TargetsFile
 from qualify.core import arch, fsutil
 from qualify.core.errors import BuildError, ConfigError
 from qualify.core.fsutil import write_json
+from qualify.host import ledger, provenance
+from qualify.host.engine import BuildRequest, Engine
+from qualify.host.registry import STATE_DIR, Registry
+from qualify.imagebuild import buildcache, hermetic, wheelhouse
 
 IMAGES_DIR = REPO_ROOT / "images"
 BUILD_DIR = REPO_ROOT / "build"
@@ -229,7 +230,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}{suffix}"
     previous = engine.image_id(tag)  # "" on a first build
     image_labels = labels(target, opts, base, lock, epoch)
-    before = None if opts.keep_cache else cleanup.footprint(engine)
+    before = None if opts.keep_cache else buildcache.footprint(engine)
     image_id = engine.build(BuildRequest(
         context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
         build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,
@@ -237,7 +238,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     ))
     shutil.rmtree(ctx, ignore_errors=True)  # links into the wheelhouse; kept only when the build failed
     if before is not None:  # a failed build keeps its cache: the rerun that fixes it starts from there
-        cleanup.report(cleanup.remove_what_the_build_made(engine, before, image_id, tag, engine.image_id(base.by_digest)))
+        buildcache.report(buildcache.remove_what_the_build_made(engine, before, image_id, tag, engine.image_id(base.by_digest)))
     _check_platform(engine, tag, target)
     digest = engine.push(tag)
     ledger.record(image_id, f"{tag.rsplit(':', 1)[0]}@{digest}")

@@ -1,1 +1,0 @@
-"""Stage 1, build: engine, hermetic base, wheelhouses and locks, image builds, the loopback registry."""
