@@ -182,4 +182,14 @@ fi
 (cd "$here" && python3 -c 'from qualify import toolenv; print(toolenv.ensure())' >/dev/null) \
   || die "the toolkit's venv could not be made in $here/.venv (see above)"
 say "toolkit: $here/.venv (python3 -m qualify --help lists the commands)"
+# SHA256SUMS follows every commit (scripts/git-hooks/pre-commit); a hooks path someone set stays theirs.
+if git -C "$here" rev-parse --git-dir >/dev/null 2>&1; then
+  hooks=$(git -C "$here" config --get core.hooksPath || true)
+  if [ -z "$hooks" ]; then
+    git -C "$here" config core.hooksPath scripts/git-hooks
+    say "git: SHA256SUMS is regenerated at each commit (core.hooksPath scripts/git-hooks)"
+  elif [ "$hooks" != scripts/git-hooks ]; then
+    say "git: core.hooksPath is $hooks; run scripts/git-hooks/pre-commit from yours to keep SHA256SUMS current"
+  fi
+fi
 say "done"

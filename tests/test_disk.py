@@ -22,7 +22,7 @@ from conftest import REPO
 
 from qualify.config import targets
 from qualify.core import fsutil, manifest
-from qualify.host import clean, ledger
+from qualify.host import clean, ledger, paths
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import image
@@ -181,7 +181,7 @@ def test_build_cache_listing_waits_for_another_disk_usage_call(docker_engine):
 
 def test_a_killed_builds_context_is_removed_by_the_next_build_of_it(tmp_path, monkeypatch, capfd):
     """Issue 30, item 11: a build killed early left its context (237 MB for smoke) in the state folder."""
-    monkeypatch.setattr(image, "STATE_DIR", tmp_path)
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path)
     contexts = tmp_path / "contexts"
     dead = contexts / "sm120-smoke-hermetic-999999-abc"  # pid 999999: no such process
     alive = contexts / f"sm120-smoke-hermetic-{os.getpid()}-def"  # a build running now keeps its own

@@ -24,6 +24,7 @@ from conftest import IN_CI, REPO
 
 from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.host import paths
 from qualify.imagebuild import image
 from qualify.qualification.container import probe_sources_digest, probe_target
 from qualify.scaleout import bake, k8s, merge, workflow, yamlout
@@ -121,7 +122,7 @@ def test_check_names_the_stale_file(tmp_path):
 def test_record_from_bake_metadata(tmp_path, monkeypatch):
     from qualify.scaleout import bakestage
 
-    monkeypatch.setattr(image, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(paths, "HERE", paths.Checkout(tmp_path))
     meta = tmp_path / "meta.json"
     meta.write_text(json.dumps({"sm120-vllm": {"containerimage.digest": DIGEST_A,
                                                "containerimage.config.digest": DIGEST_B}}))
@@ -380,7 +381,7 @@ def test_stage_lays_out_the_builds_own_context_at_the_bake_files_path(tmp_path, 
     wheels.mkdir()
     (wheels / "x-1-py3-none-any.whl").write_bytes(b"wheel")
     monkeypatch.setattr(wheelhouse, "prepare", lambda lock, platform, python: wheels)  # no download here
-    monkeypatch.setattr(image, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(bakestage, "REPO_ROOT", tmp_path / "repo")
     bt = bake.BakeTarget(TF.get("sm121"), "smoke")
     link = bakestage.stage(TF, bt)

@@ -128,8 +128,48 @@ def test_repository_sha256sums_matches_the_release_inputs():
 
     repo = Path(__file__).resolve().parent.parent
     out = subprocess.run(["sha256sum", "--quiet", "--check", "SHA256SUMS"], cwd=repo, capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+    report = sums.check(repo)
+    assert out.returncode == 0 and report.ok, ("\n".join(report.lines()) + "\nrun `python3 -m qualify sums write` "
+                                               "(or commit through scripts/git-hooks/pre-commit, which does it)")
     listed = {line.split("  ", 1)[1] for line in (repo / "SHA256SUMS").read_text().splitlines()}
     for must in ("images/targets.toml", "images/Dockerfile", "start.sh", "noxfile.py", "qualify/probe/runner.py",
                  "scripts/setup-host.sh", "images/triton-allocator/blackwell_triton_allocator.py"):
         assert must in listed, must
+
+
+def test_the_pre_commit_hook_records_what_the_commit_holds(tmp_path):
+    """Issue 28: an edit to a release input no longer fails CI until `nox -s sums`. The hook (real git, the
+    repository's hook script) sums the index, so a half-staged edit and an untracked file do not leak in."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    work = tmp_path / "work"
+    (work / "images").mkdir(parents=True)
+    (work / "scripts" / "git-hooks").mkdir(parents=True)
+    shutil.copy(repo / "scripts" / "git-hooks" / "pre-commit", work / "scripts" / "git-hooks" / "pre-commit")
+    shutil.copytree(repo / "qualify", work / "qualify", ignore=shutil.ignore_patterns("__pycache__"))
+    (work / "images" / "targets.toml").write_text("one\n")
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=work, capture_output=True, text=True, timeout=120, check=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.invalid")
+    git("config", "user.name", "T")
+    git("config", "core.hooksPath", "scripts/git-hooks")
+    git("add", "-A")
+    git("commit", "-q", "-m", "first")
+    (work / "images" / "targets.toml").write_text("two\n")
+    git("add", "images/targets.toml")
+    (work / "images" / "targets.toml").write_text("three, not staged\n")
+    (work / "images" / "untracked.txt").write_text("not in the commit\n")
+    git("commit", "-q", "-m", "second")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(work), str(clone)], check=True, timeout=120)
+    check = subprocess.run(["sha256sum", "--quiet", "--check", "SHA256SUMS"], cwd=clone, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    listed = (clone / "SHA256SUMS").read_text()
+    assert "images/targets.toml" in listed and "untracked.txt" not in listed
+    assert git("status", "--porcelain", "SHA256SUMS").stdout == ""  # the commit took it; nothing left over

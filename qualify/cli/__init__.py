@@ -58,7 +58,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             sub.add_parser(name, help=help_text, add_help=False)
         parser.parse_args(argv or ["--help"])
         return 2
-    if argv[0] not in IMAGE_SIDE:
+    if argv[0] not in STDLIB_ONLY:
         lacking = _lacking_dependency()
         if lacking:
             return _missing_dependency(lacking, argv)
@@ -90,8 +90,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _host_error(exc)
 
 
-# Commands that run inside images with the standard library (and what is staged beside it).
-IMAGE_SIDE = frozenset({"probe", "inspect", "arch", "targets"})
+# Commands that need only the standard library (and what is staged beside it): inside images, and for `sums`
+# in git's pre-commit hook before any venv exists.
+STDLIB_ONLY = frozenset({"probe", "inspect", "arch", "targets", "sums"})
 # One module of each host dependency a command may import late (inside execute): looked up, not imported.
 HOST_DEPENDENCIES = ("python_on_whales", "tomlkit", "elftools", "cryptography", "jsonschema")
 

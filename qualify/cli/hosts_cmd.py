@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.host import paths
 from qualify.release import folder
 from qualify.release import records as rec
 
@@ -20,7 +20,7 @@ def configure_parser(parser) -> None:
     for name, text in (("add", "enroll a host: its public key, or a keyless identity (a CI job)"),
                        ("remove", "withdraw a host's enrollment"), ("list", "show the enrolled hosts")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--file", type=Path, default=targets.REPO_ROOT / "manifests" / rec.HOSTS_FILE)
+        p.add_argument("--file", type=Path, default=paths.HERE.hosts_file)
         if name != "list":
             p.add_argument("name", help="the host's name, as promotion records will name it")
             p.add_argument("--release-key", type=Path, default=Path("cosign.key"),

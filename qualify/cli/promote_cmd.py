@@ -7,6 +7,7 @@ from pathlib import Path
 
 from qualify.config import targets
 from qualify.core.errors import ConfigError, QualifyError
+from qualify.host import paths
 from qualify.release import folder, promote
 from qualify.release.order import tag_problem
 from qualify.release.records import HOSTS_FILE
@@ -17,7 +18,7 @@ def configure_parser(parser) -> None:
     parser.add_argument("--evidence", type=Path, nargs="+", required=True,
                         help="GPU evidence files start.sh saved (<target>.gpu-evidence.*.json), each with its "
                         ".sig/.sigstore.json beside it, or probe manifests (qualify gpu-evidence, qualify merge)")
-    parser.add_argument("--manifests", type=Path, default=targets.REPO_ROOT / "manifests")
+    parser.add_argument("--manifests", type=Path, default=paths.HERE.releases)
     parser.add_argument("--key", type=Path, default=Path("cosign.key"),
                         help="the release key (password from COSIGN_PASSWORD or the terminal); its public half "
                         "must be the release's cosign.pub")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from qualify.core.manifest import LEVEL_RANK
-from qualify.host import cmd
+from qualify.host import cmd, paths
 from qualify.release import gitops, model, release
 from qualify.release.verify import registry_digest
 from qualify.signing import signer
@@ -91,8 +91,8 @@ def execute(args) -> int:
     opts = release.ReleaseOptions(
         tag=args.tag,
         repo=repo,
-        source=(args.source or repo / "build" / "manifests").resolve(),
-        out_root=repo / "manifests",
+        source=(args.source or paths.Checkout(repo).release_inputs).resolve(),
+        out_root=paths.Checkout(repo).releases,
         min_level=args.min_level,
         force=args.force,
         upload=not args.no_upload,

@@ -14,6 +14,9 @@ def configure_parser(parser) -> None:
     write = sub.add_parser("write", help="(re)write SHA256SUMS atomically")
     write.add_argument("--root", type=Path, default=Path("."), help="repository root (default: here)")
     write.add_argument("--output", type=Path, help="where to write (default: ROOT/SHA256SUMS)")
+    write.add_argument("--staged", action="store_true",
+                       help="sum the inputs as git's index holds them and add SHA256SUMS to the index: what the "
+                       "next commit records (scripts/git-hooks/pre-commit runs this)")
     check = sub.add_parser("check", help="report missing, changed and unlisted files")
     check.add_argument("--root", type=Path, default=Path("."), help="repository root (default: here)")
     check.add_argument("--file", type=Path, help="the sums file (default: ROOT/SHA256SUMS)")
@@ -22,7 +25,9 @@ def configure_parser(parser) -> None:
 
 def execute(args) -> int:
     if args.action == "write":
-        path = sums.write(args.root, args.output)
+        if args.staged and args.output is not None:
+            raise VerificationError("--staged writes ROOT/SHA256SUMS and stages it; leave out --output")
+        path = sums.write_staged(args.root) if args.staged else sums.write(args.root, args.output)
         count = len(path.read_text(encoding="utf-8").splitlines())
         print(f"{path}: {count} files")
         return 0
@@ -36,7 +41,9 @@ def execute(args) -> int:
     if not report.ok:
         raise VerificationError(f"SHA256SUMS does not match the release inputs: {len(report.missing)} missing, "
                                 f"{len(report.changed)} changed, {len(report.unlisted)} unlisted",
-                                hint="regenerate it with `nox -s sums` once the changes are intended")
+                                hint="regenerate it with `python3 -m qualify sums write` (or `nox -s sums`) once the "
+                                "changes are intended; `bash scripts/setup-host.sh` installs a pre-commit hook that "
+                                "does it at every commit")
     if not args.json:
         print("SHA256SUMS: OK")
     return 0

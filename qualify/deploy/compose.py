@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
 from qualify.deploy.errors import DeployError
+from qualify.host import paths
 
 CONTAINER_PORT = 8000
 SERVICE = "vllm"
@@ -19,7 +20,6 @@ VLLM_CACHE = "/root/.cache/vllm"
 TRITON_HOME = "/root/.triton"
 VOLUMES = {"hf-cache": HF_HOME, "vllm-cache": VLLM_CACHE, "triton-cache": TRITON_HOME}
 GPU_RUNTIMES = ("nvidia", "cdi", "none")
-LABEL_PREFIX = "dev.blackwell-qualify"
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
         "environment": _environment(s),
         "volumes": [f"{name}:{path}" for name, path in VOLUMES.items()],
         "healthcheck": _healthcheck(s),
-        "labels": {f"{LABEL_PREFIX}.target": s.target, **dict(s.labels)},
+        "labels": {paths.LABEL_TARGET: s.target, **dict(s.labels)},
     }
     if s.gpu_runtime == "nvidia":
         service["deploy"] = {"resources": {"reservations": {"devices": [

@@ -19,6 +19,7 @@ from qualify.deploy import api, choice, compose, gate, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, Stop, Ui
+from qualify.host import paths
 from qualify.release import evidence as ev
 from qualify.release.folder import KeyAnchor, TrustedKey
 from qualify.release.records import PUBLICATION_FILE
@@ -282,10 +283,10 @@ class Deploy:
             bind_address=s["BIND_ADDRESS"], port=s.int("API_PORT"), shm_size=s["SHM_SIZE"],
             tool_call_parser=s["TOOL_CALL_PARSER"], extra_args=tuple(s["EXTRA_SERVE_ARGS"].split()),
             extra_env=s.container_env, health_start_period_s=s.int("HEALTH_TIMEOUT_S"),
-            labels=((f"{compose.LABEL_PREFIX}.image", trust.image),
-                    (f"{compose.LABEL_PREFIX}.manifest",
+            labels=((paths.label("image"), trust.image),
+                    (paths.label("manifest"),
                      str(trust.folder / f"{self.target}.json") if trust.folder else "none"),
-                    (f"{compose.LABEL_PREFIX}.gate", trust.reason)))
+                    (paths.label("gate"), trust.reason)))
         try:
             return compose.compose_json(spec)
         except DeployError as exc:

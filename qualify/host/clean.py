@@ -29,14 +29,12 @@ from typing import Iterator, List, Optional, Set, Tuple
 from qualify.core import manifest
 from qualify.core.errors import QualifyError, RegistryError
 from qualify.core.fsutil import file_lock
-from qualify.host import skopeo
+from qualify.host import paths, skopeo
 from qualify.host.engine import Engine
-from qualify.host.registry import STATE_DIR, Registry
+from qualify.host.registry import Registry
 
 NAMESPACE = "blackwell"
 HERMETIC_REPOSITORY = f"{NAMESPACE}/hermetic-cuda"
-ALWAYS_DIRS = ("contexts", "repro", "probe", "wheelhouse")  # rebuilt on demand
-ALL_DIRS = ("rootfs",)  # slow to remake (debootstrap): only with --all
 MAX_RELEASE_FILE = 8 << 20
 
 
@@ -111,9 +109,10 @@ class Mine:
 
 
 def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bool = False, dry_run: bool = False,
-          state_dir: Path = STATE_DIR) -> CleanReport:
+          state_dir: Optional[Path] = None) -> CleanReport:
     from qualify.host import ledger
 
+    state_dir = paths.STATE_DIR if state_dir is None else state_dir
     keep = set() if everything else released_digests(releases_dir)
     made = ledger.made(state_dir)
     mine = Mine(None, None) if everything else Mine({m.image_id for m in made},
@@ -163,7 +162,7 @@ def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything
 
 def _clean_registry(registry: Registry, keep: Set[str], everything: bool, report: CleanReport, state_dir: Path,
                     mine: Mine) -> None:
-    data = state_dir / f"registry-{registry.address.rsplit(':', 1)[1]}"
+    data = paths.registry_storage(registry.port, state_dir)
     storage = data / "data" / "docker" / "registry" / "v2" / "repositories"
     if not storage.is_dir():
         return  # a registry we did not start: its storage is not ours to collect
@@ -194,7 +193,7 @@ def _collect_garbage(registry: Registry, data: Path, state_dir: Path) -> None:
     """The registry's garbage collector must not run while the registry serves pushes: stop ours, collect,
     start it again, all under the lock that guards its start-up."""
     config = data / "config.yml"
-    with file_lock(state_dir / f"registry-{registry.address.rsplit(':', 1)[1]}.lock"):
+    with file_lock(paths.registry_lock(registry.port, state_dir)):
         for pid in _serving(config):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 20
@@ -227,7 +226,7 @@ def _serving(config: Path) -> List[int]:
 
 def _clean_state(state_dir: Path, everything: bool, report: CleanReport) -> None:
     seen: Set[Tuple[int, int]] = set()  # contexts hard-link into wheelhouses: count each file once
-    for name in ALWAYS_DIRS + (ALL_DIRS if everything else ()):
+    for name in paths.STATE_SCRATCH + (paths.STATE_SLOW if everything else ()):
         folder = state_dir / name
         if not folder.is_dir():
             continue
@@ -266,6 +265,4 @@ def print_report(report: CleanReport, as_json: bool, file=sys.stdout) -> None:
 
 
 def default_releases_dir() -> Path:
-    from qualify.config.targets import REPO_ROOT
-
-    return REPO_ROOT / "manifests"
+    return paths.HERE.releases

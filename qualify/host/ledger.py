@@ -9,15 +9,14 @@ be removed without losing it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from qualify.config.targets import REPO_ROOT
 from qualify.core.fsutil import file_lock
-from qualify.host.registry import STATE_DIR
+from qualify.host import paths
 
 MAX_BYTES = 16 << 20
 
@@ -28,12 +27,11 @@ class Made:
     reference: str  # name@sha256:... as pushed
 
 
-def path(state_dir: Path = STATE_DIR, checkout: Path = REPO_ROOT) -> Path:
-    key = hashlib.sha256(str(Path(checkout).resolve()).encode()).hexdigest()[:16]
-    return Path(state_dir) / "checkouts" / key / "made.jsonl"
+def path(state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> Path:
+    return paths.ledger(checkout, state_dir)
 
 
-def record(image_id: str, reference: str, state_dir: Path = STATE_DIR, checkout: Path = REPO_ROOT) -> None:
+def record(image_id: str, reference: str, state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> None:
     ledger = path(state_dir, checkout)
     ledger.parent.mkdir(parents=True, exist_ok=True)
     (ledger.parent / "checkout").write_text(str(Path(checkout).resolve()) + "\n")
@@ -42,7 +40,7 @@ def record(image_id: str, reference: str, state_dir: Path = STATE_DIR, checkout:
             fh.write(json.dumps({"image_id": image_id, "reference": reference}, sort_keys=True) + "\n")
 
 
-def made(state_dir: Path = STATE_DIR, checkout: Path = REPO_ROOT) -> List[Made]:
+def made(state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> List[Made]:
     ledger = path(state_dir, checkout)
     if not ledger.is_file() or ledger.stat().st_size > MAX_BYTES:
         return []

@@ -22,9 +22,9 @@ from typing import List, Optional
 
 from qualify.core.errors import RegistryError
 from qualify.core.fsutil import file_lock
+from qualify.host import paths
 
 DEFAULT_ADDRESS = "127.0.0.1:5555"
-STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify"))
 MANIFEST_TYPES = ", ".join(
     [
         "application/vnd.oci.image.index.v1+json",
@@ -56,6 +56,10 @@ class Registry:
         return cls(os.environ.get("QUALIFY_REGISTRY", DEFAULT_ADDRESS))
 
     @property
+    def port(self) -> str:
+        return self.address.rsplit(":", 1)[1]
+
+    @property
     def url(self) -> str:
         return f"http://{self.address}"
 
@@ -66,18 +70,18 @@ class Registry:
         except (urllib.error.URLError, OSError):
             return False
 
-    def ensure(self, state_dir: Path = STATE_DIR, wait_s: float = 20.0) -> Registry:
+    def ensure(self, state_dir: Optional[Path] = None, wait_s: float = 20.0) -> Registry:
         """Start our registry if nothing answers at the address yet (one starter at a time); first, repair
         what a full disk left in its storage."""
-        repair_storage(state_dir / f"registry-{self.address.rsplit(':', 1)[1]}" / "data")
+        repair_storage(paths.registry_storage(self.port, state_dir) / "data")
         if self.answers():
             return self
         if not self.address.startswith("127.0.0.1:"):
             raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
-        with file_lock(state_dir / f"registry-{self.address.rsplit(':', 1)[1]}.lock"):
+        with file_lock(paths.registry_lock(self.port, state_dir)):
             return self if self.answers() else self._start(state_dir, wait_s)
 
-    def _start(self, state_dir: Path, wait_s: float) -> Registry:
+    def _start(self, state_dir: Optional[Path], wait_s: float) -> Registry:
         if not self.address.startswith("127.0.0.1:"):
             raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
@@ -85,8 +89,7 @@ class Registry:
             raise RegistryError(
                 "Debian's docker-registry is not installed", hint="run scripts/setup-host.sh (apt-get install docker-registry)"
             )
-        port = self.address.rsplit(":", 1)[1]
-        root = state_dir / f"registry-{port}"
+        root = paths.registry_storage(self.port, state_dir)
         root.mkdir(parents=True, exist_ok=True)
         config = root / "config.yml"
         config.write_text(_CONFIG.format(root=root / "data", address=self.address))

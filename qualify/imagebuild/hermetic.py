@@ -23,8 +23,9 @@ from typing import Iterable
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, Target, TargetsFile
 from qualify.core import fsutil
+from qualify.host import paths
 from qualify.host.engine import BuildRequest, Engine
-from qualify.host.registry import STATE_DIR, Registry
+from qualify.host.registry import Registry
 from qualify.imagebuild import locks, rootfs, wheelhouse
 
 DOCKERFILE = REPO_ROOT / "images" / "hermetic" / "Dockerfile"
@@ -114,7 +115,7 @@ def ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regis
     """The hermetic base for the target's platform, by repo digest; built only when missing, once."""
     registry.ensure()
     tag = base_tag(tf, target, registry)
-    with fsutil.file_lock(STATE_DIR / "locks" / f"hermetic-{target.arch_tag}.lock"):
+    with fsutil.file_lock(paths.host_lock(f"hermetic-{target.arch_tag}")):
         return _ensure_base(engine, tf, target, registry, tag)
 
 
@@ -129,19 +130,19 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
     wheels_dir = wheelhouse.prepare(lock, target.platform, None)
     epoch = int(rootfs.source_date_epoch())
     rootfs_tar = rootfs.debian_rootfs(target.arch_tag, tf.hermetic.suite, tf.hermetic.mirror, PACKAGES)
-    with tempfile.TemporaryDirectory(dir=STATE_DIR) as tmp:
+    with tempfile.TemporaryDirectory(dir=paths.state()) as tmp:
         ctx = Path(tmp)
         shutil.copy2(DOCKERFILE, ctx / "Dockerfile")
         os.link(rootfs_tar, ctx / "rootfs.tar")
         print("[hermetic] unpacking the CUDA wheels into the /usr/local/cuda layout", file=sys.stderr, flush=True)
         cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
         labels = {
-            "org.opencontainers.image.title": "blackwell-qualify hermetic CUDA base",
-            "org.opencontainers.image.created": _iso(epoch),
+            paths.OCI_TITLE: "blackwell-qualify hermetic CUDA base",
+            paths.OCI_CREATED: _iso(epoch),
             # FROM scratch: no base image, so no base.name; what the rootfs is made of, in our own key.
-            "dev.blackwell-qualify.rootfs": f"debootstrap {tf.hermetic.suite} from {tf.hermetic.mirror}",
-            "dev.blackwell-qualify.cuda": target.cuda,
-            "dev.blackwell-qualify.cuda-lock.sha256": fsutil.sha256_file(lock),
+            paths.LABEL_ROOTFS: f"debootstrap {tf.hermetic.suite} from {tf.hermetic.mirror}",
+            paths.LABEL_CUDA: target.cuda,
+            paths.LABEL_CUDA_LOCK_SHA256: fsutil.sha256_file(lock),
         }
         engine.build(BuildRequest(context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
                                   labels=labels, source_date_epoch=str(epoch)))

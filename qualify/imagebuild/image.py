@@ -22,14 +22,12 @@ from qualify.config.targets import PROFILES, REPO_ROOT, Target, TargetsFile
 from qualify.core import arch, fsutil
 from qualify.core.errors import BuildError, ConfigError
 from qualify.core.fsutil import write_json
-from qualify.host import ledger, provenance
+from qualify.host import ledger, paths, provenance
 from qualify.host.engine import BuildRequest, Engine
-from qualify.host.registry import STATE_DIR, Registry
+from qualify.host.registry import Registry
 from qualify.imagebuild import buildcache, hermetic, wheelhouse
 
 IMAGES_DIR = REPO_ROOT / "images"
-BUILD_DIR = REPO_ROOT / "build"
-LABEL_PREFIX = "dev.blackwell-qualify"
 # Files of images/ that go into every build context.
 _CONTEXT_FILES = ("Dockerfile", "ensure-python.sh", "smoke/smoke_ext.cu",
                   "triton-allocator/blackwell_triton_allocator.py", "triton-allocator/blackwell_triton_allocator.pth")
@@ -70,7 +68,7 @@ class BuildRecord:
 
 
 def record_path(target: str, profile: str, base_kind: str) -> Path:
-    return BUILD_DIR / "images" / f"{target}-{profile}-{base_kind}.json"
+    return paths.HERE.build_record(target, profile, base_kind)
 
 
 def load_record(target: str, profile: str, base_kind: str) -> Optional[BuildRecord]:
@@ -96,26 +94,26 @@ def build_args(target: Target, base: ImageRef, epoch: str) -> Dict[str, str]:
 
 def labels(target: Target, opts: BuildOptions, base: ImageRef, lock: Path, epoch: str) -> Dict[str, str]:
     out = {
-        "org.opencontainers.image.title": f"blackwell-{target.name}-{opts.profile}",
-        "org.opencontainers.image.description": f"{target.description}: {opts.profile} profile",
-        "org.opencontainers.image.source": provenance.source_url(),
-        "org.opencontainers.image.revision": provenance.revision(),
-        "org.opencontainers.image.version": provenance.toolkit_version(),
-        "org.opencontainers.image.created": provenance.iso(epoch),
-        "org.opencontainers.image.base.name": provenance.qualified_name(base.tagged),
-        "org.opencontainers.image.base.digest": base.digest or "",
-        f"{LABEL_PREFIX}.target": target.name,
-        f"{LABEL_PREFIX}.capability": str(target.capability),
-        f"{LABEL_PREFIX}.platform": target.platform,
-        f"{LABEL_PREFIX}.torch-cuda-arch-list": target.torch_cuda_arch_list,
-        f"{LABEL_PREFIX}.profile": opts.profile,
-        f"{LABEL_PREFIX}.base-kind": opts.base,
-        f"{LABEL_PREFIX}.intended-support-level": target.support_level,
-        f"{LABEL_PREFIX}.lock.sha256": fsutil.sha256_file(lock),
-        f"{LABEL_PREFIX}.sha256sums": provenance.sha256sums_digest(),
+        paths.OCI_TITLE: f"blackwell-{target.name}-{opts.profile}",
+        paths.OCI_DESCRIPTION: f"{target.description}: {opts.profile} profile",
+        paths.OCI_SOURCE: provenance.source_url(),
+        paths.OCI_REVISION: provenance.revision(),
+        paths.OCI_VERSION: provenance.toolkit_version(),
+        paths.OCI_CREATED: provenance.iso(epoch),
+        paths.OCI_BASE_NAME: provenance.qualified_name(base.tagged),
+        paths.OCI_BASE_DIGEST: base.digest or "",
+        paths.LABEL_TARGET: target.name,
+        paths.LABEL_CAPABILITY: str(target.capability),
+        paths.LABEL_PLATFORM: target.platform,
+        paths.LABEL_ARCH_LIST: target.torch_cuda_arch_list,
+        paths.LABEL_PROFILE: opts.profile,
+        paths.LABEL_BASE_KIND: opts.base,
+        paths.LABEL_INTENDED_LEVEL: target.support_level,
+        paths.LABEL_LOCK_SHA256: fsutil.sha256_file(lock),
+        paths.LABEL_SHA256SUMS: provenance.sha256sums_digest(),
     }
-    if not out["org.opencontainers.image.source"]:
-        del out["org.opencontainers.image.source"]  # no network remote: absent, never a local path
+    if not out[paths.OCI_SOURCE]:
+        del out[paths.OCI_SOURCE]  # no network remote: absent, never a local path
     return out
 
 
@@ -129,7 +127,7 @@ def resolve_base(engine: Engine, tf: TargetsFile, target: Target, opts: BuildOpt
 def stage_context(name: str, lock: Path, wheels: Path) -> Path:
     """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs).
     Each build gets its own directory: two checkouts may build the same target at once."""
-    parent = STATE_DIR / "contexts"
+    parent = paths.build_contexts()
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_contexts(parent, name)
     ctx = Path(tempfile.mkdtemp(prefix=f"{name}-{os.getpid()}-", dir=parent))

@@ -8,11 +8,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from qualify.config.targets import REPO_ROOT
-from qualify.host import cmd
-from qualify.host.registry import STATE_DIR
+from qualify.host import cmd, paths
 
 SCRIPT = REPO_ROOT / "scripts" / "debian-rootfs.sh"
 # Fixed so that two hosts make the same tarball from the same mirror state.
@@ -23,12 +22,12 @@ def source_date_epoch() -> str:
     return os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)
 
 
-def debian_rootfs(arch: str, suite: str, mirror: str, packages: Sequence[str], cache_dir: Path = STATE_DIR) -> Path:
+def debian_rootfs(arch: str, suite: str, mirror: str, packages: Sequence[str], cache_dir: Optional[Path] = None) -> Path:
     """Path of a normalised rootfs tarball for `arch` holding `packages`."""
     key = hashlib.sha256(
         "\n".join([SCRIPT.read_text(), arch, suite, mirror, ",".join(sorted(packages)), source_date_epoch()]).encode()
     ).hexdigest()[:16]
-    out = cache_dir / "rootfs" / f"debian-{suite}-{arch}-{key}.tar"
+    out = paths.rootfs_cache(cache_dir) / f"debian-{suite}-{arch}-{key}.tar"
     if out.exists():
         return out
     print(f"[rootfs] debootstrap {suite} {arch} (+{len(packages)} packages); about 1 min, more under qemu",

@@ -19,8 +19,7 @@ from typing import Dict, List, Optional, Set
 
 from qualify.core import fsutil
 from qualify.core.errors import LockError
-from qualify.host import cmd
-from qualify.host.registry import STATE_DIR
+from qualify.host import cmd, paths
 
 PYPI = "https://pypi.org/simple"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -76,7 +75,7 @@ def _wheel_name(filename: str) -> str:
 
 def wheelhouse_dir(lock: Path, platform: str, python: Optional[str]) -> Path:
     key = hashlib.sha256(lock.read_bytes()).hexdigest()[:12]
-    return STATE_DIR / "wheelhouse" / f"{lock.stem}-{platform.replace('/', '-')}-{key}"
+    return paths.wheelhouse(f"{lock.stem}-{platform.replace('/', '-')}-{key}")
 
 
 def prepare(lock: Path, platform: str, python: Optional[str]) -> Path:

@@ -20,6 +20,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import write_atomic
+from qualify.host import paths
 from qualify.publish.dsse import ENVELOPE_MEDIA_TYPE
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -107,7 +108,7 @@ def bundle_referrer(bundle: bytes, subject: Descriptor, predicate_type: str, cre
         "subject": subject.as_json(),
         "annotations": {"dev.sigstore.bundle.content": "dsse-envelope",
                         "dev.sigstore.bundle.predicateType": predicate_type,
-                        "org.opencontainers.image.created": created},
+                        paths.OCI_CREATED: created},
     })
     return Document(manifest, OCI_MANIFEST, ((digest_of(empty), empty), (digest_of(bundle), bundle)))
 
@@ -125,7 +126,7 @@ def write_layout(folder: Path, doc: Document, tag: str) -> Path:
     for digest, data in (*doc.blobs, (doc.digest, doc.manifest)):
         write_atomic(blobs / digest.split(":", 1)[1], data)
     write_atomic(folder / "oci-layout", dumps({"imageLayoutVersion": "1.0.0"}))
-    top = Descriptor(doc.media_type, doc.digest, len(doc.manifest), (("org.opencontainers.image.ref.name", tag),))
+    top = Descriptor(doc.media_type, doc.digest, len(doc.manifest), ((paths.OCI_REF_NAME, tag),))
     write_atomic(folder / "index.json", dumps({"schemaVersion": 2, "manifests": [top.as_json()]}))
     return folder
 

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from qualify import __version__
-from qualify.config.targets import REPO_ROOT, lock_path
+from qualify.config.targets import lock_path
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
-from qualify.host import skopeo
+from qualify.host import paths, skopeo
 from qualify.host.registry import Registry
 from qualify.publish import dsse, oci, referrers, sbom, slsa
 from qualify.publish.record import ReleasedImage, released_images
@@ -81,7 +81,7 @@ class PublishOptions:
     key: Path
     password: bytes
     docker: str = "/usr/bin/docker"
-    build_dir: Path = REPO_ROOT / "build" / "images"
+    build_dir: Path = paths.HERE.build_records
     attest_build: bool = True  # SLSA + SBOM (need the build record and the engine)
 
     @property
@@ -150,7 +150,7 @@ def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: 
     lock = _lock_for(img, record, python)
     facts = slsa.facts_from_record(record, lock, __version__)
     out.append((canonical_json(slsa.statement(name, img.digest, facts)), slsa.PREDICATE_TYPE))
-    created = (record.get("labels") or {}).get("org.opencontainers.image.created", "")
+    created = (record.get("labels") or {}).get(paths.OCI_CREATED, "")
     out.append((canonical_json(_sbom_statement(opts, img, name, lock, created)), sbom.PREDICATE_TYPE))
     return out
 
@@ -161,7 +161,7 @@ def _lock_for(img: ReleasedImage, record: dict, python: Optional[str]) -> Path:
     tf = cfg.load()
     py = tf.get(img.target).python_for(img.base_kind, tf.hermetic) if img.target in tf.targets else python
     lock = lock_path(img.profile, img.platform, py or "3.11")
-    label = (record.get("labels") or {}).get("dev.blackwell-qualify.lock.sha256", "")
+    label = (record.get("labels") or {}).get(paths.LABEL_LOCK_SHA256, "")
     from qualify.core.fsutil import sha256_file
 
     if not lock.is_file() or (label and sha256_file(lock) != label):
@@ -228,8 +228,7 @@ def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], pro
         media = json.loads(raw).get("mediaType") or oci.OCI_MANIFEST
         os_, arch = img.platform.split("/", 1)
         children.append(oci.Descriptor(media, img.digest, len(raw), platform=(os_, arch)))
-    doc = oci.index(children, {"org.opencontainers.image.ref.name": opts.tag,
-                               "dev.blackwell-qualify.capability": cap})
+    doc = oci.index(children, {paths.OCI_REF_NAME: opts.tag, paths.LABEL_CAPABILITY: cap})
     dest = f"{repo_ref}:{opts.tag}"
     push_document(doc, dest, f"{name} index", progress, extra=["--multi-arch", "index-only"])
     served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest}", _insecure()))

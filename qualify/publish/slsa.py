@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping
 
 from qualify.core.manifest import STATEMENT_TYPE
+from qualify.host import paths
 from qualify.imagebuild import wheelhouse
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -84,8 +85,8 @@ def facts_from_record(record: Mapping, lock: Path, toolkit_version: str) -> Buil
     return BuildFacts(
         target=record["target"], profile=record["profile"], base_kind=record["base_kind"],
         platform=record["platform"], base_image=record["base_image"], lock=lock,
-        revision=labels.get("org.opencontainers.image.revision", "unknown"),
-        source_url=labels.get("org.opencontainers.image.source", ""), engine=record.get("engine", ""),
+        revision=labels.get(paths.OCI_REVISION, "unknown"),
+        source_url=labels.get(paths.OCI_SOURCE, ""), engine=record.get("engine", ""),
         builder=record.get("builder", ""), toolkit_version=toolkit_version,
         build_seconds=float(record.get("build_seconds", 0.0)),
     )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from qualify.config.targets import Target
 from qualify.core.errors import EngineError
-from qualify.host.registry import STATE_DIR
+from qualify.host import paths
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
 
@@ -58,11 +58,11 @@ def stage_probe(digest: str) -> Path:
     """A read-only copy of the image side + pyelftools to mount into images."""
     import elftools
 
-    dest = STATE_DIR / "probe" / digest.split(":", 1)[1][:16]
+    dest = paths.probe_stage(digest)
     if (dest / "qualify" / "probe" / "__main__.py").exists():
         return dest
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="probe-", dir=STATE_DIR))
+    paths.state().mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="probe-", dir=paths.state()))
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     (tmp / "qualify").mkdir()
     for name in IMAGE_SIDE:

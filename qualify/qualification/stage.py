@@ -15,25 +15,21 @@ from qualify.config.targets import REPO_ROOT, TargetsFile
 from qualify.core import manifest
 from qualify.core.errors import QualifyError
 from qualify.core.fsutil import write_atomic
-from qualify.host import provenance
+from qualify.host import paths, provenance
 from qualify.host.engine import Engine
 from qualify.imagebuild import image
 from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
-
-SCHEMA = REPO_ROOT / "manifests" / "manifest.schema.json"
-MANIFEST_DIR = image.BUILD_DIR / "manifests"  # release input: <target>.json, the latest qualified
-QUALIFIED_DIR = image.BUILD_DIR / "qualified"  # one per target, profile and base
 
 
 def validate(doc: Dict[str, Any]) -> None:
     import jsonschema
 
-    schema = json.loads(SCHEMA.read_text())
+    schema = json.loads(paths.HERE.schema.read_text())
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
     if errors:
         first = errors[0]
         where = "/".join(str(p) for p in first.absolute_path)
-        raise QualifyError(f"manifest does not match {SCHEMA.name} at /{where}: {first.message}")
+        raise QualifyError(f"manifest does not match {paths.HERE.schema.name} at /{where}: {first.message}")
 
 
 def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
@@ -50,7 +46,7 @@ def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, 
 
 
 def qualified_path(record: image.BuildRecord) -> Path:
-    return QUALIFIED_DIR / f"{record.target}-{record.profile}-{record.base_kind}.json"
+    return paths.HERE.qualified(record.target, record.profile, record.base_kind)
 
 
 def already_qualified(record: image.BuildRecord) -> Optional[Path]:
@@ -78,7 +74,7 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
     doc = assemble(record, predicate)
     data = manifest.dumps(doc)
     path = write_atomic(qualified_path(record), data)
-    write_atomic(MANIFEST_DIR / f"{record.target}.json", data)
+    write_atomic(paths.HERE.release_input(record.target), data)
     print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
     return path
 

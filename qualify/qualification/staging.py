@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from qualify.core.errors import LockError
-from qualify.host.registry import STATE_DIR
+from qualify.host import paths
 from qualify.imagebuild import wheelhouse
 from qualify.probe import staged
 
@@ -52,7 +52,7 @@ def root() -> Path:
     h = hashlib.sha256()
     for lock, _ in LOCKS:
         h.update(lock.read_bytes())
-    return STATE_DIR / "probe-staged" / h.hexdigest()[:12]
+    return paths.staged_decoders(h.hexdigest()[:12])
 
 
 def stage(tag: str) -> Optional[Path]:

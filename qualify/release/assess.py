@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 from qualify.core import manifest as mf
 from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
+from qualify.host import paths
 from qualify.release.model import Candidate, ReleasedTarget, ReleaseOptions, Withheld
 from qualify.release.verify import ImageResolver, match_digest, parse_manifest, target_name
 
@@ -45,11 +46,11 @@ def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optiona
 def _recorded_build_digest(repo: Path, stmt: Mapping[str, Any], target: str) -> Optional[Tuple[str, str]]:
     """(record file, digest) of the build this checkout last recorded for the manifest's target/profile/base."""
     labels = (mf.predicate(stmt).get("image") or {}).get("labels") or {}
-    profile = labels.get("dev.blackwell-qualify.profile")
-    base_kind = labels.get("dev.blackwell-qualify.base-kind")
+    profile = labels.get(paths.LABEL_PROFILE)
+    base_kind = labels.get(paths.LABEL_BASE_KIND)
     if not (isinstance(profile, str) and isinstance(base_kind, str)):
         return None
-    record = repo / "build" / "images" / f"{target}-{profile}-{base_kind}.json"
+    record = paths.Checkout(repo).build_record(target, profile, base_kind)
     if not record.is_file():
         return None
     doc = strict_json(read_small(record, MANIFEST_LIMIT, "build record", ReleaseError), str(record), ReleaseError)

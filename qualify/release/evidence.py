@@ -218,9 +218,9 @@ def _check_schema():
     """The manifest schema's definition of a check, as a validator (jsonschema; host side only)."""
     import jsonschema
 
-    from qualify.qualification.stage import SCHEMA as SCHEMA_FILE
+    from qualify.host import paths
 
-    schema = json.loads(SCHEMA_FILE.read_text())
+    schema = json.loads(paths.HERE.schema.read_text())
     return jsonschema.Draft202012Validator({"$defs": schema["$defs"], "type": "array",
                                             "items": {"$ref": "#/$defs/check"}})
 

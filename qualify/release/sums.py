@@ -133,3 +133,40 @@ def check(root: Path, sums_file: Path = None) -> SumsReport:
     except FileNotFoundError:
         raise VerificationError(f"{sums_file} not found", hint="write it with `nox -s sums`") from None
     return compare(parse(text, str(sums_file)), root)
+
+
+def staged(root: Path) -> Dict[str, str]:
+    """Sums of the release inputs as git's index holds them: exactly what the next commit records, whatever the
+    work tree holds besides (a half-staged edit, an untracked file). One `git cat-file --batch` reads them."""
+    import hashlib
+    import subprocess
+
+    root = Path(root)
+    out = cmd.call(["git", "ls-files", "-z", "--cached"], cwd=str(root)).stdout
+    names = sorted(n for n in out.split("\0") if n and is_release_input(n) and n != SUMS_FILE)
+    if not names:
+        return {}
+    proc = subprocess.run(["git", "cat-file", "--batch"], cwd=root, capture_output=True, timeout=300,
+                          input="".join(f":{n}\n" for n in names).encode())
+    if proc.returncode != 0:
+        raise ExternalCommandError(f"git cat-file --batch failed: {proc.stderr.decode(errors='replace')[-300:]}")
+    data, pos, sums = proc.stdout, 0, {}
+    for name in names:
+        header_end = data.index(b"\n", pos)
+        header = data[pos:header_end].split()
+        if len(header) != 3 or header[1] != b"blob":  # "<name> missing": deleted from the index
+            pos = header_end + 1
+            continue
+        size = int(header[2])
+        body = data[header_end + 1: header_end + 1 + size]
+        sums[name] = hashlib.sha256(body).hexdigest()
+        pos = header_end + 1 + size + 1
+    return sums
+
+
+def write_staged(root: Path) -> Path:
+    """SHA256SUMS of the index's release inputs, written and added to the index (the pre-commit hook)."""
+    root = Path(root)
+    path = write_atomic(root / SUMS_FILE, render(staged(root)))
+    cmd.call(["git", "add", "--", SUMS_FILE], cwd=str(root))
+    return path

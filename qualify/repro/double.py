@@ -19,9 +19,9 @@ from typing import Callable, List, Optional, Sequence, Set, Tuple
 from qualify.config.targets import TargetsFile
 from qualify.core.errors import EngineError, RegistryError
 from qualify.core.fsutil import sha256_file
-from qualify.host import provenance
+from qualify.host import paths, provenance
 from qualify.host.engine import BuildRequest, Engine
-from qualify.host.registry import STATE_DIR, Registry
+from qualify.host.registry import Registry
 from qualify.imagebuild import hermetic, image, rootfs
 from qualify.repro.compare import Comparison, compare_archives, compare_tarballs, comparison_json, render
 
@@ -317,7 +317,7 @@ def _check_space(engine: Engine, image_id: str, workdir: Path) -> None:
 
 def scratch_dir() -> Path:
     """Tarballs go beside the engine's storage (same disk, /var/lib), not into a small /tmp."""
-    root = STATE_DIR / "repro"
+    root = paths.repro_scratch()
     root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="run-", dir=root))
 

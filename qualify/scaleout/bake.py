@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping
 
 from qualify.config.targets import PROFILES, REPO_ROOT, Target, TargetsFile
 from qualify.core.errors import ConfigError
-from qualify.host import provenance
+from qualify.host import paths, provenance
 from qualify.host.registry import DEFAULT_ADDRESS
 from qualify.imagebuild import image
 
@@ -37,10 +37,10 @@ PROBE_ROOT = "/opt/qualify-probe"  # where the probe bundle image keeps the imag
 
 # Per-commit or per-clone values -> the bake variable that carries them.
 LABEL_VARIABLES = {
-    "org.opencontainers.image.source": "SOURCE_URL",
-    "org.opencontainers.image.revision": "REVISION",
-    "org.opencontainers.image.created": "CREATED",
-    f"{image.LABEL_PREFIX}.sha256sums": "SHA256SUMS_DIGEST",
+    paths.OCI_SOURCE: "SOURCE_URL",
+    paths.OCI_REVISION: "REVISION",
+    paths.OCI_CREATED: "CREATED",
+    paths.LABEL_SHA256SUMS: "SHA256SUMS_DIGEST",
 }
 ARG_VARIABLES = {"SOURCE_DATE_EPOCH": "SOURCE_DATE_EPOCH"}
 VARIABLES = ("REGISTRY", "SOURCE_URL", "REVISION", "CREATED", "SHA256SUMS_DIGEST", "SOURCE_DATE_EPOCH", "PROBE_TAG")
@@ -107,7 +107,7 @@ def _escape(value: str) -> str:
 
 # Labels the build leaves out when their value is empty (no https remote: no source label). The bake file
 # keeps them as variables so it does not depend on the checkout that wrote it; empty resolves to absent.
-OPTIONAL_LABELS = ("org.opencontainers.image.source",)
+OPTIONAL_LABELS = (paths.OCI_SOURCE,)
 
 
 def _templated(values: Mapping[str, str], variables: Mapping[str, str], where: str) -> Dict[str, str]:

@@ -51,13 +51,13 @@ def stage_probe() -> Path:
     import shutil
     import tempfile
 
-    from qualify.host.registry import STATE_DIR
+    from qualify.host import paths
     from qualify.qualification import staging
     from qualify.qualification.container import probe_sources_digest
     from qualify.qualification.container import stage_probe as staged
 
     probe = staged(probe_sources_digest())
-    bundle = STATE_DIR / "bake-probe" / f"{probe.name}-{staging.root().name}"
+    bundle = paths.bake_probe(f"{probe.name}-{staging.root().name}")
     if not (bundle / ".complete").exists():
         bundle.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=bundle.parent))
