@@ -65,6 +65,16 @@ def test_an_infrastructure_outcome_neither_resets_nor_counts(lab):
     assert lab.run([lab.record(8)]).standing.level == "baseline"
 
 
+def test_a_run_that_saw_no_gpu_is_kept_as_infrastructure(lab):
+    """Seed 000: infrastructure failures are reported apart from product failures. A run on the target's host
+    whose GPU was not visible (gpu-evidence --gpus none, a broken driver) is accepted, neither counts nor resets;
+    a run on another GPU is still refused (the parametrised test below)."""
+    blind = lab.record(4, ev.Outcome.INFRASTRUCTURE, cap=ev.NO_GPU, gpu=ev.Gpu(ev.NO_GPU, ev.NO_GPU, ev.hashed(""), ""))
+    assert blind.outcome is ev.Outcome.INFRASTRUCTURE
+    done = lab.run([lab.record(i) for i in range(1, 4)] + [blind] + [lab.record(i) for i in range(5, 8)])
+    assert (done.standing.level, done.standing.consecutive_passes) == ("experimental", 6)
+
+
 def test_a_product_failure_resets_and_demotes(lab):
     assert lab.run([lab.record(i) for i in range(1, 8)]).standing.level == "baseline"
     done = lab.run([lab.record(8, ev.Outcome.PRODUCT_FAILURE)])

@@ -135,5 +135,6 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
              "--out", str(evidence), "--sign-key", str(tmp_path / "host.key"), timeout=900)
     assert evidence.is_file() and Path(f"{evidence}.sig").is_file(), ran.stdout[-2000:] + ran.stderr[-3000:]
     promoted = sh("python", "-m", "qualify", "promote", "v0.1.0", "--key", "cosign.key", "--evidence", str(evidence))
-    assert "sm120: unverified (0 of 7 consecutive passes; 1 records, 1 new)" in promoted.stdout
+    assert "sm120: unverified (0 of 7 consecutive passes; 1 records, 1 new)" in promoted.stdout, promoted.stdout
+    assert "infrastructure" in promoted.stdout
     sh("python", "-m", "qualify", "verify", "manifests/v0.1.0/sm120.json", "--key", "cosign.pub")

@@ -32,6 +32,7 @@ from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, st
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
+NO_GPU = "none"  # the GPU name and capability of a run that saw none
 MAX_BYTES = 4 << 20  # a record is a few kB; refuse anything that is not one
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 CLOCK_SKEW = dt.timedelta(minutes=10)  # a record from the future beyond this is refused
@@ -350,7 +351,7 @@ def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidenc
         release=release, target=str(target.get("name") or ""), capability=capability,
         image_reference=f"{stmt['subject'][0].get('name')}@{digest}", image_digest=digest,
         probe_sources_digest=probe,
-        gpu=Gpu(name=str(device.get("name") or "none"), capability=str(device.get("compute_cap") or "none"),
+        gpu=Gpu(name=str(device.get("name") or NO_GPU), capability=str(device.get("compute_cap") or NO_GPU),
                 uuid_sha256=hashed(str(device.get("uuid") or "")), driver=str(device.get("driver_version") or "")),
         host_id_sha256=hashed(host), time=normal_time(pred.get("created"), f"{where}: predicate.created"),
         outcome=outcome.outcome, reason=outcome.reason, checks=tuple(outcome.checks),

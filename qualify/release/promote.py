@@ -81,7 +81,12 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release:
     if record.image_digest != m.digest:
         raise ev.EvidenceError(f"{where}: the evidence is for image digest {record.image_digest}, not the released "
                                f"{record.target} image {m.digest}", hint="hand in evidence from a deploy of this release")
-    if record.gpu.capability != capability or record.capability != capability:
+    if record.capability != capability:
+        raise ev.EvidenceError(f"{where}: the evidence is for capability {record.capability}, not the target's "
+                               f"capability {capability}", hint="hand in evidence from a deploy of this target")
+    # A run that saw no GPU on the target's host is an infrastructure failure, reported apart from product
+    # failures (seed 000): it is kept, and neither counts nor resets. A run on another GPU proves nothing.
+    if record.gpu.capability not in (capability, ev.NO_GPU):
         raise ev.EvidenceError(f"{where}: the evidence was taken on {record.gpu.name} with capability "
                                f"{record.gpu.capability}, not the target's capability {capability}",
                                hint="only a GPU of the target's own architecture proves it (seed 000)")
