@@ -73,6 +73,8 @@ def test_a_run_that_saw_no_gpu_is_kept_as_infrastructure(lab):
     assert blind.outcome is ev.Outcome.INFRASTRUCTURE
     done = lab.run([lab.record(i) for i in range(1, 4)] + [blind] + [lab.record(i) for i in range(5, 8)])
     assert (done.standing.level, done.standing.consecutive_passes) == ("experimental", 6)
+    said = "\n".join(promote.summary_lines(done, False))
+    assert "on none: infrastructure" in said and said.count(": pass (") == 6, said
 
 
 def test_a_product_failure_resets_and_demotes(lab):

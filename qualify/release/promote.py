@@ -137,6 +137,7 @@ class Promoted:
     sequence: int  # the promotion record's sequence (unchanged when nothing was added)
     ignored: Tuple[str, ...] = ()  # files in evidence/<target>/ the signed record does not name
     written: bool = True
+    added: Tuple[Counted, ...] = ()  # the runs this promotion took in, each with its outcome
 
 
 def _store(folder: Path, target: str) -> Path:
@@ -239,7 +240,8 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None)
     write_signed_files(folder, [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())],
                        sign, release.key)
-    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored)
+    taken = tuple(c for c in counted if c.identity in seen)
+    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken)
 
 
 def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
@@ -262,6 +264,11 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
     s = p.standing
     lines = [f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
              f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
+    for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
+        lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.record.outcome.value}"
+                     + (f" ({c.record.reason})" if c.record.reason else ""))
+    if len(p.added) > 10:
+        lines.append(f"  new: {len(p.added) - 10} more")
     if p.written:
         lines.append(f"  wrote {p.manifest} and {p.record} (promotion {p.sequence}, signed)")
     else:
