@@ -380,3 +380,11 @@ def test_the_trust_gate_has_no_debug_action_that_reads_a_release_on_its_own():
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_the_typed_settings_hold_every_key_env_example_documents():
+    """Issue 28: one field per documented key, so a key added to .env.example without a field (or the reverse)
+    fails here, not on a user's host."""
+    from qualify.deploy import settings
+
+    assert sorted(settings.keys()) == sorted(settings.known_keys())

@@ -309,6 +309,10 @@ def test_a_release_public_key_that_is_no_file_is_refused_at_once(host, docker_en
     ("MANIFESTS_DIR", "/tmp/" + "m" * 5000, "a path of 5005 characters"),
     ("MANIFESTS_DIR", "/tmp/\x1b[31mred", "a path with control characters"),
     ("RELEASE_KEY_FINGERPRINT", "abc", "is not sha256:<64 hex>"),
+    ("GPU_RUNTIME", "nvidai", "'nvidai': one of auto | nvidia | cdi | none"),  # issue 28: typed settings
+    ("CONTAINER_ENGINE", "dokcer", "'dokcer': one of auto | docker | podman"),
+    ("GPU_MEMORY_UTILIZATION", "85%", "'85%': a fraction such as 0.85"),
+    ("API_PORT", "80a", "'80a' is not a whole number"),
 ])
 def test_settings_that_become_paths_are_validated(host, setting, value, said):
     host.settings(**{setting: value})

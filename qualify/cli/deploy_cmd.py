@@ -150,7 +150,7 @@ def _script(args) -> int:
             settings.first_run(args.env_file, ui)
         s = settings.load(args.env_file, ui)
         if args.action == "start":
-            if args.allow_downgrade and not s["RELEASE_TAG"]:
+            if args.allow_downgrade and not s.release_tag:
                 raise Stop(2, "--allow-downgrade goes back to one release on purpose: set RELEASE_TAG to it",
                            f"set RELEASE_TAG in {args.env_file} to the release to deploy")
             opts = run.Options(dry_run=args.dry_run, allow_unqualified=args.allow_unqualified,

@@ -14,7 +14,7 @@ LABEL = "com.docker.compose.project"
 
 
 def _compose(engine: preflight.EngineChoice, s: Settings, *args: str) -> subprocess.CompletedProcess:
-    argv = [*engine.compose, "-p", s["COMPOSE_PROJECT"], "-f", str(s.compose_file), *args]
+    argv = [*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), *args]
     return subprocess.run(argv, text=True, timeout=900, stdin=subprocess.DEVNULL, stdout=2)
 
 
@@ -28,26 +28,26 @@ def _ids(engine: preflight.EngineChoice, *argv: str) -> List[str]:
 
 def status(s: Settings, ui: Ui) -> int:
     engine = preflight.detect_engine(s)
-    url = api.api_url(s["BIND_ADDRESS"], s.int("API_PORT"))
-    _section(f"containers (project {s['COMPOSE_PROJECT']})")
+    url = api.api_url(s.bind_address, s.api_port)
+    _section(f"containers (project {s.compose_project})")
     if s.compose_file.is_file():
-        subprocess.run([*engine.compose, "-p", s["COMPOSE_PROJECT"], "-f", str(s.compose_file), "ps"], timeout=120)
+        subprocess.run([*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), "ps"], timeout=120)
     else:
         print(f"no deployment: {s.compose_file} does not exist (./start.sh makes it)")
     _section(f"API {url}")
     health = api.health(url)
     print(f"health: {'ok' if health.ok else 'FAILED'}: {health.detail}", flush=True)
     if health.ok:
-        routed = api.models(url, s["SERVED_MODEL_NAME"])
+        routed = api.models(url, s.served_model_name)
         print(f"models: {'ok' if routed.ok else 'FAILED'}: {routed.detail}", flush=True)
-    _section(f"GPU {s['GPU_DEVICE']}")
+    _section(f"GPU {s.gpu_device}")
     if shutil.which("nvidia-smi"):
         subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
-                        "memory.total", "--format=csv", "-i", s["GPU_DEVICE"]], timeout=30)
+                        "memory.total", "--format=csv", "-i", s.gpu_device], timeout=30)
     else:
         print("nvidia-smi not found")
     _section("caches (named volumes)")
-    volumes = _ids(engine, "volume", "ls", "-q", "--filter", f"label={LABEL}={s['COMPOSE_PROJECT']}")
+    volumes = _ids(engine, "volume", "ls", "-q", "--filter", f"label={LABEL}={s.compose_project}")
     for vol in volumes:
         mount = subprocess.run([engine.cli, "volume", "inspect", "--format", "{{.Mountpoint}}", vol],
                                capture_output=True, text=True, timeout=60).stdout.strip()
@@ -60,7 +60,7 @@ def status(s: Settings, ui: Ui) -> int:
 
 def stop(s: Settings, ui: Ui, purge: bool) -> int:
     engine = preflight.detect_engine(s)
-    project = s["COMPOSE_PROJECT"]
+    project = s.compose_project
     if s.compose_file.is_file():
         args = ["down", "--remove-orphans"] + (["--volumes"] if purge else [])
         if _compose(engine, s, *args).returncode != 0:
@@ -80,12 +80,12 @@ def stop(s: Settings, ui: Ui, purge: bool) -> int:
 
 
 def verify(s: Settings, ui: Ui, level: str) -> int:
-    url, model = api.api_url(s["BIND_ADDRESS"], s.int("API_PORT")), s["SERVED_MODEL_NAME"]
+    url, model = api.api_url(s.bind_address, s.api_port), s.served_model_name
     checks = {"health": lambda: api.health(url), "models": lambda: api.models(url, model),
               "canary": lambda: api.canary(url, model)}
     if level == "full":
         checks["determinism"] = lambda: api.determinism(url, model)
-        if s["TOOL_CALL_PARSER"]:
+        if s.tool_call_parser:
             checks["tool-call"] = lambda: api.tool_call(url, model)
         else:
             ui.say("tool-call: skipped (TOOL_CALL_PARSER is empty)")
@@ -103,5 +103,5 @@ def verify(s: Settings, ui: Ui, level: str) -> int:
     ui.say(f"{level}: {passed} of {len(checks)} checks passed")
     if failed:
         raise Stop(EX_CHECK, f"{failed} check(s) failed against {url}",
-                   f"look at the server: {s.hint('status')}, or the engine's logs for project {s['COMPOSE_PROJECT']}")
+                   f"look at the server: {s.hint('status')}, or the engine's logs for project {s.compose_project}")
     return 0

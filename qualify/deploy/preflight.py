@@ -19,7 +19,7 @@ from qualify.core import arch
 from qualify.deploy import memory, netcheck
 from qualify.deploy.errors import DeployError
 from qualify.deploy.settings import Settings
-from qualify.deploy.ui import EX_PREFLIGHT, EX_USAGE, Stop, Ui
+from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
 
 SMI_TIMEOUT = 30
 
@@ -84,7 +84,7 @@ def check_driver() -> None:
 
 
 def query_gpu(s: Settings, ui: Ui) -> Gpu:
-    device = s["GPU_DEVICE"]
+    device = s.gpu_device
     query = "--query-gpu=compute_cap,name,memory.total,uuid,driver_version"
     proc = _smi([query, "--format=csv,noheader", "-i", device])
     if proc.returncode != 0:
@@ -126,7 +126,7 @@ def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targ
 
 
 def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memory.MemoryFit:
-    fraction = float(s["GPU_MEMORY_UTILIZATION"]) if s["GPU_MEMORY_UTILIZATION"] else None
+    fraction = s.gpu_memory_utilization
     meminfo = Path("/proc/meminfo")
     try:
         fit = memory.memory_fit(target.runtime, gpu.memory, meminfo.read_text() if meminfo.is_file() else None, fraction)
@@ -193,9 +193,7 @@ def _no_engine(what: str, error: str) -> Stop:
 
 
 def detect_engine(s: Settings) -> EngineChoice:
-    choice = s["CONTAINER_ENGINE"]
-    if choice not in ("auto", "docker", "podman"):
-        raise Stop(EX_USAGE, f"CONTAINER_ENGINE={choice}: use auto, docker or podman", f"correct it in {s.env_file}")
+    choice = s.container_engine.value  # settings.load refused anything but auto, docker and podman
     kinds = ("docker", "podman") if choice == "auto" else (choice,)
     error = ""
     for kind in kinds:
@@ -230,7 +228,7 @@ def nvidia_runtime_present(engine: EngineChoice) -> bool:
 
 def cdi_spec_files(s: Settings) -> List[Path]:
     out = []
-    for d in s["CDI_SPEC_DIRS"].split():
+    for d in s.cdi_spec_dirs:
         for pattern in ("*.yaml", "*.yml", "*.json"):
             for f in sorted(Path(d).glob(pattern)):
                 try:
@@ -255,7 +253,7 @@ def cdi_usable(engine: EngineChoice, s: Settings) -> bool:
 def _no_gpu_runtime(engine: EngineChoice, s: Settings) -> Stop:
     if engine.kind == "podman":
         return Stop(EX_PREFLIGHT, "Podman cannot give the container a GPU: no CDI spec naming nvidia.com/gpu in "
-                    f"{s['CDI_SPEC_DIRS']}",
+                    f"{' '.join(map(str, s.cdi_spec_dirs))}",
                     "install the NVIDIA Container Toolkit and run: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
     return Stop(EX_PREFLIGHT, "Docker cannot give the container a GPU: no NVIDIA container runtime, and no usable CDI spec",
                 "install the NVIDIA Container Toolkit, then: sudo nvidia-ctk runtime configure --runtime=docker && "
@@ -281,7 +279,7 @@ def selinux_enforcing() -> bool:
 
 
 def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none: bool) -> GpuRuntime:
-    kind = s["GPU_RUNTIME"]
+    kind = s.gpu_runtime.value
     if kind == "auto":
         if nvidia_runtime_present(engine):
             kind = "nvidia"
@@ -309,8 +307,8 @@ def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none:
                    "Only a stand-in server (testing the deploy machinery) can serve like this;",
                    "a real vLLM image will fail. Set GPU_RUNTIME=auto for a real deployment."])
         rt = GpuRuntime("none", "", extra, selinux_off)
-    else:
-        raise Stop(EX_USAGE, f"GPU_RUNTIME={s['GPU_RUNTIME']}: use auto, nvidia, cdi or none", f"correct it in {s.env_file}")
+    else:  # settings.load admits only the kinds above
+        raise AssertionError(f"GPU_RUNTIME={kind}")
     if selinux_off:
         ui.say("SELinux is enforcing: the container runs with label=disable "
                "(else NVML reports 'Insufficient Permissions')")
@@ -335,7 +333,7 @@ def check_disk(engine: EngineChoice, s: Settings, ui: Ui) -> None:
     except OSError:
         ui.warn(f"cannot tell the free space under {where}")
         return
-    need = s.int("MIN_FREE_DISK_GIB")
+    need = s.min_free_disk_gib
     if free < need:
         raise Stop(EX_PREFLIGHT, f"only {free} GiB free under {where} (the engine's storage, which also holds the model "
                    f"cache); need {need} GiB",
@@ -354,10 +352,10 @@ def project_containers(engine: EngineChoice, project: str, status: str = "") -> 
 
 
 def check_port(engine: EngineChoice, s: Settings, ui: Ui) -> None:
-    if project_containers(engine, s["COMPOSE_PROJECT"], "running"):
-        ui.say(f"port: compose project {s['COMPOSE_PROJECT']} is running already; it will be recreated")
+    if project_containers(engine, s.compose_project, "running"):
+        ui.say(f"port: compose project {s.compose_project} is running already; it will be recreated")
         return
-    address, port = s["BIND_ADDRESS"], s.int("API_PORT")
+    address, port = s.bind_address, s.api_port
     problem = netcheck.port_problem(address, port)
     if problem:
         raise Stop(EX_PREFLIGHT, f"{problem}; the API port {address}:{port} is not free",

@@ -72,8 +72,8 @@ class Deploy:
                     "this refusal cannot be overridden: nothing vouches for what the image is")
 
     def no_release(self, exc: NoReleaseError) -> Trust:
-        image = self.s["IMAGE"]
-        if choice.pinned(image) and self.s["RELEASE_PUBLIC_KEY"]:
+        image = self.s.image
+        if choice.pinned(image) and self.s.release_public_key:
             return self.registry_trust(image)
         self.ui.say(f"error: {exc}")
         if self.opts.allow_unqualified and choice.pinned(image):
@@ -87,7 +87,7 @@ class Deploy:
     def fetch(self, tag: str) -> None:
         """RELEASE_TAG names a release this checkout lacks: its files from the GitHub release (verified as usual)."""
         try:
-            fetched = choice.fetch_release(self.s.path("MANIFESTS_DIR"), tag, self.s["RELEASE_GITHUB_REPO"])
+            fetched = choice.fetch_release(self.s.manifests_dir, tag, self.s.release_github_repo)
         except DeployError as exc:
             raise self.refuse(f"release {tag}", exc) from None
         if fetched is not None:
@@ -96,9 +96,9 @@ class Deploy:
     def judge(self, accepted: state.Accepted) -> None:
         """Against what this host accepted before (anti-rollback, state.py)."""
         try:
-            known = state.load(self.s.path("DEPLOY_DIR"))
-            note = state.judge(known.get(self.target), accepted, key_pinned=bool(self.s["RELEASE_KEY_FINGERPRINT"]),
-                               tag_pinned=bool(self.s["RELEASE_TAG"]), allow_downgrade=self.opts.allow_downgrade)
+            known = state.load(self.s.deploy_dir)
+            note = state.judge(known.get(self.target), accepted, key_pinned=bool(self.s.release_key_fingerprint),
+                               tag_pinned=bool(self.s.release_tag), allow_downgrade=self.opts.allow_downgrade)
         except state.StateError as exc:
             raise Stop(EX_TRUST, f"trust gate: REFUSED: {exc.message}", *([exc.hint] if exc.hint else []),
                        "--allow-unqualified does not override this") from None
@@ -114,8 +114,8 @@ class Deploy:
             raise self.refuse(f"the manifest for {self.target}", exc) from None
 
     def trust_gate(self) -> Trust:
-        manifests = self.s.path("MANIFESTS_DIR")
-        tag, pin = self.s["RELEASE_TAG"], self.s["RELEASE_KEY_FINGERPRINT"]
+        manifests = self.s.manifests_dir
+        tag, pin = self.s.release_tag, self.s.release_key_fingerprint
         self.ui.say(f"trust gate: release {tag or '(newest)'} for {self.target} under {manifests}")
         try:
             release = choice.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch)
@@ -129,8 +129,8 @@ class Deploy:
                        "this refusal cannot be overridden: nothing vouches for what the image is") from None
         target = release.target(self.target)
         m = target.manifest
-        published = None if self.s["IMAGE"] else release.published_reference(self.target)
-        image = self.checked(m, self.s["IMAGE"], published)
+        published = None if self.s.image else release.published_reference(self.target)
+        image = self.checked(m, self.s.image, published)
         accepted = state.Accepted(self.target, release.tag, release.index.sequence, target.promotion_sequence,
                                   release.index_sha256, target.manifest_sha256, release.key.fingerprint)
         self.ui.say(f"release {release.tag}: sequence {release.index.sequence}"
@@ -167,8 +167,8 @@ class Deploy:
 
         self.ui.say(f"trust gate: no release folder for {self.target}; verifying {image}'s attestation in its registry")
         try:
-            key = TrustedKey.read(self.s.path("RELEASE_PUBLIC_KEY"), VerificationError)
-            KeyAnchor(pinned=self.s["RELEASE_KEY_FINGERPRINT"]).accept(key.pem, key.source)
+            key = TrustedKey.read(self.s.release_public_key, VerificationError)
+            KeyAnchor(pinned=self.s.release_key_fingerprint).accept(key.pem, key.source)
             result = av.verify_image(image, key)
         except QualifyError as exc:
             raise self.refuse(f"{image}: its attestation in the registry does not verify", exc) from None
@@ -243,7 +243,7 @@ class Deploy:
 
     def save_evidence(self, trust: Trust, record: ev.Evidence) -> Optional[Path]:
         # Beside the manifest; trusted from the registry alone, in the deploy folder.
-        folder = trust.folder or self.s.path("DEPLOY_DIR") / "evidence"
+        folder = trust.folder or self.s.deploy_dir / "evidence"
         path = folder / ev.file_name(self.target, record.time, record.host_id_sha256)
         try:
             ev.write(path, record)
@@ -258,15 +258,15 @@ class Deploy:
     def sign_evidence(self) -> None:
         """With EVIDENCE_SIGNING_KEY, this host's signature beside the record (what `promote` needs from an
         enrolled host); without it the record stays unsigned, and says so."""
-        key = self.s["EVIDENCE_SIGNING_KEY"]
+        key = self.s.evidence_signing_key
         if self.evidence is None:
             return
-        if not key:
+        if key is None:
             self.ui.warn("the GPU evidence is not signed (EVIDENCE_SIGNING_KEY is empty): `qualify promote` counts "
                          "only evidence an enrolled host signed")
             return
         try:
-            sig = ev.sign(self.evidence[0], self.s.path("EVIDENCE_SIGNING_KEY"))
+            sig = ev.sign(self.evidence[0], key)
             self.ui.say(f"GPU evidence signed with this host's key: {sig}")
         except QualifyError as exc:
             self.ui.warn(f"the evidence is not signed: {exc}")
@@ -276,13 +276,13 @@ class Deploy:
     def compose_text(self, trust: Trust) -> str:
         s, plan = self.s, self.plan
         spec = compose.ComposeSpec(
-            image=trust.image, target=self.target, model=s["MODEL_ID"], revision=s["MODEL_REVISION"],
-            served_model_name=s["SERVED_MODEL_NAME"], gpu_memory_utilization=plan.fit.gpu_memory_utilization,
-            max_model_len=s.int("MAX_MODEL_LEN"), gpu_runtime=plan.runtime.kind,
+            image=trust.image, target=self.target, model=s.model_id, revision=s.model_revision,
+            served_model_name=s.served_model_name, gpu_memory_utilization=plan.fit.gpu_memory_utilization,
+            max_model_len=s.max_model_len, gpu_runtime=plan.runtime.kind,
             gpu_device=plan.runtime.container_gpu or "0", selinux_label_disable=plan.runtime.selinux_off,
-            bind_address=s["BIND_ADDRESS"], port=s.int("API_PORT"), shm_size=s["SHM_SIZE"],
-            tool_call_parser=s["TOOL_CALL_PARSER"], extra_args=tuple(s["EXTRA_SERVE_ARGS"].split()),
-            extra_env=s.container_env, health_start_period_s=s.int("HEALTH_TIMEOUT_S"),
+            bind_address=s.bind_address, port=s.api_port, shm_size=s.shm_size,
+            tool_call_parser=s.tool_call_parser, extra_args=s.extra_serve_args,
+            extra_env=s.container_env, health_start_period_s=s.health_timeout_s,
             labels=((paths.label("image"), trust.image),
                     (paths.label("manifest"),
                      str(trust.folder / f"{self.target}.json") if trust.folder else "none"),
@@ -297,8 +297,8 @@ class Deploy:
                               capture_output=capture, stdout=None if capture else 2)
 
     def compose(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
-        argv = [*self.plan.engine.compose, "-p", self.s["COMPOSE_PROJECT"], "-f", str(self.s.compose_file), *args]
-        env = {**os.environ, "HF_TOKEN": self.s["HF_TOKEN"]}  # the compose file refers to ${HF_TOKEN:-}
+        argv = [*self.plan.engine.compose, "-p", self.s.compose_project, "-f", str(self.s.compose_file), *args]
+        env = {**os.environ, "HF_TOKEN": self.s.hf_token}  # the compose file refers to ${HF_TOKEN:-}
         return subprocess.run(argv, env=env, text=True, timeout=900, stdin=subprocess.DEVNULL, capture_output=capture,
                               stdout=None if capture else 2)
 
@@ -312,20 +312,20 @@ class Deploy:
         from qualify.core.fsutil import write_atomic
 
         write_atomic(self.s.compose_file, text)
-        self.ui.say(f"starting compose project {self.s['COMPOSE_PROJECT']} ({self.s.compose_file})")
+        self.ui.say(f"starting compose project {self.s.compose_project} ({self.s.compose_file})")
         if self.compose("up", "-d", "--remove-orphans").returncode != 0:
             raise Stop(EX_DEPLOY, "compose could not start the project (see above)",
                        f"read the error above; {self.s.hint('stop')} removes what was started")
         cid = self.compose("ps", "-q", compose.SERVICE, capture=True).stdout.strip()
         if not cid:
             raise Stop(EX_DEPLOY, f"compose started no {compose.SERVICE} container",
-                       f"see: {' '.join(self.plan.engine.compose)} -p {self.s['COMPOSE_PROJECT']} logs")
+                       f"see: {' '.join(self.plan.engine.compose)} -p {self.s.compose_project} logs")
         return cid
 
     def log_tail(self, cid: str) -> None:
-        n = self.s["LOG_TAIL_LINES"]
+        n = self.s.log_tail_lines
         self.ui.say(f"last {n} log lines of {compose.SERVICE}:")
-        proc = subprocess.run([self.plan.engine.cli, "logs", "--tail", n, cid], capture_output=True, text=True,
+        proc = subprocess.run([self.plan.engine.cli, "logs", "--tail", str(n), cid], capture_output=True, text=True,
                               timeout=60)
         for line in (proc.stdout + proc.stderr).splitlines():
             self.ui.raw(f"  | {line}")
@@ -337,7 +337,7 @@ class Deploy:
         return (parts[0], int(parts[1])) if len(parts) == 2 and parts[1].isdigit() else ("missing", 0)
 
     def wait_healthy(self, cid: str, url: str) -> None:
-        limit = self.s.int("HEALTH_TIMEOUT_S")
+        limit = self.s.health_timeout_s
         self.ui.say(f"waiting up to {limit} s for {url}/health (a first start downloads the model)")
         start = time.monotonic()
         next_note = start
@@ -360,7 +360,7 @@ class Deploy:
         self.ui.say(f"healthy after {int(time.monotonic() - start)} s")
 
     def canary(self, cid: str, url: str) -> Optional[api.Throughput]:
-        model = self.s["SERVED_MODEL_NAME"]
+        model = self.s.served_model_name
         result = api.canary(url, model)
         self.ui.raw(f"canary: {'ok' if result.ok else 'FAILED'}: {result.detail}")
         if not result.ok:
@@ -388,7 +388,7 @@ class Deploy:
 
     def summary(self, trust: Trust, url: str) -> str:
         s, g = self.s, self.plan.gpu
-        return (f"Serving {s['MODEL_ID']} ({s['MODEL_REVISION']}) as '{s['SERVED_MODEL_NAME']}'\n"
+        return (f"Serving {s.model_id} ({s.model_revision}) as '{s.served_model_name}'\n"
                 f"  API:      {url}/v1   (OpenAI-compatible)\n"
                 f"  image:    {trust.image}\n"
                 f"  target:   {self.target} on {g.name} ({g.uuid})\n"
@@ -412,7 +412,7 @@ class Deploy:
         self.plan = preflight.run(self.s, self.ui, self.opts.allow_no_gpu_runtime or self.opts.allow_unqualified)
         self.target = self.plan.target.name
         trust = self.trust_gate()
-        url = api.api_url(self.s["BIND_ADDRESS"], self.s.int("API_PORT"))
+        url = api.api_url(self.s.bind_address, self.s.api_port)
         if self.opts.dry_run:
             if trust.need_probe:
                 trust = self.dry_run_gate(trust)
@@ -423,7 +423,7 @@ class Deploy:
             return 0
         self.compose_text(trust)  # settings that cannot make a compose file stop before anything is pulled
         if trust.accepted is not None:
-            state.remember(self.s.path("DEPLOY_DIR"), trust.accepted)
+            state.remember(self.s.deploy_dir, trust.accepted)
         self.pull(trust.image)
         if trust.need_probe:
             trust, _ = self.probe_here(trust)

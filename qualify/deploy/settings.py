@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+from qualify.core.enums import ValueEnum
 from qualify.deploy.ui import EX_USAGE, Stop, Ui
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +53,13 @@ def value_problems(values: Mapping[str, str]) -> list:
         out.append(("COMPOSE_PROJECT", f"{values['COMPOSE_PROJECT']!r}: use lower-case letters, digits, '-' and '_' "
                     "(at most 63)"))
     out += [(key, path_problem(values[key])) for key in PATHS if path_problem(values[key])]
+    for key, kind in (("GPU_RUNTIME", RuntimeKind), ("CONTAINER_ENGINE", EngineName)):
+        if values[key] not in {k.value for k in kind}:
+            out.append((key, f"{values[key]!r}: one of {' | '.join(k.value for k in kind)}"))
+    fraction = values["GPU_MEMORY_UTILIZATION"]
+    if fraction and not re.fullmatch(r"[0-9]{0,3}(\.[0-9]{1,6})?", fraction):
+        out.append(("GPU_MEMORY_UTILIZATION", f"{fraction[:40]!r}: a fraction such as 0.85, or empty for the "
+                    "target's value"))
     if values["RELEASE_TAG"] and tag_problem(values["RELEASE_TAG"]):
         out.append(("RELEASE_TAG", tag_problem(values["RELEASE_TAG"])))
     if values["RELEASE_KEY_FINGERPRINT"] and not FINGERPRINT.fullmatch(values["RELEASE_KEY_FINGERPRINT"]):
@@ -98,25 +106,86 @@ def read_file(path: Path, known: Tuple[str, ...], ui: Ui) -> Dict[str, str]:
     return out
 
 
+class RuntimeKind(ValueEnum):
+    """How the container gets its GPU (GPU_RUNTIME)."""
+
+    AUTO = "auto"
+    NVIDIA = "nvidia"  # the NVIDIA container toolkit's runtime
+    CDI = "cdi"  # Container Device Interface specs
+    NONE = "none"  # no GPU: tests the deploy machinery with a stand-in server only
+
+
+class EngineName(ValueEnum):
+    """Which container engine runs the deploy (CONTAINER_ENGINE)."""
+
+    AUTO = "auto"
+    DOCKER = "docker"
+    PODMAN = "podman"
+
+
 @dataclass(frozen=True)
 class Settings:
+    """The deploy's settings, typed, built once from .env (`load`). One field per key of .env.example, in
+    lower case (tests/test_deploy.py checks that they are the same set); a path is absolute (relative ones
+    are taken from the repository), an optional path is None when its key is empty."""
+
     env_file: Path
-    values: Mapping[str, str]  # every known key, as text
-    container_env: Tuple[Tuple[str, str], ...]
+    model_id: str
+    model_revision: str
+    served_model_name: str
+    max_model_len: int
+    tool_call_parser: str
+    extra_serve_args: Tuple[str, ...]
+    hf_token: str
+    release_tag: str
+    image: str
+    manifests_dir: Path
+    release_github_repo: str
+    release_key_fingerprint: str
+    evidence_signing_key: Optional[Path]
+    release_public_key: Optional[Path]
+    gpu_device: str
+    gpu_memory_utilization: Optional[float]
+    gpu_runtime: RuntimeKind
+    cdi_spec_dirs: Tuple[Path, ...]
+    container_engine: EngineName
+    compose_project: str
+    deploy_dir: Path
+    bind_address: str
+    api_port: int
+    shm_size: str
+    min_free_disk_gib: int
+    health_timeout_s: int
+    log_tail_lines: int
+    container_env: Tuple[Tuple[str, str], ...] = ()
 
-    def __getitem__(self, key: str) -> str:
-        return self.values[key]
+    @classmethod
+    def from_values(cls, env_file: Path, values: Mapping[str, str],
+                    container_env: Tuple[Tuple[str, str], ...] = ()) -> Settings:
+        """From every known key as text, already checked by `value_problems`."""
+        def path(key: str) -> Path:
+            p = Path(values[key])
+            return p if p.is_absolute() else REPO / p
 
-    def int(self, key: str) -> int:
-        return int(self.values[key])
+        def optional_path(key: str) -> Optional[Path]:
+            return path(key) if values[key] else None
 
-    def path(self, key: str) -> Path:
-        p = Path(self.values[key])
-        return p if p.is_absolute() else REPO / p
+        kw: Dict[str, Any] = {name: values[name.upper()] for name in _TEXT_FIELDS}
+        kw.update({name: int(values[name.upper()]) for name in _INTEGER_FIELDS})
+        fraction = values["GPU_MEMORY_UTILIZATION"]
+        return cls(
+            env_file=env_file, **kw,
+            extra_serve_args=tuple(values["EXTRA_SERVE_ARGS"].split()),
+            manifests_dir=path("MANIFESTS_DIR"), deploy_dir=path("DEPLOY_DIR"),
+            evidence_signing_key=optional_path("EVIDENCE_SIGNING_KEY"),
+            release_public_key=optional_path("RELEASE_PUBLIC_KEY"),
+            gpu_memory_utilization=float(fraction) if fraction else None,
+            gpu_runtime=RuntimeKind(values["GPU_RUNTIME"]), container_engine=EngineName(values["CONTAINER_ENGINE"]),
+            cdi_spec_dirs=tuple(Path(d) for d in values["CDI_SPEC_DIRS"].split()), container_env=container_env)
 
     @property
     def compose_file(self) -> Path:
-        return self.path("DEPLOY_DIR") / self["COMPOSE_PROJECT"] / "compose.json"
+        return self.deploy_dir / self.compose_project / "compose.json"
 
     def hint(self, script: str, *args: str) -> str:
         """How to run one of our scripts with the same settings file."""
@@ -124,6 +193,17 @@ class Settings:
         if self.env_file != REPO / ".env":
             parts += ["--env-file", str(self.env_file)]
         return " ".join(parts + list(args))
+
+
+def keys() -> Tuple[str, ...]:
+    """The settings keys the typed value holds: .env.example must document exactly these."""
+    return tuple(f.name.upper() for f in fields(Settings) if f.name not in ("env_file", "container_env"))
+
+
+_INTEGER_FIELDS = tuple(k.lower() for k in INTEGERS)
+_TEXT_FIELDS = ("model_id", "model_revision", "served_model_name", "tool_call_parser", "hf_token", "release_tag",
+                "image", "release_github_repo", "release_key_fingerprint", "gpu_device", "compose_project",
+                "bind_address", "shm_size")
 
 
 def first_run(env_file: Path, ui: Ui) -> None:
@@ -147,4 +227,4 @@ def load(env_file: Path, ui: Ui, environ: Optional[Mapping[str, str]] = None) ->
         more = f" (and {len(problems) - 1} more: {', '.join(k for k, _ in problems[1:])})" if len(problems) > 1 else ""
         raise Stop(EX_USAGE, f"{key} in {env_file}: {problem}{more}", f"correct it in {env_file}")
     container_env = tuple(sorted((k[len(CONTAINER_ENV):], v) for k, v in extra.items() if len(k) > len(CONTAINER_ENV)))
-    return Settings(env_file, values, container_env)
+    return Settings.from_values(env_file, values, container_env)
