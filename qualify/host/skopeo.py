@@ -39,7 +39,9 @@ _BLOB_SKIPPED = re.compile(r"Copying (blob|config) ([0-9a-f]{10,12}) skipped: al
 _BLOB_DONE = re.compile(r"Copying (blob|config) ([0-9a-f]{10,12}) done")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Messages that mean "the registry wants credentials we do not have".
-_AUTH_MARKERS = ("unauthorized", "authentication required", "denied", "401")
+_AUTH_MARKERS = ("unauthorized", "authentication required", "denied")
+# The status alone, not any '401' (a digest holds one in ~1.5% of cases: 'ca1401d...' read as an auth error).
+_AUTH_STATUS = re.compile(r"(?<![0-9a-f])401(?![0-9a-f])")
 
 
 def binary() -> str:
@@ -58,7 +60,7 @@ def explain(stderr: str, what: str) -> RegistryError:
     """A RegistryError naming the failure class, with skopeo's last words (never credentials: skopeo prints none)."""
     low = stderr.lower()
     last = stderr.strip().splitlines()[-1] if stderr.strip() else "(no output)"
-    if any(m in low for m in _AUTH_MARKERS):
+    if any(m in low for m in _AUTH_MARKERS) or _AUTH_STATUS.search(low):
         return RegistryError(f"{what}: the registry refused the request without valid credentials ({last})",
                              hint="log in first (`docker login HOST` or `skopeo login HOST`); credentials are read "
                                   "from REGISTRY_AUTH_FILE or docker's config.json, never from arguments")
