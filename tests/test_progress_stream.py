@@ -94,3 +94,17 @@ def test_a_real_push_reports_the_bytes_it_sends(docker_engine, loopback_registry
         subprocess.run([docker_engine, "image", "rm", ref], capture_output=True)
         if digest:  # what this test pushed, and nothing else
             skopeo.delete(f"docker://{ref.rsplit(':', 1)[0]}@{digest}", (loopback_registry.address,))
+
+
+def test_skopeo_copy_lines_say_bytes_rate_and_time_left(monkeypatch):
+    """Issue 33: a publish (skopeo copy) says how far it is, also while skopeo draws nothing."""
+    from qualify.host import skopeo
+
+    clock = [50.0]
+    monkeypatch.setattr(skopeo.time, "monotonic", lambda: clock[0])
+    said = []
+    meter = skopeo._Meter("sm120", said.append, every_s=5)
+    meter.done["aaaa"], meter.total["aaaa"] = 100e6, 400e6
+    clock[0] = 60.0  # 100 MB in 10 s
+    meter.report()
+    assert "10 MB/s, 30 s left" in said[-1] and "10 s" in said[-1], said

@@ -146,7 +146,7 @@ class _Meter:
     def __init__(self, label: str, progress: Progress, every_s: float = 5.0):
         self.label, self.progress, self.every_s = label, progress, every_s
         self.done, self.total, self.skipped, self.finished = {}, {}, set(), set()
-        self.last = time.monotonic()
+        self.start = self.last = time.monotonic()
 
     def feed(self, line: str) -> None:
         for m in _BLOB_PROGRESS.finditer(line):
@@ -159,10 +159,14 @@ class _Meter:
             self.report()
 
     def report(self) -> None:
-        self.last = time.monotonic()
+        now = time.monotonic()
+        self.last = now
         blobs = set(self.total) | self.skipped | self.finished
-        self.progress(f"  {self.label}: {_human(sum(self.done.values()))} of {_human(sum(self.total.values()))} "
-                      f"sent, {len(self.finished)} of {len(blobs)} blobs done, {len(self.skipped)} already there")
+        sent, total = sum(self.done.values()), sum(self.total.values())
+        rate = sent / (now - self.start) if now - self.start > 0.5 else 0.0
+        pace = f", {rate / 1e6:.0f} MB/s, {(total - sent) / rate:.0f} s left" if rate and total > sent else ""
+        self.progress(f"  {self.label}: {_human(sent)} of {_human(total)} sent{pace}, {len(self.finished)} of "
+                      f"{len(blobs)} blobs done, {len(self.skipped)} already there, {now - self.start:.0f} s")
 
 
 def copy(src: str, dst: str, *, label: str, progress: Progress, insecure_hosts: Sequence[str] = (),
@@ -190,6 +194,8 @@ def copy(src: str, dst: str, *, label: str, progress: Progress, insecure_hosts: 
             if not ready:
                 if proc.poll() is not None:
                     break
+                if time.monotonic() - meter.last >= meter.every_s:
+                    meter.report()  # skopeo drew nothing for a while: say the copy goes on
                 continue
             try:
                 chunk = os.read(master, 65536)
