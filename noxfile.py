@@ -123,6 +123,12 @@ def bench_inventory(session: nox.Session) -> None:
     _module(session, "qualify.devtools.bench_inventory")
 
 
+@nox.session(name="bench-build", python=False)
+def bench_build(session: nox.Session) -> None:
+    """Time builds and pushes: smoke first/no-change, vLLM download/build/export/push, second target, pull."""
+    _module(session, "qualify.devtools.bench_build")
+
+
 @nox.session(name="vllm-rules", python=False)
 def vllm_rules(session: nox.Session) -> None:
     """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""

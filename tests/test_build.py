@@ -4,6 +4,7 @@ Acceptance of the build issue, checked inside the built images.
 """
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -201,3 +202,24 @@ def test_two_concurrent_smoke_builds_both_succeed(docker_engine, loopback_regist
             for o in outputs]
     assert all(r.startswith(f"{loopback_registry.address}/blackwell/sm120@sha256:") for r in refs)
     print(f"\n[report] two concurrent sm120 smoke builds: {seconds:.1f} s")
+
+
+def test_a_second_amd64_target_reuses_the_payload_layers_and_pushes_only_its_own(docker_engine, sm120, capfd):
+    """Issue 33: the payload is installed in a stage that reads no per-target argument, so another amd64
+    target's image has the same layers (same digests) but for the smoke extension's, and its push
+    finds them in the registry."""
+    capfd.readouterr()
+    other = images.smoke("sm100")
+    err = capfd.readouterr().err
+
+    def layers(ref):
+        out = subprocess.run([docker_engine, "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    mine, theirs = layers(sm120.image_reference), layers(other.image_reference)
+    assert len(mine) == len(theirs) and mine[:-1] == theirs[:-1] and mine[-1] != theirs[-1]
+    done = [line for line in err.splitlines() if "sm100:smoke-hermetic: done in" in line]
+    if done:  # built here (not already by an earlier test): its push found the shared layers
+        total, present = re.search(r"(\d+)/\d+ layers done \((\d+) already", done[-1]).groups()
+        assert int(present) >= int(total) - 1, done[-1]

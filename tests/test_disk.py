@@ -4,10 +4,10 @@ frees what it reports, and leaves everything else alone. Real engine, real regis
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,10 +22,10 @@ from conftest import REPO
 
 from qualify.config import targets
 from qualify.core import fsutil, manifest
-from qualify.host import clean, ledger, paths
+from qualify.host import cacheledger, clean, ledger, paths
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
-from qualify.imagebuild import image
+from qualify.imagebuild import buildcache, image
 
 pytestmark = pytest.mark.engine
 
@@ -38,39 +38,97 @@ def _du(path: Path) -> int:
     return int(out.split()[0])
 
 
-def test_a_build_removes_the_cache_records_it_made(docker_engine, loopback_registry, capfd):
+def _listing():
+    """id -> entry of every BuildKit cache record, read with the docker CLI itself (not the toolkit's parser)."""
+    out = subprocess.run(["/usr/bin/docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
+                         capture_output=True, text=True, check=True).stdout
+    return {e["ID"].rstrip("*"): e for e in json.loads(out or "[]") or []}
+
+
+def _foreign_cache_record(docker: str, base: str, tmp_path: Path) -> str:
+    """A BuildKit cache record no toolkit build made: someone else's build on the same engine."""
+    marker = uuid.uuid4().hex
+    ctx = tmp_path / "foreign"
+    ctx.mkdir(parents=True)
+    (ctx / "Dockerfile").write_text(f"FROM {base}\nRUN echo {marker} > /foreign\n")
+    subprocess.run([docker, "build", "-q", str(ctx)], check=True, capture_output=True, timeout=300,
+                   env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"})
+    return next(i for i, e in _listing().items() if marker in e.get("Description", ""))
+
+
+def test_a_build_keeps_what_its_newest_build_uses_and_prunes_older_cache_to_the_budget(
+        docker_engine, loopback_registry, debian_python_image, tmp_path, capfd):
+    """Issue 33: an unchanged rebuild is served from cache, this checkout's older records are pruned to the
+    budget (0 here), and a cache record no toolkit build made survives. Measured with `docker system df`."""
     engine = Engine("docker").check()
     if engine.builder not in ("buildkit", "buildx"):
         pytest.fail(f"this host's docker builds with {engine.builder}; the test needs BuildKit's cache records")
-    before = set(engine.build_cache())
-    # A fresh epoch is a new build argument: every RUN step runs again and makes new cache records.
-    opts = image.BuildOptions("sm120", "hermetic", "smoke", source_date_epoch=str(int(time.time())),
-                              tag_suffix="disk-check")
-    record = image.build(targets.load(), opts, engine, loopback_registry)
-    finished = datetime.datetime.now(datetime.timezone.utc)
+    tf = targets.load()
+    name = f"cachetest-{uuid.uuid4().hex[:6]}"
+    key = f"{name}-smoke-hermetic"
+
+    def build(arch_list: str) -> image.BuildRecord:
+        t = dataclasses.replace(tf.get("sm120"), name=name, torch_cuda_arch_list=arch_list)
+        variant = dataclasses.replace(tf, targets={**tf.targets, name: t})
+        opts = image.BuildOptions(name, "hermetic", "smoke", cache_budget_gb=0)
+        return image.build(variant, opts, engine, loopback_registry)
+
+    def ran(log: str) -> list:
+        """Numbers of the RUN steps BuildKit ran (not served from cache) in one build's log."""
+        return [n for n in re.findall(r"\| (#\d+) \[([^\]]+)\] RUN ", log) if f"| {n[0]} DONE" in log]
+
+    made = []
     try:
-        err = capfd.readouterr().err
-        line = next(x for x in err.splitlines() if "build-cache record(s)" in x)
-        removed = int(line.split("removed ", 1)[1].split(" ", 1)[0])
-        assert removed > 0, line  # the build really made cache, and it went
-        # Records another checkout's build makes meanwhile are not this build's (none in CI).
-        left = {i for i, created in _records_created().items() if i not in before and created <= finished}
-        assert not left, f"cache records of this build remain: {sorted(left)}"
-        assert engine.exists(record.image_reference)  # the image itself stays
+        made.append(build("12.0").image_id)  # ext-builder's nvcc step for -gencode ...sm_120 only
+        foreign = _foreign_cache_record(docker_engine, debian_python_image, tmp_path)
+        capfd.readouterr()
+        second = build("12.0a")  # another arch list: a step of its own; the payload is shared
+        made.append(second.image_id)
+        assert [stage for _, stage in ran(capfd.readouterr().err)] == ["ext-builder 2/2"]
+        listing = _listing()
+        assert foreign in listing, "a cache record no toolkit build made was removed"
+        # What is left of this checkout's cache beyond what the newest builds use fits the budget (0).
+        book = cacheledger.load()
+        keep = buildcache.with_ancestors(book.kept() | cacheledger.kept_by_others(), engine.build_cache())
+        older = [i for i in book.owned if i in listing and i not in keep]
+        assert sum(engine_size(listing[i]) for i in older) <= 0, older
+        start = time.monotonic()
+        again = build("12.0a")
+        seconds = time.monotonic() - start
+        assert again.image_id == second.image_id and not ran(capfd.readouterr().err), "the unchanged rebuild ran steps"
+        # The first build's own step is older than the budget allows: building it again runs it again.
+        made.append(build("12.0").image_id)
+        assert [stage for _, stage in ran(capfd.readouterr().err)] == ["ext-builder 2/2"]
+        with capfd.disabled():
+            print(f"\n[report] unchanged rebuild of the smoke variant: {seconds:.1f} s")
     finally:
-        engine.remove_created([record.image_id])
+        with cacheledger.locked():
+            book = cacheledger.load()
+            book.latest.pop(key, None)  # its records are older now: the next build prunes them to the budget
+            cacheledger.save(book)
+        engine.remove_created([i for i in made if i in engine.image_ids()])
 
 
-def _records_created():
-    """id -> creation time of every BuildKit cache record, read with the docker CLI itself."""
-    out = subprocess.run(["/usr/bin/docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
-                         capture_output=True, text=True, check=True).stdout
-    found = {}
-    for entry in json.loads(out or "[]") or []:
-        stamp = entry["CreatedAt"].split(".")[0]  # '2026-11-30 11:09:25.198278687 +0000 UTC'
-        found[entry["ID"].rstrip("*")] = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(
-            tzinfo=datetime.timezone.utc)
-    return found
+def engine_size(entry: dict) -> int:
+    from qualify.host.engine import parse_size
+
+    return parse_size(entry.get("Size", "0B"))
+
+
+def test_over_budget_takes_the_least_recently_used_first_and_keeps_ancestors():
+    from qualify.host.engine import CacheEntry
+
+    cache = {c.id: c for c in [
+        CacheEntry("a", 5, False, "", last_used="2026-12-01 10:00:00 +0000 UTC"),
+        CacheEntry("b", 3, False, "", last_used="2026-12-01 11:00:00 +0000 UTC", parent="a"),
+        CacheEntry("c", 4, False, "", last_used="2026-12-01 09:00:00 +0000 UTC"),
+        CacheEntry("d", 2, False, "", last_used="2026-12-01 12:00:00 +0000 UTC"),
+    ]}
+    assert buildcache.with_ancestors(frozenset({"b"}), cache) == {"a", "b"}
+    older = sorted((cache[i] for i in ("c", "d")), key=lambda c: c.last_used)
+    assert [c.id for c in buildcache.over_budget(older, 2)] == ["c"]
+    assert [c.id for c in buildcache.over_budget(older, 0)] == ["c", "d"]
+    assert buildcache.over_budget(older, 6) == []
 
 
 # --- clean -----------------------------------------------------------------------------
@@ -150,6 +208,21 @@ def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_
         subprocess.run([docker_engine, "image", "rm", "-f", ours, released, foreign, theirs], capture_output=True)
 
 
+def test_clean_removes_the_build_cache_this_checkout_made_and_no_other(
+        tmp_path, docker_engine, own_registry, debian_python_image):
+    registry, state, env = own_registry
+    ours = _foreign_cache_record(docker_engine, debian_python_image, tmp_path / "ours")
+    theirs = _foreign_cache_record(docker_engine, debian_python_image, tmp_path / "theirs")
+    cacheledger.save(cacheledger.CacheLedger(owned=[ours], latest={"sm120-smoke-hermetic": [ours]}), state_dir=state)
+    proc = subprocess.run([sys.executable, "-m", "qualify", "clean", "--json", "--releases", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["cache_records"] == [ours]
+    listing = _listing()
+    assert ours not in listing and theirs in listing
+    assert cacheledger.load(state_dir=state).owned == []
+
+
 def test_clean_dry_run_removes_nothing(tmp_path, docker_engine, own_registry):
     registry, state, env = own_registry
     (state / "contexts" / "left-by-a-failed-build").mkdir(parents=True)
@@ -159,9 +232,9 @@ def test_clean_dry_run_removes_nothing(tmp_path, docker_engine, own_registry):
     assert (state / "contexts" / "left-by-a-failed-build").is_dir()
 
 
-def test_build_options_default_to_removing_the_cache():
-    assert image.BuildOptions("sm120").keep_cache is False
-    assert dataclasses.replace(image.BuildOptions("sm120"), keep_cache=True).keep_cache
+def test_build_options_default_to_the_targets_files_budget():
+    assert image.BuildOptions("sm120").keep_cache is False and image.BuildOptions("sm120").cache_budget_gb is None
+    assert targets.load().build.cache_budget_bytes > 0
 
 
 def test_build_cache_listing_waits_for_another_disk_usage_call(docker_engine):

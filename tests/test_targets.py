@@ -119,3 +119,61 @@ def test_readme_target_table_is_generated_from_the_targets_file():
     table = readme[readme.index(begin) + len(begin):readme.index(end)]
     generated = qualify("targets", "markdown").stdout.strip()
     assert table == generated, "README's target table is stale: python -m qualify targets markdown"
+
+
+# --- [build]: the cache budget and the payload's layers (issue 33) -------------------------------
+
+
+def test_build_table_names_the_layers_and_the_last_takes_the_rest():
+    build = targets.load(FILE).build
+    assert [layer.name for layer in build.layers] == ["nvidia", "torch", "vllm", "rest"]
+    assert build.layer_of("nvidia-cudnn-cu13") == "nvidia" and build.layer_of("torch") == "torch"
+    assert build.layer_of("flashinfer-cubin") == "vllm" and build.layer_of("pyyaml") == "rest"
+
+
+@pytest.mark.parametrize("old,new,words", [
+    ("cache_budget_gb = 10.0", "cache_budget_gb = -1.0", ["[build]", "cache_budget_gb", "-1.0"]),
+    ("cache_budget_gb = 10.0", 'cache_budget_gb = "10GB"', ["[build]", "cache_budget_gb", "must be float"]),
+    ('packages = ["*"]', 'packages = ["pyyaml"]', ["last layer", 'packages = ["*"]']),
+    ('name = "rest"', 'name = "torch"', ["layers[4]", "'torch' is used twice"]),
+    ('packages = ["vllm",', 'packages = ["vLLM",', ["layers[3]", "packages", "normalised"]),
+])
+def test_bad_build_table_is_refused_naming_the_key(tmp_path, old, new, words):
+    out = qualify("targets", "check", str(edited(tmp_path, old, new)))
+    assert out.returncode == ConfigError.exit_code
+    for word in words:
+        assert word in out.stderr, out.stderr
+
+
+def test_more_layers_than_the_dockerfile_has_slots_is_refused_naming_both_files(tmp_path):
+    from qualify.imagebuild import image
+
+    extra = '[[build.layers]]\nname = "extra"\npackages = ["numpy"]\n\n[[build.layers]]\nname = "rest"'
+    tf = targets.load(edited(tmp_path, '[[build.layers]]\nname = "rest"', extra))
+    t = tf.get("sm120")
+    lock = t.lock_path("smoke", tf.hermetic.python)
+    with pytest.raises(ConfigError, match=r"lists 5 layers; images/Dockerfile has 4 payload slots"):
+        image.stage_context("slots-test", lock, tmp_path, tf.build, ctx=tmp_path / "ctx")
+
+
+def test_the_staged_context_holds_each_layers_wheels_pinned_by_hash(tmp_path):
+    """A layer's slice of the lock keeps every hash, and a re-stage leaves unchanged files as they were."""
+    from qualify.imagebuild import image, wheelhouse
+
+    tf = targets.load(FILE)
+    lock = tf.get("sm120").lock_path("vllm", tf.hermetic.python)
+    pins = wheelhouse.parse_lock(lock)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for pin in pins:  # empty stand-ins named as pip names wheels: the slicing reads names only
+        (wheels / f"{pin.name.replace('-', '_')}-{pin.version}-py3-none-any.whl").write_bytes(b"")
+    ctx = image.stage_context("slices", lock, wheels, tf.build, ctx=tmp_path / "ctx")
+    sliced = [wheelhouse.parse_lock(ctx / f"payload/{n}/requirements.txt") for n in range(1, 5)]
+    assert sorted((p.name, p.version, p.hashes) for s in sliced for p in s) == sorted(
+        (p.name, p.version, p.hashes) for p in pins)
+    assert {p.name for p in sliced[0]} >= {"nvidia-cublas", "nvidia-cudnn-cu13"} and "torch" in {p.name for p in sliced[1]}
+    assert all(len(list((ctx / f"payload/{n}").glob("*.whl"))) == len(sliced[n - 1]) for n in range(1, 5))
+    before = {p: p.stat().st_mtime_ns for p in ctx.rglob("*") if p.is_file()}
+    (ctx / "payload/1/left-over.whl").write_bytes(b"x")  # e.g. a wheel of an older lock
+    image.stage_context("slices", lock, wheels, tf.build, ctx=ctx)
+    assert {p: p.stat().st_mtime_ns for p in ctx.rglob("*") if p.is_file()} == before

@@ -27,16 +27,32 @@ def configure_parser(parser) -> None:
     add_image_options(parser)
     parser.add_argument("--no-cache", action="store_true", help="rebuild every layer")
     parser.add_argument("--keep-cache", action="store_true",
-                        help="keep the build cache and intermediate images this build makes (default: removed)")
+                        help="prune none of this checkout's build cache (default: what the newest build of each "
+                        "target, profile and base uses stays; older records are pruned to the budget)")
+    parser.add_argument("--cache-budget", type=_gigabytes, default=None, metavar="GB",
+                        help="build cache this checkout keeps beyond what its newest builds use "
+                        "(default: [build] cache_budget_gb of images/targets.toml)")
     parser.add_argument("--no-qualify", action="store_true", help="do not qualify the image after the build")
     parser.add_argument("--dry-run", action="store_true", help="print the build arguments and labels only")
+
+
+def _gigabytes(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GB (e.g. 20 or 0.5)") from None
+    if not 0 <= value <= 10000:
+        raise argparse.ArgumentTypeError(f"{value} GB is outside 0..10000")
+    return value
 
 
 def execute(args) -> int:
     """Composes the build stage and, unless --no-qualify, the qualification stage."""
     tf = targets.load(args.file)
     opts = image.BuildOptions(target=args.target, base=args.base, profile=args.profile, engine=args.engine,
-                              no_cache=args.no_cache, keep_cache=args.keep_cache)
+                              no_cache=args.no_cache, keep_cache=args.keep_cache, cache_budget_gb=args.cache_budget)
     if args.dry_run:
         print(image.plan(tf, opts).to_json())
         return 0

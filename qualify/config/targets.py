@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
+import fnmatch
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,8 +34,13 @@ PROFILES = Profile.values()
 BASE_KINDS = BaseKind.values()
 
 # Allowed keys per table, with their types. An unknown key is an error.
-_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "defaults": dict, "targets": dict}
+_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "build": dict, "defaults": dict, "targets": dict}
 _PROMOTION_KEYS = {"consecutive_passes": int}
+_BUILD_KEYS = {"cache_budget_gb": float, "layers": list}
+_LAYER_KEYS = {"name": str, "packages": list}
+_LAYER_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+_PACKAGE_PATTERN_RE = re.compile(r"[a-z0-9*?][a-z0-9*?-]{0,99}")  # a normalised name, or an fnmatch pattern of one
+MAX_CACHE_BUDGET_GB = 10000
 _HERMETIC_KEYS = {"suite": str, "mirror": str, "python": str, "repository": str}
 _DEFAULT_KEYS = {"cuda": str, "triton": dict, "runtime": dict}
 _TARGET_KEYS = {
@@ -104,6 +110,33 @@ class Hermetic:
 
 
 @dataclass(frozen=True)
+class PayloadLayer:
+    """One layer of an image's payload: the lock's packages whose normalised names match `packages`."""
+
+    name: str
+    packages: Tuple[str, ...]  # fnmatch patterns; a package goes into the first layer one of whose patterns matches
+
+    def takes(self, package: str) -> bool:
+        return any(fnmatch.fnmatchcase(package, pattern) for pattern in self.packages)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """What every image build shares ([build])."""
+
+    cache_budget_bytes: int  # the toolkit's BuildKit cache kept beyond what the newest builds use
+    layers: Tuple[PayloadLayer, ...]
+
+    def layer_of(self, package: str) -> str:
+        """The layer a package is installed in (the last layer is the catch-all: validated when loaded)."""
+        return next(layer.name for layer in self.layers if layer.takes(package))
+
+
+# Used where a targets file has no [build] table (tests' small files): one layer, 20 GB.
+DEFAULT_BUILD = BuildSettings(20 * 10**9, (PayloadLayer("payload", ("*",)),))
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
@@ -141,6 +174,7 @@ class TargetsFile:
     targets: Mapping[str, Target] = field(default_factory=dict)
     # Seed 000: passing runs in a row, without a product failure, before a target is baseline.
     promotion_passes: int = 7
+    build: BuildSettings = DEFAULT_BUILD
 
     def get(self, name: str) -> Target:
         if name not in self.targets:
@@ -235,8 +269,12 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
         passes = promotion.get("consecutive_passes", 7)
         if not 1 <= passes <= 1000:
             raise ConfigError(f"{path}: [promotion] consecutive_passes must be from 1 to 1000 (found {passes})")
+    build = DEFAULT_BUILD
+    with problems.each():
+        if "build" in raw:
+            build = _parse_build(_table(raw, "build", path, "top level"), path)
     problems.raise_any()
-    return TargetsFile(path, 1, hermetic, targets, passes)
+    return TargetsFile(path, 1, hermetic, targets, passes, build)
 
 
 def _check_name(name: str, path: Path) -> None:
@@ -259,6 +297,32 @@ def _parse_hermetic(table: Mapping[str, Any], path: Path) -> Hermetic:
     _check_text(path, where, "python", table["python"], _PYTHON_RE, "a Python version such as 3.11")
     _check_text(path, where, "repository", table["repository"], _REPOSITORY_RE, "an image repository name")
     return Hermetic(**{k: table[k] for k in _HERMETIC_KEYS})
+
+
+def _parse_build(table: Mapping[str, Any], path: Path) -> BuildSettings:
+    _check_keys(table, _BUILD_KEYS, path, "[build]", required=True)
+    budget = table["cache_budget_gb"]
+    if not 0 <= budget <= MAX_CACHE_BUDGET_GB:
+        raise ConfigError(f"{path}: [build]: key 'cache_budget_gb': {budget} is outside 0..{MAX_CACHE_BUDGET_GB}",
+                          hint="the size in GB of build cache the toolkit may keep beyond its newest builds' own")
+    layers: List[PayloadLayer] = []
+    for n, entry in enumerate(table["layers"], 1):
+        where = f"[build] layers[{n}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: {where} must be a table with 'name' and 'packages'")
+        _check_keys(entry, _LAYER_KEYS, path, where, required=True)
+        _check_text(path, where, "name", entry["name"], _LAYER_NAME_RE, "a layer name (a-z, 0-9, '-')")
+        if entry["name"] in {layer.name for layer in layers}:
+            raise ConfigError(f"{path}: {where}: layer name {entry['name']!r} is used twice")
+        patterns = entry["packages"]
+        if not patterns or not all(isinstance(p, str) and _PACKAGE_PATTERN_RE.fullmatch(p) for p in patterns):
+            raise ConfigError(f"{path}: {where}: key 'packages' must be a non-empty list of normalised package names "
+                              "or patterns (a-z, 0-9, '-', '*', '?'), e.g. \"nvidia-*\"")
+        layers.append(PayloadLayer(entry["name"], tuple(patterns)))
+    if not layers or "*" not in layers[-1].packages:
+        raise ConfigError(f"{path}: [build] layers: the last layer must take every package the others do not",
+                          hint='give the last layer packages = ["*"]')
+    return BuildSettings(int(budget * 10**9), tuple(layers))
 
 
 def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> Target:

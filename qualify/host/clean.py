@@ -7,6 +7,8 @@ What this checkout made, by construction rather than by guess:
 - of that registry's `blackwell/` manifests, the ones this checkout pushed, and the blobs only they
   referenced (the registry's own garbage collector, run while our registry is stopped, as its
   documentation asks);
+- the BuildKit cache records this checkout's builds made (host/cacheledger.py), except those the newest
+  build of another checkout uses (`--all`: every checkout's); records no toolkit build made stay;
 - the state directory (QUALIFY_STATE_DIR): build contexts, repro scratch, staged probes, wheelhouses.
 
 Released images (digests named by a release's manifests under manifests/<tag>/) and the hermetic base
@@ -47,6 +49,8 @@ class CleanReport:
     kept_images: List[str] = field(default_factory=list)
     other_checkouts: List[str] = field(default_factory=list)  # toolkit images this checkout did not make
     registry_manifests: List[str] = field(default_factory=list)
+    cache_records: List[str] = field(default_factory=list)  # BuildKit cache record ids
+    cache_bytes: int = 0  # their size as the builder lists it
     directories: List[str] = field(default_factory=list)
     freed_state_bytes: int = 0
     freed_registry_bytes: int = 0
@@ -60,6 +64,7 @@ class CleanReport:
         verb = "would remove" if self.dry_run else "removed"
         gb = 1e9
         out = [f"clean: {verb} {len(self.images)} image(s), {len(self.registry_manifests)} registry manifest(s), "
+               f"{len(self.cache_records)} build-cache record(s) ({self.cache_bytes / gb:.2f} GB), "
                f"{len(self.directories)} state folder(s)"]
         out += [f"  image {i}" for i in self.images]
         out += [f"  registry {m}" for m in self.registry_manifests]
@@ -120,6 +125,7 @@ def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bo
     report = CleanReport(dry_run=dry_run)
     engine_free = _free(engine.storage_root())
     _clean_images(engine, registry, keep, everything, report, mine)
+    _clean_build_cache(engine, everything, report, state_dir)
     if registry.answers():
         _clean_registry(registry, keep, everything, report, state_dir, mine)
     _clean_state(state_dir, everything, report)
@@ -155,6 +161,34 @@ def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything
         if error:
             raise QualifyError(f"some toolkit images could not be removed: {error}",
                                hint="a container may still use them: `docker ps -a`, then run clean again")
+
+
+# --- build cache ----------------------------------------------------------------------
+
+
+def _clean_build_cache(engine: Engine, everything: bool, report: CleanReport, state_dir: Path) -> None:
+    from qualify.host import cacheledger
+
+    with cacheledger.locked(state_dir):
+        if everything:
+            books = [cacheledger.read(p) for p in cacheledger.ledgers(Path(state_dir))]
+            owned, spared = {i for b in books for i in b.owned}, frozenset()
+        else:
+            owned, spared = set(cacheledger.load(state_dir).owned), cacheledger.kept_by_others(state_dir)
+        if not owned:
+            return
+        cache = engine.build_cache()
+        doomed = sorted(i for i in owned if i in cache and i not in spared)
+        report.cache_records = doomed
+        report.cache_bytes = sum(cache[i].size for i in doomed)
+        if report.dry_run or not doomed:
+            return
+        engine.remove_build_cache(doomed)
+        left = set(engine.build_cache())
+        book = cacheledger.load(state_dir)
+        book.owned = [i for i in book.owned if i in left]
+        book.latest = {k: [i for i in v if i in left] for k, v in book.latest.items()}
+        cacheledger.save(book, state_dir)
 
 
 # --- registry -------------------------------------------------------------------------

@@ -10,8 +10,9 @@ Abilities are detected, not assumed (measured on Debian 12 with docker.io 20.10 
 - `podman`: buildah underneath; `--timestamp` makes builds reproducible.
 
 python-on-whales does every engine call it can express: `info`, `pull`,
-`push` (its log stream gives the progress lines), `image list`, `image rm`,
-`save`, `image inspect`. The command line is ours, in one place each, only where
+`image list`, `image rm`, `save`, `image inspect`. Docker pushes go through the
+Engine API (docker-py), whose stream carries bytes per layer; the CLI's, which
+python-on-whales reads, carries none when not on a terminal. The command line is ours, in one place each, only where
 it cannot:
 - builds: `legacy_build` cannot pass `--platform`, `--timestamp` or
   `--iidfile` and expects the classic builder's output (and buildx, which it
@@ -71,6 +72,9 @@ class CacheEntry:
     size: int
     in_use: bool
     description: str
+    last_used: str = ""  # as `system df` prints it ('2026-12-01 10:48:19.43 +0000 UTC'); sorts by time
+    shared: bool = False  # its snapshot is also an image layer: removing it frees less than its size
+    parent: str = ""  # the record it builds on ('' for none); a parent cannot go before its children
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class Engine:
         self.client = DockerClient(client_call=[self.binary], client_type="podman" if name == "podman" else "docker")
         # An explicit builder (e.g. classic, to show what does not reproduce) skips detection.
         self._builder: Optional[str] = builder
+        self.last_build_steps: Dict[str, float] = {}  # BuildKit step name -> seconds, of the last build
 
     # --- abilities -------------------------------------------------------------
 
@@ -213,6 +218,7 @@ class Engine:
         print(f"[build] {self.describe()}", file=sys.stderr, flush=True)
         print("[build] + " + " ".join(argv), file=sys.stderr, flush=True)
         recent: deque = deque(maxlen=40)
+        steps = _StepTimes()
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **env}, text=True, errors="replace",
@@ -220,8 +226,10 @@ class Engine:
         assert proc.stdout is not None
         for line in proc.stdout:
             recent.append(line.rstrip())
+            steps.feed(line.rstrip())
             print(log_prefix + line.rstrip(), file=sys.stderr, flush=True)
         code = proc.wait()
+        self.last_build_steps = dict(steps.seconds)
         if code != 0:
             raise BuildError(
                 f"{self.name} build failed (exit {code}); last lines:\n" + "\n".join(recent),
@@ -263,19 +271,37 @@ class Engine:
                 self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref], timeout=1800)
                 progress.done()
                 return digestfile.read_text().strip()
+        try:
+            digest = self._push_by_api(ref, progress)
+        finally:
+            progress.done()
+        return digest
+
+    def _push_by_api(self, ref: str, progress: PushProgress) -> str:
+        """Docker's push through the Engine API, whose stream carries each layer's bytes (`progressDetail`);
+        the CLI prints none when not on a terminal. Credentials come from docker's config.json, as for the CLI."""
+        import docker
+        from docker.errors import DockerException as ApiError
+
+        repository, _, tag = ref.rpartition(":")
+        if not repository or "/" in tag:
+            repository, tag = ref, "latest"
         digest = ""
         try:
-            for _, raw in self.client.image.push(ref, stream_logs=True):
-                line = raw.decode("utf-8", "replace").strip()
-                progress.line(line)
-                if "digest: sha256:" in line:
-                    digest = line.split("digest: ", 1)[1].split()[0]
-        except DockerException as exc:
-            progress.done()
-            raise EngineError(f"push of {ref} failed: {_tail(exc)}") from None
-        if not digest:
+            api = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
+            for message in api.push(repository, tag=tag, stream=True, decode=True):
+                if message.get("error"):
+                    raise EngineError(f"push of {ref} failed: {str(message['error'])[-300:]}")
+                detail = message.get("progressDetail") or {}
+                progress.event(str(message.get("id") or ""), str(message.get("status") or ""),
+                               detail.get("current"), detail.get("total"))
+                aux = message.get("aux") or {}
+                digest = str(aux.get("Digest") or digest)
+        except ApiError as exc:
+            raise EngineError(f"push of {ref} failed: the engine API said {str(exc)[-300:]}",
+                              hint="is dockerd running and DOCKER_HOST (if set) pointing at it?") from None
+        if not digest.startswith("sha256:"):
             raise EngineError(f"push of {ref} printed no digest")
-        progress.done()
         return digest
 
     def pull(self, ref: str, platform: Optional[str] = None, timeout: float = 120) -> None:
@@ -332,7 +358,10 @@ class Engine:
             return {}
         raw = json.loads(self._disk_usage([self.binary, "system", "df", "-v", "--format", "{{json .BuildCache}}"]) or "[]")
         entries = [CacheEntry(id=e["ID"].rstrip("*"), size=parse_size(e.get("Size", "0B")),
-                              in_use=str(e.get("InUse")).lower() == "true", description=e.get("Description", ""))
+                              in_use=str(e.get("InUse")).lower() == "true", description=e.get("Description", ""),
+                              last_used=str(e.get("LastUsedAt") or e.get("CreatedAt") or ""),
+                              shared=str(e.get("Shared")).lower() == "true",
+                              parent=str(e.get("Parent") or "").rstrip("*"))
                    for e in raw or []]
         return {e.id: e for e in entries}
 
@@ -513,6 +542,27 @@ class Engine:
         if parsed.digest and parsed.digest in own:
             return parsed.digest
         return own[0] if own else raw["Id"]
+
+
+class _StepTimes:
+    """Seconds of BuildKit's named steps from its plain progress ('#12 exporting to image' ... '#12 DONE 4.1s'),
+    so a build can say how long its export took apart from its RUN steps."""
+
+    def __init__(self) -> None:
+        self.names: Dict[str, str] = {}
+        self.seconds: Dict[str, float] = {}
+
+    def feed(self, line: str) -> None:
+        number, _, rest = line.partition(" ")
+        if not number.startswith("#") or not number[1:].isdigit():
+            return
+        if rest.startswith("DONE ") and rest.endswith("s") and number in self.names:
+            try:
+                self.seconds[self.names[number]] = self.seconds.get(self.names[number], 0.0) + float(rest[5:-1])
+            except ValueError:
+                pass
+        elif number not in self.names and rest and not rest[:1].isdigit() and not rest.startswith("sha256:"):
+            self.names[number] = rest
 
 
 def _run_streaming(argv: List[str], timeout: float, on_line: Callable[[str], None]) -> subprocess.CompletedProcess:

@@ -73,11 +73,16 @@ def registry_lock(port: str, root: Optional[Path] = None) -> Path:
     return state(f"registry-{port}.lock", root=root)
 
 
+def checkouts(root: Optional[Path] = None) -> Path:
+    """One folder per checkout that built on this host: its ledgers."""
+    return state("checkouts", root=root)
+
+
 def ledger(checkout: Path, root: Optional[Path] = None) -> Path:
     """What one checkout made on this host (host/ledger.py), named by a hash of the checkout's path, so that
     removing the checkout's `build/` folder keeps it."""
     key = hashlib.sha256(str(Path(checkout).resolve()).encode()).hexdigest()[:16]
-    return state("checkouts", key, "made.jsonl", root=root)
+    return checkouts(root) / key / "made.jsonl"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ _BLOB_SKIPPED = re.compile(r"Copying (blob|config) ([0-9a-f]{10,12}) skipped: al
 _BLOB_DONE = re.compile(r"Copying (blob|config) ([0-9a-f]{10,12}) done")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Messages that mean "the registry wants credentials we do not have".
-_AUTH_MARKERS = ("unauthorized", "authentication required", "denied", "401")
+_AUTH_MARKERS = ("unauthorized", "authentication required", "denied")
+# The status alone, not any '401' (a digest holds one in ~1.5% of cases: 'ca1401d...' read as an auth error).
+_AUTH_STATUS = re.compile(r"(?<![0-9a-f])401(?![0-9a-f])")
 
 
 def binary() -> str:
@@ -58,7 +60,7 @@ def explain(stderr: str, what: str) -> RegistryError:
     """A RegistryError naming the failure class, with skopeo's last words (never credentials: skopeo prints none)."""
     low = stderr.lower()
     last = stderr.strip().splitlines()[-1] if stderr.strip() else "(no output)"
-    if any(m in low for m in _AUTH_MARKERS):
+    if any(m in low for m in _AUTH_MARKERS) or _AUTH_STATUS.search(low):
         return RegistryError(f"{what}: the registry refused the request without valid credentials ({last})",
                              hint="log in first (`docker login HOST` or `skopeo login HOST`); credentials are read "
                                   "from REGISTRY_AUTH_FILE or docker's config.json, never from arguments")
@@ -144,7 +146,7 @@ class _Meter:
     def __init__(self, label: str, progress: Progress, every_s: float = 5.0):
         self.label, self.progress, self.every_s = label, progress, every_s
         self.done, self.total, self.skipped, self.finished = {}, {}, set(), set()
-        self.last = time.monotonic()
+        self.start = self.last = time.monotonic()
 
     def feed(self, line: str) -> None:
         for m in _BLOB_PROGRESS.finditer(line):
@@ -157,10 +159,14 @@ class _Meter:
             self.report()
 
     def report(self) -> None:
-        self.last = time.monotonic()
+        now = time.monotonic()
+        self.last = now
         blobs = set(self.total) | self.skipped | self.finished
-        self.progress(f"  {self.label}: {_human(sum(self.done.values()))} of {_human(sum(self.total.values()))} "
-                      f"sent, {len(self.finished)} of {len(blobs)} blobs done, {len(self.skipped)} already there")
+        sent, total = sum(self.done.values()), sum(self.total.values())
+        rate = sent / (now - self.start) if now - self.start > 0.5 else 0.0
+        pace = f", {rate / 1e6:.0f} MB/s, {(total - sent) / rate:.0f} s left" if rate and total > sent else ""
+        self.progress(f"  {self.label}: {_human(sent)} of {_human(total)} sent{pace}, {len(self.finished)} of "
+                      f"{len(blobs)} blobs done, {len(self.skipped)} already there, {now - self.start:.0f} s")
 
 
 def copy(src: str, dst: str, *, label: str, progress: Progress, insecure_hosts: Sequence[str] = (),
@@ -188,6 +194,8 @@ def copy(src: str, dst: str, *, label: str, progress: Progress, insecure_hosts: 
             if not ready:
                 if proc.poll() is not None:
                     break
+                if time.monotonic() - meter.last >= meter.every_s:
+                    meter.report()  # skopeo drew nothing for a while: say the copy goes on
                 continue
             try:
                 chunk = os.read(master, 65536)

@@ -7,18 +7,22 @@ the build record. Qualification runs afterwards (qualify/qualification/).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from qualify.config.imageref import ImageRef
-from qualify.config.targets import PROFILES, REPO_ROOT, Target, TargetsFile
+from qualify.config.targets import DEFAULT_BUILD, PROFILES, REPO_ROOT, BuildSettings, Target, TargetsFile
 from qualify.core import arch, fsutil
 from qualify.core.errors import BuildError, ConfigError
 from qualify.core.fsutil import write_json
@@ -29,8 +33,10 @@ from qualify.imagebuild import buildcache, hermetic, wheelhouse
 
 IMAGES_DIR = REPO_ROOT / "images"
 # Files of images/ that go into every build context.
-_CONTEXT_FILES = ("Dockerfile", "ensure-python.sh", "smoke/smoke_ext.cu",
+_CONTEXT_FILES = ("Dockerfile", "ensure-python.sh", "install-layer.sh", "smoke/smoke_ext.cu",
                   "triton-allocator/blackwell_triton_allocator.py", "triton-allocator/blackwell_triton_allocator.pth")
+# The Dockerfile's payload slots: `RUN --mount=type=bind,source=payload/<n>,...`, one per layer.
+_SLOT_RE = re.compile(r"^RUN --mount=type=bind,source=payload/(\d+),", re.M)
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,8 @@ class BuildOptions:
     profile: str = "vllm"
     engine: str = "docker"
     no_cache: bool = False
-    keep_cache: bool = False  # keep the build cache and intermediate images this build makes
+    keep_cache: bool = False  # prune none of this checkout's build cache (it is still recorded, for `clean`)
+    cache_budget_gb: Optional[float] = None  # older build cache kept; None: [build] cache_budget_gb of targets.toml
     # Both builds of a repro run get the same epoch, whatever happens to HEAD meanwhile.
     source_date_epoch: Optional[str] = None
     # A scratch build (repro): tag `<profile>-<base>-<suffix>`, its own context, no build record.
@@ -61,6 +68,8 @@ class BuildRecord:
     builder: str
     labels: Dict[str, str]
     build_seconds: float
+    # Seconds of each step: base, wheels, build (export: its BuildKit export step), cache, push.
+    steps: Dict[str, float] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -124,21 +133,136 @@ def resolve_base(engine: Engine, tf: TargetsFile, target: Target, opts: BuildOpt
     return target.base.image
 
 
-def stage_context(name: str, lock: Path, wheels: Path) -> Path:
-    """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs).
-    Each build gets its own directory: two checkouts may build the same target at once."""
+@dataclass(frozen=True)
+class PayloadSlice:
+    """The lock's packages one payload layer installs, and their wheels."""
+
+    layer: str
+    pins: Tuple[wheelhouse.Pin, ...]
+    wheels: Tuple[Path, ...]
+
+
+def payload_slices(lock: Path, wheels: Path, settings: BuildSettings = DEFAULT_BUILD) -> List[PayloadSlice]:
+    """The lock cut along [build] layers: each package in the first layer whose patterns match it."""
+    pins = wheelhouse.parse_lock(lock)
+    by_name: Dict[str, List[Path]] = {}
+    for wheel in sorted(wheels.glob("*.whl")):
+        by_name.setdefault(wheelhouse.wheel_name(wheel.name), []).append(wheel)
+    out = []
+    for layer in settings.layers:
+        mine = tuple(p for p in pins if settings.layer_of(p.name) == layer.name)
+        out.append(PayloadSlice(layer.name, mine, tuple(w for p in mine for w in by_name.get(p.name, []))))
+    return out
+
+
+def payload_slots(dockerfile: Path = IMAGES_DIR / "Dockerfile") -> int:
+    return len(_SLOT_RE.findall(dockerfile.read_text(encoding="utf-8")))
+
+
+def _slices_for_slots(lock: Path, wheels: Path, settings: BuildSettings) -> List[PayloadSlice]:
+    slices = payload_slices(lock, wheels, settings)
+    slots = payload_slots()
+    if len(slices) > slots:
+        raise ConfigError(f"images/targets.toml: [build] layers lists {len(slices)} layers; images/Dockerfile has "
+                          f"{slots} payload slots (RUN --mount=...,source=payload/<n>)",
+                          hint="join layers in targets.toml, or add a slot to the Dockerfile's payload stage")
+    return slices
+
+
+def _requirements(pins: Sequence[wheelhouse.Pin]) -> str:
+    """A slice of the lock, still pinned by hash (pip --require-hashes refuses anything else)."""
+    return "".join(f"{p.name}=={p.version} " + " ".join(f"--hash=sha256:{h}" for h in sorted(p.hashes)) + "\n"
+                   for p in pins)
+
+
+def stage_context(name: str, lock: Path, wheels: Path, settings: BuildSettings = DEFAULT_BUILD,
+                  ctx: Optional[Path] = None) -> Path:
+    """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs): the images/
+    files, the lock, and per payload slot its wheels and its slice of the lock (payload/<n>/).
+
+    Without `ctx`, a new directory (two checkouts may build the same target at once). With `ctx`, that
+    directory is brought to the same contents in place, leaving unchanged files as they are: BuildKit then
+    sends only what changed, where a new directory is gigabytes sent again (and a new cache record)."""
+    slices = _slices_for_slots(lock, wheels, settings)
+    if ctx is None:
+        parent = paths.build_contexts()
+        parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_contexts(parent, name)
+        ctx = Path(tempfile.mkdtemp(prefix=f"{name}-{os.getpid()}-", dir=parent))
+    wanted: Dict[str, Callable[[Path], None]] = {}
+    for rel in _CONTEXT_FILES:
+        wanted[rel] = functools.partial(_place_copy, IMAGES_DIR / rel)
+    for n in range(1, payload_slots() + 1):
+        piece = slices[n - 1] if n <= len(slices) else PayloadSlice("", (), ())
+        wanted[f"payload/{n}/requirements.txt"] = functools.partial(_place_text, _requirements(piece.pins))
+        for wheel in piece.wheels:
+            wanted[f"payload/{n}/{wheel.name}"] = functools.partial(_place_link, wheel)
+    _converge(ctx, wanted)
+    return ctx
+
+
+def _converge(ctx: Path, wanted: Mapping[str, Callable[[Path], None]]) -> None:
+    """Make `ctx` hold exactly `wanted` (relative path -> how to place it); a killed run is finished by the next."""
+    for path in sorted(ctx.rglob("*"), reverse=True):
+        rel = path.relative_to(ctx).as_posix()
+        if path.is_file() and not path.is_symlink() and rel in wanted:
+            continue
+        if path.is_dir() and not path.is_symlink() and any(w.startswith(rel + "/") for w in wanted):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for rel, place in sorted(wanted.items()):
+        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+        place(ctx / rel)
+
+
+def _place_copy(src: Path, dst: Path) -> None:
+    if dst.is_file() and dst.read_bytes() == src.read_bytes():
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _place_text(text: str, dst: Path) -> None:
+    if dst.is_file() and dst.read_text(encoding="utf-8") == text:
+        return  # unchanged: its mtime stays, so BuildKit does not send it again
+    fsutil.write_atomic(dst, text)
+
+
+def _place_link(src: Path, dst: Path) -> None:
+    if dst.exists() and os.path.samefile(src, dst):
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    _link_or_copy(src, tmp)
+    os.replace(tmp, dst)
+
+
+@contextlib.contextmanager
+def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) -> Iterator[Path]:
+    """The context of one build: a folder kept per lock and checkout, so that an unchanged rebuild sends
+    BuildKit nothing (the docker CLI keys its context cache by the folder's path); the three amd64 targets
+    share it. When another build of this checkout holds it, a folder of this build's own (sent whole)."""
     parent = paths.build_contexts()
     parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_contexts(parent, name)
-    ctx = Path(tempfile.mkdtemp(prefix=f"{name}-{os.getpid()}-", dir=parent))
-    (ctx / "wheelhouse").mkdir()
-    for rel in _CONTEXT_FILES:
-        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(IMAGES_DIR / rel, ctx / rel)
-    shutil.copy2(lock, ctx / "requirements.txt")
-    for wheel in sorted(wheels.glob("*.whl")):
-        _link_or_copy(wheel, ctx / "wheelhouse" / wheel.name)
-    return ctx
+    stable = parent / f"{lock.stem}-{ledger.path().parent.name}"
+    with open(parent / f"{stable.name}.lock", "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[build] {stable.name} is in use by another build of this checkout: staging a context of this "
+                  "build's own (sent to the builder whole)", file=sys.stderr, flush=True)
+            ctx = stage_context(name, lock, wheels, settings)
+            try:
+                yield ctx
+            finally:
+                shutil.rmtree(ctx, ignore_errors=True)
+            return
+        stable.mkdir(exist_ok=True)
+        yield stage_context(name, lock, wheels, settings, ctx=stable)
 
 
 def _remove_stale_contexts(parent: Path, name: str) -> None:
@@ -220,32 +344,49 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     start = time.monotonic()
     print(f"[build] {target.name} ({target.description}), profile {opts.profile}, {opts.base} base, "
           f"{target.platform}", file=sys.stderr, flush=True)
+    steps: Dict[str, float] = {}
+    clock = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        steps[name] = round(time.monotonic() - clock, 1)
+        clock = time.monotonic()
+
     base = resolve_base(engine, tf, target, opts, registry)
+    lap("base")
     wheels = wheelhouse.prepare(lock, target.platform, python)
+    lap("wheels")
     epoch = opts.source_date_epoch or provenance.source_date_epoch()
     suffix = f"-{opts.tag_suffix}" if opts.tag_suffix else ""
-    ctx = stage_context(f"{target.name}-{opts.profile}-{opts.base}{suffix}", lock, wheels)
+    key = f"{target.name}-{opts.profile}-{opts.base}{suffix}"
     tag = f"{registry.ref(image_repository(target))}:{opts.profile}-{opts.base}{suffix}"
     previous = engine.image_id(tag)  # "" on a first build
     image_labels = labels(target, opts, base, lock, epoch)
-    before = None if opts.keep_cache else buildcache.footprint(engine)
-    image_id = engine.build(BuildRequest(
-        context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
-        build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,
-        no_cache=opts.no_cache, source_date_epoch=epoch,
-    ))
-    shutil.rmtree(ctx, ignore_errors=True)  # links into the wheelhouse; kept only when the build failed
-    if before is not None:  # a failed build keeps its cache: the rerun that fixes it starts from there
-        buildcache.report(buildcache.remove_what_the_build_made(engine, before, image_id, tag, engine.image_id(base.by_digest)))
+    before = buildcache.footprint(engine)
+    with build_context(key, lock, wheels, tf.build) as ctx:
+        image_id = engine.build(BuildRequest(
+            context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
+            build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,
+            no_cache=opts.no_cache, source_date_epoch=epoch,
+        ))
+    lap("build")
+    if "exporting to image" in engine.last_build_steps:
+        steps["export"] = round(engine.last_build_steps["exporting to image"], 1)
+    # A failed build keeps its cache: the rerun that fixes it starts from there.
+    budget = tf.build.cache_budget_bytes if opts.cache_budget_gb is None else int(opts.cache_budget_gb * 10**9)
+    buildcache.report(buildcache.settle(engine, before, key, image_id, tag, engine.image_id(base.by_digest),
+                                        budget=None if opts.keep_cache else budget))
     _check_platform(engine, tag, target)
+    lap("cache")
     digest = engine.push(tag)
+    lap("push")
     ledger.record(image_id, f"{tag.rsplit(':', 1)[0]}@{digest}")
     _drop_previous(engine, previous, image_id)
     record = BuildRecord(
         target=target.name, profile=opts.profile, base_kind=opts.base, platform=target.platform,
         base_image=base.by_digest, image_reference=f"{tag.rsplit(':', 1)[0]}@{digest}", image_tag=tag,
         image_id=image_id, engine=engine.name, builder=engine.builder, labels=image_labels,
-        build_seconds=round(time.monotonic() - start, 1),
+        build_seconds=round(time.monotonic() - start, 1), steps=steps,
     )
     if not opts.tag_suffix:
         write_json(record_path(target.name, opts.profile, opts.base), asdict(record))

@@ -69,7 +69,7 @@ def platform_tags(platform: str) -> List[str]:
     return tags
 
 
-def _wheel_name(filename: str) -> str:
+def wheel_name(filename: str) -> str:
     return normalise(filename.split("-", 1)[0])
 
 
@@ -121,7 +121,7 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
     """Every pinned package has exactly one wheel here whose hash the lock lists."""
     by_name: Dict[str, List[Path]] = {}
     for wheel in dest.glob("*.whl"):
-        by_name.setdefault(_wheel_name(wheel.name), []).append(wheel)
+        by_name.setdefault(wheel_name(wheel.name), []).append(wheel)
     for pin in pins:
         wheels = by_name.get(pin.name, [])
         if not wheels:

@@ -1,0 +1,233 @@
+"""Benchmark the image build (`nox -s bench-build`, by hand, not in CI): where the time of a build goes.
+
+    python -m qualify.devtools.bench_build [--target sm120] [--second sm100] [--profile smoke|vllm|all]
+                                           [--skip-download] [--skip-pull] [--keep]
+
+Rows, each measured here, on the hermetic base (made first when missing, untimed):
+1. smoke, first build (`--no-cache`: every step runs; base and wheelhouse present) and its push;
+2. smoke, no-change rebuild (served from the build cache the first build left);
+3. vLLM: wheel download into a scratch folder (the lock's wheels from PyPI, hashes checked; the shared
+   wheelhouse is left alone), first build split into image build, export (BuildKit's export step) and
+   push, then the no-change rebuild (the build alone, as `--no-qualify` runs it);
+4. the second amd64 target (`--second`) built after the first: its build and its push;
+5. the image: size, layer count and the largest layer (sizes as the registry stores them, compressed);
+6. pull of the image from the loopback registry into a clean engine: a second dockerd of the bench's own
+   (its own data root under the state folder, no network of its own), started, timed, stopped, removed.
+
+Builds use a scratch tag (`<profile>-hermetic-bench`): no real tag moves and no build record is written.
+At the end the bench removes its images from the engine and its manifests from the registry (the blobs
+stay until `nox -s clean` collects the registry), and lets the next build prune its cache to the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+from qualify.config import targets
+from qualify.core.errors import QualifyError
+from qualify.host import cacheledger, cmd, paths, provenance, skopeo, tables
+from qualify.host.engine import Engine
+from qualify.host.registry import Registry
+from qualify.imagebuild import buildcache, image, wheelhouse
+
+SUFFIX = "bench"
+DOCKERD = "/usr/bin/dockerd"
+
+
+@dataclass(frozen=True)
+class Row:
+    step: str
+    seconds: Optional[float]
+    note: str = ""
+
+    def cells(self) -> List[str]:
+        return [self.step, "-" if self.seconds is None else f"{self.seconds:.1f}", self.note]
+
+
+def say(text: str) -> None:
+    print(f"[bench-build] {text}", file=sys.stderr, flush=True)
+
+
+def build(tf, target: str, profile: str, engine: Engine, registry: Registry, no_cache: bool) -> image.BuildRecord:
+    opts = image.BuildOptions(target=target, base="hermetic", profile=profile, no_cache=no_cache, tag_suffix=SUFFIX)
+    return image.build(tf, opts, engine, registry)
+
+
+def build_rows(name: str, record: image.BuildRecord) -> List[Row]:
+    s = record.steps
+    return [Row(f"{name}: whole build", record.build_seconds),
+            Row(f"{name}:   image build (docker build)", s.get("build"), f"of which export {s.get('export', 0):.1f} s"),
+            Row(f"{name}:   cache bookkeeping", s.get("cache")),
+            Row(f"{name}:   push to the loopback registry", s.get("push"))]
+
+
+def download(lock: Path, platform: str, python: str) -> Row:
+    scratch = Path(tempfile.mkdtemp(prefix="bench-wheels-", dir=paths.state()))
+    try:
+        start = time.monotonic()
+        wheelhouse.prepare_into(lock, platform, python, scratch / "w")
+        seconds = time.monotonic() - start
+        size = sum(p.stat().st_size for p in (scratch / "w").glob("*.whl"))
+        return Row("vllm: wheel download (PyPI, hashes checked)", seconds, f"{size / 1e9:.2f} GB")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def image_rows(record: image.BuildRecord, registry: Registry) -> List[Row]:
+    raw = json.loads(skopeo.inspect_raw(f"docker://{record.image_reference}", (registry.address,)))
+    sizes = [int(layer.get("size", 0)) for layer in raw.get("layers", [])]
+    nonempty = [s for s in sizes if s > 32]  # an empty layer is a 32-byte gzip of an empty tar
+    return [Row("image: layers (compressed, as stored)", None,
+                f"{len(sizes)} layers ({len(nonempty)} not empty), {sum(sizes) / 1e9:.2f} GB compressed, "
+                f"largest {max(sizes, default=0) / 1e9:.2f} GB")]
+
+
+@contextlib.contextmanager
+def scratch_engine() -> Iterator[str]:
+    """A second dockerd with a data root of its own: a clean engine to pull into. Yields its socket address."""
+    if not os.path.exists(DOCKERD):
+        raise QualifyError(f"{DOCKERD} not found: the pull into a clean engine needs Debian's docker.io",
+                           hint="run with --skip-pull")
+    root = paths.state("bench-engine")
+    shutil.rmtree(root, ignore_errors=True)  # a killed run's
+    run = Path(tempfile.mkdtemp(prefix="qualify-bench-engine-", dir="/run" if os.access("/run", os.W_OK) else None))
+    sock = f"unix://{run}/docker.sock"
+    log = open(run / "dockerd.log", "w")
+    proc = subprocess.Popen([DOCKERD, "--data-root", str(root / "data"), "--exec-root", str(run / "exec"),
+                             "--pidfile", str(run / "docker.pid"), "--host", sock, "--bridge", "none",
+                             "--iptables=false", "--ip-masq=false", "--storage-driver", "overlay2"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while cmd.call(["/usr/bin/docker", "-H", sock, "info"], check=False, timeout=30).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise QualifyError(f"the bench's own dockerd did not start: {cmd.tail((run / 'dockerd.log').read_text())}")
+            time.sleep(0.5)
+        yield sock
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def pull_row(record: image.BuildRecord, size: int) -> Row:
+    free = shutil.disk_usage(paths.state()).free
+    need = 1.6 * size  # the unpacked layers, plus the compressed downloads while they unpack
+    if free < need:
+        return Row("pull into a clean engine", None, f"not run: {free / 1e9:.1f} GB free, needs ~{need / 1e9:.0f} GB")
+    with scratch_engine() as sock:
+        start = time.monotonic()
+        cmd.call(["/usr/bin/docker", "-H", sock, "pull", "-q", record.image_reference], timeout=3600)
+        seconds = time.monotonic() - start
+    return Row("pull into a clean engine (second dockerd)", seconds, record.image_reference.rsplit("/", 1)[-1][:40])
+
+
+def image_size(record: image.BuildRecord) -> int:
+    info = Engine("docker").inspect(record.image_reference)
+    return info.size if info else 0
+
+
+def drop_images_and_cache(engine: Engine, records: List[image.BuildRecord]) -> None:
+    """The bench's images out of the engine and the cache records only its builds use pruned: the disk
+    they held is what the pull into a clean engine needs (a vLLM image is 12.5 GB)."""
+    for record in records:
+        engine.remove_created([record.image_id])
+    with cacheledger.locked():
+        book = cacheledger.load()
+        mine = {i for k, v in book.latest.items() if k.endswith(f"-{SUFFIX}") for i in v}
+        book.latest = {k: v for k, v in book.latest.items() if not k.endswith(f"-{SUFFIX}")}
+        cache = engine.build_cache()
+        keep = buildcache.with_ancestors(book.kept() | cacheledger.kept_by_others(), cache)
+        engine.remove_build_cache(sorted((mine & set(book.owned)) - keep))
+        left = set(engine.build_cache())
+        book.owned = [i for i in book.owned if i in left]
+        cacheledger.save(book)
+
+
+def delete_manifests(registry: Registry, records: List[image.BuildRecord]) -> None:
+    """What the bench pushed, by digest (the blobs stay until `nox -s clean` collects the registry)."""
+    for ref in sorted({r.image_reference for r in records}):
+        try:
+            skopeo.delete(f"docker://{ref}", (registry.address,))
+        except QualifyError as exc:
+            say(f"warning: {exc}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench-build", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="sm120")
+    parser.add_argument("--second", default="sm100", help="another target of the same platform")
+    parser.add_argument("--profile", choices=("smoke", "vllm", "all"), default="all")
+    parser.add_argument("--skip-download", action="store_true", help="do not time the vLLM wheel download")
+    parser.add_argument("--skip-pull", action="store_true", help="do not time the pull into a clean engine")
+    parser.add_argument("--keep", action="store_true", help="leave the bench's images and manifests")
+    args = parser.parse_args(argv)
+    tf = targets.load()
+    engine, registry = Engine("docker").check(), Registry.from_env().ensure()
+    first, second = tf.get(args.target), tf.get(args.second)
+    if first.platform != second.platform:
+        raise QualifyError(f"--second {second.name} is {second.platform}, {first.name} {first.platform}",
+                           hint="name another target of the same platform")
+    rows: List[Row] = []
+    made: List[image.BuildRecord] = []
+    try:
+        if args.profile in ("smoke", "all"):
+            say("smoke: first build (no cache)")
+            cold = build(tf, first.name, "smoke", engine, registry, no_cache=True)
+            made.append(cold)
+            rows += build_rows("smoke first build", cold)
+            again = build(tf, first.name, "smoke", engine, registry, no_cache=False)
+            rows.append(Row("smoke no-change rebuild", again.build_seconds, f"push {again.steps.get('push', 0):.1f} s"))
+        if args.profile in ("vllm", "all"):
+            python = first.python_for("hermetic", tf.hermetic)
+            lock = first.lock_path("vllm", python)
+            if not args.skip_download:
+                say("vllm: wheel download into a scratch folder")
+                rows.append(download(lock, first.platform, python))
+            say("vllm: first build (no cache)")
+            cold = build(tf, first.name, "vllm", engine, registry, no_cache=True)
+            made.append(cold)
+            rows += build_rows("vllm first build", cold)
+            again = build(tf, first.name, "vllm", engine, registry, no_cache=False)
+            rows.append(Row("vllm no-change rebuild", again.build_seconds, f"push {again.steps.get('push', 0):.1f} s"))
+            say(f"vllm: {second.name} after {first.name}")
+            other = build(tf, second.name, "vllm", engine, registry, no_cache=False)
+            made.append(other)
+            rows += build_rows(f"vllm {second.name} after {first.name}", other)
+            rows += image_rows(cold, registry)
+            size = image_size(cold)
+            rows.append(Row("image: size in the engine", None, f"{size / 1e9:.2f} GB"))
+            if not args.skip_pull:
+                drop_images_and_cache(engine, made)  # the disk the pull needs
+                say("vllm: pull into a clean engine")
+                rows.append(pull_row(cold, size))
+    finally:
+        if not args.keep and made:
+            drop_images_and_cache(engine, made)
+            delete_manifests(registry, made)
+    print(f"bench-build at {provenance.revision()[:12] or 'unknown revision'}, {os.cpu_count()} cores, "
+          f"{engine.describe()}")
+    print(tables.table([r.cells() for r in rows], ["step", "seconds", "note"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
