@@ -9,9 +9,11 @@ from qualify.host.engine import Engine
 from qualify.imagebuild import image
 
 
-def add_image_options(parser) -> None:
-    """Options shared by build, qualify and repro (the same image is meant)."""
-    parser.add_argument("target", help="a target of images/targets.toml, e.g. sm120")
+def add_image_options(parser, target_optional: bool = False) -> None:
+    """Options shared by build, qualify and repro (the same image is meant). `target_optional`: qualify, whose
+    `--image` form may name the target with `--target` instead."""
+    parser.add_argument("target", nargs="?" if target_optional else None, default=None,
+                        help="a target of images/targets.toml, e.g. sm120")
     parser.add_argument("--base", choices=targets.BASE_KINDS, default="pinned",
                         help="pinned: the nvidia/cuda digest from targets.toml; hermetic: built here from Debian + "
                         "CUDA wheels (default: %(default)s)")
