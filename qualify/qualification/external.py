@@ -209,13 +209,18 @@ def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *
     check_platform(img, target)
     print(f"[qualify] {requested} is {img.reference} ({img.platform}, resolved by {img.resolved_by})",
           file=sys.stderr, flush=True)
-    chosen = Profile(profile) if profile else detect_profile(engine, img)
-    if not profile:
-        print(f"[qualify] profile {chosen} (detected: {'vLLM is' if chosen == Profile.VLLM else 'no vLLM'} installed)",
-              file=sys.stderr, flush=True)
-    emulated = target.platform != engine.native_platform()
-    predicate = container.run_probe(engine, img.reference, container.probe_target(target, chosen.value, emulated),
-                                    gpus=gpus, origin=ORIGIN)
+    try:
+        chosen = Profile(profile) if profile else detect_profile(engine, img)
+        if not profile:
+            print(f"[qualify] profile {chosen} (detected: {'vLLM is' if chosen == Profile.VLLM else 'no vLLM'} "
+                  "installed)", file=sys.stderr, flush=True)
+        emulated = target.platform != engine.native_platform()
+        predicate = container.run_probe(engine, img.reference, container.probe_target(target, chosen.value, emulated),
+                                        gpus=gpus, origin=ORIGIN)
+    except EngineError as exc:  # name the image as it was asked for (a local image runs by its bare id)
+        if img.requested in exc.message:
+            raise
+        raise EngineError(f"--image {img.requested}: {exc.message}", hint=exc.hint) from None
     path = write_atomic(out or default_path(target.name, img), manifest.dumps(assemble(img, predicate)))
     print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
     return path

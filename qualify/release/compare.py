@@ -121,7 +121,9 @@ class Comparison:
 
     def text(self, width: Optional[int] = None) -> str:
         """For people: one column per image; `*` marks a row whose values differ."""
-        rows = [[MARK if r.differs else "", r.title, *(v or ABSENT for v in r.values)] for r in self.rows]
+        # The header names each image (repository and digest prefix); the full references are in --json/--markdown.
+        rows = [[MARK if r.differs else "", r.title, *(v or ABSENT for v in r.values)] for r in self.rows
+                if r.section != "image" or r.name != "image"]
         head = f"{self.target} (capability {self.capability}): {len(self.columns)} images"
         foot = (f"{MARK} the images differ; the verdicts differ" if self.verdicts_differ
                 else f"{MARK} the images differ; the verdicts agree")
