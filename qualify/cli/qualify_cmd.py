@@ -21,7 +21,6 @@ from qualify.qualification import stage as qualification
 
 def configure_parser(parser) -> None:
     add_image_options(parser, target_optional=True)
-    parser.set_defaults(profile=None)  # built images: vllm; --image: detected from what the image holds
     parser.add_argument("--force", action="store_true", help="qualify again even if this image was qualified by this probe")
     external = parser.add_argument_group("an image built elsewhere (--image)")
     external.add_argument("--image", metavar="REF",
