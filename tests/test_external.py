@@ -238,8 +238,12 @@ def test_a_vendor_image_can_be_vouched_for_and_a_failing_one_is_refused(qualifie
 def test_a_local_image_id_is_its_own_digest(engine, qualified, tmp_path):
     """An image only this engine has (never pushed): its id is what it is."""
     image_id = engine.image_id(qualified[("sm120", "3.8.0")][0])
-    path = tmp_path / "local.json"
-    assert cli("qualify", "--image", image_id, "--target", "sm120", "--out", str(path)).returncode == 1
+    done = cli("qualify", "--image", image_id, "--target", "sm120")  # to the default place: build/external/
+    assert done.returncode == 1, done.stderr
+    path = external.default_path("sm120", external.resolve(engine, image_id, "linux/amd64"))
+    assert f"manifest: {path.relative_to(REPO)}" in done.stdout and path.parent == external.EXTERNAL_DIR
+    released = qualification.MANIFEST_DIR / "sm120.json"  # the release input is never an external manifest
+    assert not released.exists() or manifest.subject_digest(manifest.load(released)) != image_id
     doc = manifest.load(path)
     jsonschema.validate(doc, SCHEMA)
     image = manifest.predicate(doc)["image"]
@@ -307,5 +311,3 @@ def test_a_release_never_takes_an_external_qualification(qualified):
     path = qualified[("sm120", "3.8.0")][1]
     result = assess.assess(Candidate("sm120", path, path.read_bytes()), "unverified", lambda ref: None)
     assert isinstance(result, Withheld) and "origin external" in result.reason
-    assert not (qualification.MANIFEST_DIR / path.name).exists()
-    assert external.EXTERNAL_DIR != qualification.MANIFEST_DIR
