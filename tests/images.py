@@ -7,7 +7,10 @@ them from a clean state (debootstrap, CUDA wheels, loopback registry).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 from qualify.config import targets
 from qualify.host.engine import Engine
@@ -56,3 +59,73 @@ def derived(docker: str, base_ref: str, tag: str, dockerfile_body: str, files: d
 def run(docker: str, image: str, script: str, platform: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([docker, "run", "--rm", "--network", "none", "--platform", platform, image, "bash", "-c",
                            script], capture_output=True, text=True, timeout=timeout)
+
+
+# --- images built the way people commonly build them (issue 34) ------------------------------------------
+
+PYPI = "https://pypi.org/simple"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+PYENV_38 = "/root/.pyenv/versions/3.8.18"  # a real CPython 3.8 on this machine kind (pyenv's), for the 3.8 image
+
+
+def _triton_wheels(target, version: str, dest) -> Path:
+    """The triton wheel for the target's platform: 3.8.0 from our own hash-checked smoke wheelhouse (the same
+    wheel our build installs), another version straight from PyPI."""
+    from qualify.imagebuild import wheelhouse
+
+    tf = targets.load()
+    t = tf.get(target)
+    python = t.python_for("hermetic", tf.hermetic)
+    if version == "3.8.0":
+        return wheelhouse.prepare(t.lock_path("smoke", python), t.platform, python)
+    dest.mkdir(parents=True, exist_ok=True)
+    arch = t.uname_machine
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--platform", f"manylinux_2_27_{arch}", "--platform", f"manylinux_2_28_{arch}",
+                    "--python-version", python, "--index-url", PYPI, "--cert", CA_BUNDLE, "-d", str(dest),
+                    f"triton=={version}"], check=True, timeout=900, capture_output=True)
+    return dest
+
+
+def external(target: str, triton_version: str, tmp_dir, registry: str) -> str:
+    """`pip install triton==VERSION` into a venv on the hermetic base, and nothing else: no TRITON_*_PATH, no
+    TORCH_CUDA_ARCH_LIST, no allocator hook (what a plain Dockerfile does). Pushed to the loopback registry;
+    returns its tag `REGISTRY/qualify-test/external-triton-<v>:<target>`."""
+    key = ("external", target, triton_version)
+    if key not in _CACHE:
+        record = smoke(target)  # the hermetic base and the smoke wheelhouse exist after it
+        ctx = tmp_dir / f"external-{target}-{triton_version}"
+        wheels = _triton_wheels(target, triton_version, ctx / "download")
+        ctx.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(ctx / "wheels", ignore_errors=True)
+        shutil.copytree(wheels, ctx / "wheels", ignore=shutil.ignore_patterns(".*"))
+        (ctx / "Dockerfile").write_text(
+            f"FROM {record.base_image}\n"
+            # bind-mounted, so the wheel itself is no layer of the image
+            "RUN --mount=type=bind,source=wheels,target=/tmp/wheels python3 -m venv /opt/venv \\\n"
+            f" && /opt/venv/bin/pip install --no-index --no-cache-dir --disable-pip-version-check "
+            f"--find-links /tmp/wheels triton=={triton_version}\n"
+            "ENV PATH=/opt/venv/bin:$PATH\n")
+        tag = f"{registry}/qualify-test/external-triton-{triton_version.replace('.', '')}:{target}"
+        platform = targets.load().get(target).platform
+        subprocess.run(["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
+                       capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=1800)
+        subprocess.run(["/usr/bin/docker", "push", tag], check=True, capture_output=True, timeout=900)
+        _CACHE[key] = tag
+    return _CACHE[key]
+
+
+def python38_files(ctx) -> dict:
+    """A real CPython 3.8 (pyenv's build on this host: bin/python3.8 and its libpython, rpath-linked, plus the
+    standard library without its tests) for a `COPY` into an image."""
+    import tarfile
+
+    root = Path(PYENV_38)
+    tar = ctx / "python38.tar"
+    with tarfile.open(tar, "w") as out:
+        out.add(root / "bin" / "python3.8", arcname=str(root / "bin" / "python3.8").lstrip("/"))
+        out.add(root / "lib" / "libpython3.8.so.1.0", arcname=str(root / "lib" / "libpython3.8.so.1.0").lstrip("/"))
+        out.add(root / "lib" / "python3.8", arcname=str(root / "lib" / "python3.8").lstrip("/"),
+                filter=lambda m: None if ("/test/" in m.name + "/" or "site-packages/" in m.name
+                                          or "__pycache__" in m.name) else m)
+    return {"python38.tar": tar.read_bytes()}

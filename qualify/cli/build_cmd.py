@@ -9,15 +9,19 @@ from qualify.host.engine import Engine
 from qualify.imagebuild import image
 
 
-def add_image_options(parser) -> None:
-    """Options shared by build, qualify and repro (the same image is meant)."""
-    parser.add_argument("target", help="a target of images/targets.toml, e.g. sm120")
+def add_image_options(parser, target_optional: bool = False) -> None:
+    """Options shared by build, qualify and repro (the same image is meant). `target_optional`: qualify, whose
+    `--image` form may name the target with `--target` instead."""
+    parser.add_argument("target", nargs="?" if target_optional else None, default=None,
+                        help="a target of images/targets.toml, e.g. sm120")
     parser.add_argument("--base", choices=targets.BASE_KINDS, default="pinned",
                         help="pinned: the nvidia/cuda digest from targets.toml; hermetic: built here from Debian + "
                         "CUDA wheels (default: %(default)s)")
-    parser.add_argument("--profile", choices=targets.PROFILES, default="vllm",
+    parser.add_argument("--profile", choices=targets.PROFILES, default=None if target_optional else "vllm",
                         help="vllm: vLLM 0.33 + torch + FlashInfer, an image of about 12 GB; smoke: Triton + a tiny "
-                        "CUDA extension, about 1.6 GB (default: %(default)s)")
+                        "CUDA extension, about 1.6 GB (default: "
+                        + ("vllm; with --image: detected from what the image holds)" if target_optional
+                           else "%(default)s)"))
     parser.add_argument("--engine", choices=("docker", "podman"), default="docker",
                         help="container engine (default: %(default)s)")
     parser.add_argument("--file", default=None, help="targets file (default: images/targets.toml)")

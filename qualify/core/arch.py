@@ -329,3 +329,17 @@ def arch_list_problems(arch_list: str, target: Capability) -> List[str]:
 def triton_gpu_name(cap: Capability) -> str:
     """The ptxas `--gpu-name` Triton uses: `sm_XYa` from capability 9.0 on."""
     return f"sm_{cap.number}{'a' if cap.major >= 9 else ''}"
+
+
+# The PTX ISA release that first names each arch-specific target (NVIDIA's PTX ISA release notes: 8.0 with
+# CUDA 12.0, 8.6 with 12.7, 8.7 with 12.8, 8.8 with 12.9, 9.0 with 13.0). A PTX module must declare at least
+# this `.version`; a newer one than its ptxas knows is refused for that reason alone (CUDA 12.8's ptxas
+# rejects `.version 8.8` even for sm_120a, which it assembles).
+_FIRST_PTX_ISA = {90: (8, 0), 100: (8, 6), 101: (8, 6), 103: (8, 8), 110: (9, 0), 120: (8, 7), 121: (8, 8)}
+
+
+def first_ptx_isa(cap: Capability) -> str:
+    """`.version` of the oldest PTX ISA that can name Triton's target for `cap` (before 9.0: 7.0, CUDA 11.0's,
+    which names up to sm_80; a newer capability not in the table: 8.8)."""
+    major, minor = _FIRST_PTX_ISA.get(cap.number, (7, 0) if cap.major < 9 else (8, 8))
+    return f"{major}.{minor}"

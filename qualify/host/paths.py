@@ -120,6 +120,11 @@ class Checkout:
         return self.qualified_dir / f"{target}-{profile}-{base_kind}.json"
 
     @property
+    def external(self) -> Path:
+        """`build/external/`: qualifications of images we did not build, never a release input."""
+        return self.build_dir / "external"
+
+    @property
     def releases(self) -> Path:
         """`manifests/`: release folders (`manifests/<tag>/`), committed."""
         return self.root / "manifests"

@@ -164,8 +164,10 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
-        profile: Optional[Profile], torch_missing: Optional[str] = None) -> Dict[str, Any]:
-    """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}."""
+        profile: Optional[Profile], torch_missing: Optional[str] = None, own_extension: bool = True) -> Dict[str, Any]:
+    """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}.
+    `own_extension`: the image is one of our smoke builds, which carry the smoke extension (an image built
+    elsewhere has no reason to)."""
     import time
 
     from qualify.core import kernels
@@ -187,7 +189,7 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
         torch_arch_list(rows, torch_claimed, torch_missing),
         unreadable(rows),
     ]
-    if profile == Profile.SMOKE:
+    if profile == Profile.SMOKE and own_extension:
         checks.append(smoke_extension(rows, arch_list))
     return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3),
             "files_scanned": report["files_scanned"], "paths": list(paths), "decoders": decoders}

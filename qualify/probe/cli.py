@@ -36,6 +36,9 @@ def configure_parser(parser: argparse.ArgumentParser, target_required: bool = Tr
     parser.add_argument("--out", help="write the manifest (or predicate) here, atomically")
     parser.add_argument("--predicate-only", action="store_true", help="write only the predicate (the host wraps it)")
     parser.add_argument("--subject", help="image name@sha256:... the manifest is about (default: this host's environment)")
+    parser.add_argument("--origin", choices=runner.ORIGINS, default="built",
+                        help="built: an image of this toolkit (its wiring is expected); external: an image built "
+                        "elsewhere, judged by what it holds (default: built)")
 
 
 def probe_target(args) -> runner.ProbeTarget:
@@ -55,7 +58,7 @@ def host_subject(predicate: dict) -> tuple:
 
 
 def execute(args, target: runner.ProbeTarget) -> int:
-    predicate = runner.run(target, scope=args.only, extra_paths=args.path)
+    predicate = runner.run(target, scope=args.only, extra_paths=args.path, origin=getattr(args, "origin", "built"))
     if args.predicate_only:
         doc = predicate
     else:

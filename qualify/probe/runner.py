@@ -20,10 +20,12 @@ from typing import Any, Dict, List, Optional
 from qualify import __version__
 from qualify.core import arch, manifest
 from qualify.core.enums import CheckStatus, Profile, SupportLevel
-from qualify.probe import census_check, gpu, identity, providers, selfsufficiency, triton_checks, versions
+from qualify.probe import census_check, environment, gpu, identity, providers, selfsufficiency, triton_checks, versions
 from qualify.probe.model import CheckResult
 
 SCOPES = ("all", "static", "gpu")
+# Who built the image: "built" (this toolkit: its wiring is expected) or "external" (judged by what it holds).
+ORIGINS = ("built", "external")
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,13 @@ def _timed(results: List[CheckResult], fn, *args) -> Any:
     return out
 
 
-def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = None) -> Dict[str, Any]:
+def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = None,
+        origin: str = "built") -> Dict[str, Any]:
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}")
+    if origin not in ORIGINS:
+        raise ValueError(f"origin must be one of {ORIGINS}")
+    external = origin == "external"
     start = time.monotonic()
     cap = t.capability
     checks: List[CheckResult] = []
@@ -127,10 +133,13 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
         _timed(checks, versions.check, pkgs, tk, torch_view, t.profile)
         predicate["versions"] = {"packages": pkgs, "toolkit": tk, "torch": torch_view}
         census = census_check.run(cap, t.torch_cuda_arch_list, census_check.search_paths(extra_paths or []),
-                                  torch_view.get("arch_list"), t.profile, torch_view.get("reason"))
+                                  torch_view.get("arch_list"), t.profile, torch_view.get("reason"),
+                                  own_extension=not external)
         _record(checks, census["checks"])
         predicate["census"] = {k: v for k, v in census.items() if k != "checks"}
-        _static_triton(checks, t, cap, triton_version)
+        _record(checks, [environment.torch_cuda_arch_list(cap, t.torch_cuda_arch_list, "torch" in pkgs),
+                         environment.cuda_toolkit(cap, tk)])
+        _static_triton(checks, t, cap, triton_version, external, (tk.get("ptxas") or {}).get("path"))
         _providers(checks, predicate, cap, pkgs, census, has_gpu)
 
     if scope in ("all", "gpu"):
@@ -158,11 +167,14 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     return predicate
 
 
-def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capability, triton_version: Optional[str]) -> None:
-    wiring = _timed(checks, triton_checks.wiring, cap, t.triton_env, triton_version)
+def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capability, triton_version: Optional[str],
+                   external: bool = False, toolkit_ptxas: Optional[str] = None) -> None:
+    wiring = _timed(checks, triton_checks.wiring, cap, t.triton_env, triton_version, external, toolkit_ptxas)
     used = wiring.evidence.get("ptxas_path") if wiring.evidence else None
-    wired = t.triton_env.get("TRITON_PTXAS_BLACKWELL_PATH" if cap.major >= 10 else "TRITON_PTXAS_PATH")
-    _timed(checks, triton_checks.assembles, cap, used or (wired if wired and os.path.exists(wired) else None))
+    env = triton_checks.knob_env(wiring.evidence or {}, cap)[1]
+    wired = t.triton_env.get(env) if not external else None
+    _timed(checks, triton_checks.assembles, cap, used or (wired if wired and os.path.exists(wired) else None), env,
+           toolkit_ptxas)
     caps = [cap] + [c for c in t.cross_compile if c != cap]
     _timed(checks, triton_checks.cross_compile, caps, cap, triton_version)
     _timed(checks, triton_checks.allocator, triton_version)

@@ -133,9 +133,10 @@ def _engine_problem(said: str, image: str) -> Optional[EngineError]:
 
 
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
-              timeout: float = 900) -> Dict[str, Any]:
+              timeout: float = 900, origin: str = "built") -> Dict[str, Any]:
     """The probe's predicate, from a throw-away container of `image`, with the decoders for its python3
-    staged beside it (qualification/staging.py)."""
+    staged beside it (qualification/staging.py). `origin` "external": an image this toolkit did not build,
+    judged by what it holds rather than against our wiring."""
     from qualify.qualification import staging
 
     mount = stage_probe(probe_sources_digest())
@@ -158,7 +159,8 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
         proc = engine.run_container(
             image,
             ["python3", "-m", "qualify.probe", "--target-json", target.to_json(),
-             "--only", scope, "--predicate-only", "--out", "/out/predicate.json"],
+             "--only", scope, "--predicate-only", "--out", "/out/predicate.json",
+             *(["--origin", origin] if origin != "built" else [])],
             mounts=[*mounts, (str(out_dir), "/out", "rw")], env=env,
             network="none", platform=target.platform, timeout=timeout, gpus=gpus,
             on_stderr_line=_forward_progress,

@@ -35,7 +35,7 @@ def validate(doc: Dict[str, Any]) -> None:
 def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
     predicate = dict(predicate)
     predicate["image"] = {"reference": record.image_reference, "digest": record.digest, "id": record.image_id,
-                          "tag": record.image_tag, "labels": record.labels}
+                          "tag": record.image_tag, "origin": "built", "labels": record.labels}
     predicate["base"] = {"kind": record.base_kind, "image": record.base_image}
     predicate["build"] = {"engine": record.engine, "builder": record.builder, "seconds": record.build_seconds}
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "source_revision": provenance.revision(),
@@ -92,5 +92,6 @@ def summary_line(path: Path) -> str:
 def report(path: Path, file: TextIO) -> int:
     """Summary for people; exit 1 when the verdict is fail."""
     print(summary_line(path), file=file)
-    print(f"manifest: {path.relative_to(REPO_ROOT)}", file=file)
+    shown = path.resolve().relative_to(REPO_ROOT) if path.resolve().is_relative_to(REPO_ROOT) else path
+    print(f"manifest: {shown}", file=file)
     return 1 if manifest.predicate(manifest.load(path))["verdict"] == "fail" else 0

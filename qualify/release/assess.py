@@ -29,6 +29,9 @@ def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optiona
     named = target_name(stmt)
     if named and named != target:
         return f"the manifest is for target {named!r}, not {target!r}"
+    if isinstance(pred.get("image"), dict) and pred["image"].get("origin") == "external":
+        return ("it qualifies an image built elsewhere (origin external): a release holds our own builds only "
+                "(keep external qualifications apart: build/external/)")
     failing = [str(c.get("id")) for c in mf.failing_checks(stmt)]
     if failing:
         return f"failing checks: {', '.join(failing)}"
