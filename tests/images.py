@@ -44,15 +44,21 @@ def variant(target: str, name: str, **changes) -> image.BuildRecord:
 
 
 def derived(docker: str, base_ref: str, tag: str, dockerfile_body: str, files: dict, tmp_dir, platform: str) -> str:
-    """`FROM base_ref` + a few instructions: a broken image for the failure tests."""
+    """`FROM base_ref` + a few instructions: a broken image for the failure tests. They run as root (our
+    images' USER is not), and the image keeps the base's user, as a user's own derived image would."""
+    user = subprocess.run([docker, "image", "inspect", "--format", "{{.Config.User}}", base_ref], capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+    if user:
+        dockerfile_body = f"USER 0\n{dockerfile_body}\nUSER {user}"
     ctx = tmp_dir / tag.replace("/", "_").replace(":", "_")
     ctx.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
         (ctx / rel).write_bytes(data)
         (ctx / rel).chmod(0o755)
     (ctx / "Dockerfile").write_text(f"FROM {base_ref}\n{dockerfile_body}\n")
-    subprocess.run([docker, "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
-                   capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=900)
+    done = subprocess.run([docker, "build", "-q", "--platform", platform, "-t", tag, str(ctx)], capture_output=True,
+                          text=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=900)
+    assert done.returncode == 0, f"building {tag} failed:\n{done.stderr[-3000:]}"
     return tag
 
 

@@ -30,8 +30,10 @@ def check(check_id: str, status: str = "pass", required: bool = True) -> dict:
 
 
 def predicate(target: str, digest: str, statuses: Optional[Dict[str, str]] = None, level: str = "baseline",
-              reference: Optional[str] = None, revision: str = "0" * 40, profile: str = "vllm") -> dict:
-    """A realistic qualification predicate: target, image, base, checks, verdict, level."""
+              reference: Optional[str] = None, revision: str = "0" * 40, profile: str = "vllm",
+              runtime: Optional[dict] = None) -> dict:
+    """A realistic qualification predicate: target, image, base, checks, verdict, level, and the runtime
+    section as the probe writes it for our images (`runtime={}` leaves it out: an older toolkit's manifest)."""
     statuses = statuses or {"fatbin-arch": "pass", "triton-compile": "pass", "allocator": "pass"}
     checks = [check(cid, st) for cid, st in statuses.items()]
     verdict = mf.verdict(checks)
@@ -44,7 +46,28 @@ def predicate(target: str, digest: str, statuses: Optional[Dict[str, str]] = Non
         "checks": checks,
         "verdict": verdict,
         "support_level": level,
+        **({"runtime": RUNTIME if runtime is None else runtime} if runtime != {} else {}),
     }
+
+
+# predicate.runtime as the probe wrote it in the sm120 smoke image (qualify/probe/runtime_env.py).
+RUNTIME = {"user": {"uid": 1000, "gid": 1000, "name": "vllm", "home": "/home/vllm", "in_container": True},
+           "cuda": {"version": "13.0", "from": "the toolkit's ptxas"},
+           "libcuda": {"compat": [], "first": None,
+                       "loader_path": ["/usr/local/lib", "/usr/local/lib/x86_64-linux-gnu"]}}
+
+
+def runtime_with(cuda: str = "13.0", compat: Optional[str] = None) -> dict:
+    """RUNTIME with another CUDA, or with CUDA's forward-compatibility libcuda `compat` first on the loader path
+    (what an image that puts /usr/local/cuda/compat on LD_LIBRARY_PATH records)."""
+    out = {**RUNTIME, "cuda": {"version": cuda, "from": "torch.version.cuda"}}
+    if compat:
+        path = f"/usr/local/cuda-13.0/compat/libcuda.so.{compat}"
+        out["libcuda"] = {"compat": [{"path": path, "version": compat}],
+                          "first": {"path": "/usr/local/cuda/compat/libcuda.so.1", "resolves_to": path,
+                                    "named_by": "LD_LIBRARY_PATH", "compat": True, "stub": False, "version": compat},
+                          "loader_path": ["/usr/local/cuda/compat"]}
+    return out
 
 
 def statement(target: str, digest: str, **kw) -> dict:

@@ -82,16 +82,37 @@ def test_gb10_sizes_the_unified_pool_from_meminfo_with_the_lower_fraction():
 
 def test_gb10_lowers_the_fraction_when_the_host_uses_the_pool():
     # Seed 003: 0.9 of 119.6 GB asked for while 39.9 GB was free.
-    fit = memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 30.0))
+    fit = memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 39.0))
     assert fit.gpu_memory_utilization == 0.30
-    assert any("lowered" in n for n in fit.notes) and any("drop_caches" in n for n in fit.notes)
+    assert any("lowered" in n for n in fit.notes)
+
+
+def test_gb10_page_cache_is_a_refusal_with_the_two_fixes():
+    """Issue 32 item 3 (vllm#48140): MemFree far below MemAvailable. torch sees MemFree on unified memory,
+    so the server would stop at start-up: refused before anything is pulled, naming both numbers and both fixes."""
+    with pytest.raises(errors.DeployError) as err:
+        memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 110.0, 20.0))
+    text = f"{err.value.message} {err.value.hint}"
+    assert "59.8 GiB" in text and "20.0 GiB is free" in text and "110.0 GiB available" in text, text
+    assert "echo 3 | sudo tee /proc/sys/vm/drop_caches" in text and "GPU_MEMORY_UTILIZATION=0.16" in text, text
+
+
+def test_gb10_a_fraction_that_leaves_the_host_less_than_its_reserve_is_refused():
+    """Issue 32 item 3 (vllm#46307): a fraction set too high wedges the host; the floor is the targets file's."""
+    assert SM121.host_reserve_gib == 8
+    with pytest.raises(errors.DeployError) as err:
+        memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 119.0, 119.0), fraction=0.98)
+    text = f"{err.value.message} {err.value.hint}"
+    assert "leaves the host 2.4 GiB" in text and "at least 8 GiB" in text and "0.93 or less" in text, text
+    fit = memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 119.0, 119.0), fraction=0.85)
+    assert fit.gpu_memory_utilization == 0.85
 
 
 def test_gb10_refuses_when_too_little_is_available_or_the_fraction_is_forced():
     with pytest.raises(errors.DeployError, match="only .* of the unified pool"):
         memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 12.0, 10.0))
     with pytest.raises(errors.DeployError, match="GPU_MEMORY_UTILIZATION=0.9 asks for"):
-        memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 30.0), fraction=0.9)
+        memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 39.0), fraction=0.9)
 
 
 def test_no_memory_size_on_a_discrete_target_is_refused():
@@ -256,7 +277,7 @@ def test_compose_service_shape():
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.9"
     assert "--enable-auto-tool-choice" in cmd and cmd[-1] == "--enforce-eager"
     assert sorted(doc["volumes"]) == ["hf-cache", "triton-cache", "vllm-cache"]
-    assert "hf-cache:/root/.cache/huggingface" in svc["volumes"]
+    assert "hf-cache:/var/cache/blackwell/huggingface" in svc["volumes"]
     assert svc["environment"]["PRICE"] == "$$5"  # literal, not interpolated by compose
     assert svc["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"  # from the environment, never in the file
     assert svc["healthcheck"]["test"][:2] == ["CMD", "python3"] and svc["healthcheck"]["start_period"] == "1800s"

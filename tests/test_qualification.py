@@ -65,6 +65,29 @@ def test_static_checks_pass_and_gpu_checks_do_not_run(qualified):
     assert p["verdict"] in ("pass", "warn")
 
 
+def test_the_image_runs_as_its_non_root_user_and_the_manifest_says_who(qualified, docker_engine):
+    """Issue 32 item 4: the image's USER is the targets file's [defaults.user]; the probe, run as that user,
+    records it and the required env.runtime-user check passes. The image also carries NVIDIA_REQUIRE_CUDA
+    (item 1), so the container toolkit refuses a driver too old for its CUDA before the server starts."""
+    record, doc = qualified
+    t = targets.load().get(record.target)
+    p = manifest.predicate(doc)
+    user = p["runtime"]["user"]
+    assert (user["uid"], user["name"], user["in_container"]) == (t.user.uid, t.user.name, True), user
+    check = statuses(p)["env.runtime-user"]
+    assert check["status"] == "pass" and check["required"] is True, check
+    assert p["runtime"]["cuda"]["version"] == t.cuda
+    assert statuses(p)["env.cuda-compat"]["status"] == "pass" and p["runtime"]["libcuda"]["first"] is None
+    config = json.loads(subprocess.run([docker_engine, "image", "inspect", "--format", "{{json .Config}}",
+                                        record.image_reference], capture_output=True, text=True, check=True).stdout)
+    assert config["User"] == f"{t.user.uid}:{t.user.uid}"
+    assert f"NVIDIA_REQUIRE_CUDA=cuda>={t.cuda}" in config["Env"]
+    who = images.run(docker_engine, record.image_reference, "id -un; id -u; touch /var/cache/blackwell/vllm/w && "
+                     "echo writable; test -w /opt/venv || echo venv-read-only", t.platform)
+    assert who.returncode == 0 and who.stdout.split() == [t.user.name, str(t.user.uid), "writable", "venv-read-only"], \
+        who.stdout + who.stderr
+
+
 def test_cross_compiled_cubin_is_for_the_target(qualified):
     record, doc = qualified
     cap = targets.load().get(record.target).capability

@@ -47,7 +47,7 @@ from deploy_host import (
     qualify,
     released,
 )
-from signing_helpers import DIGEST_A, DIGEST_B, make_release, statement
+from signing_helpers import DIGEST_A, DIGEST_B, make_release, runtime_with, statement
 
 from qualify.config import targets
 from qualify.core import manifest as mf
@@ -155,6 +155,74 @@ def test_sm120_dry_run_prints_the_compose_file_and_starts_nothing(host, docker_e
     assert "GPU_RUNTIME=none: THE CONTAINER GETS NO GPU" in done.stderr
     assert "trust gate: passed: support level baseline, verdict pass" in done.stderr
     assert not host.compose_file.exists() and containers_of(docker_engine, host.project) == []
+
+
+def _pulls(docker: str, image_digest: str) -> bool:
+    """Whether the engine holds the image (a refusal before the pull leaves it absent)."""
+    return subprocess.run([docker, "image", "inspect", f"127.0.0.1:5000/qualify/sm120@{image_digest}"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("driver", ["570.133.07", "575.57.08"])
+def test_a_driver_too_old_for_cuda_13_is_refused_before_the_trust_gate_and_any_pull(host, docker_engine, driver):
+    """Issue 32 item 1 (vllm#18813 'unsatisfied condition: cuda>=13.0'): the stand-in nvidia-smi (a TEST
+    DOUBLE) reports an R570/R575 driver; preflight compares it with images/targets.toml's floor for the
+    target's CUDA and stops, naming the driver found, the one needed and the fix. Nothing is read or pulled."""
+    floor = targets.load().get("sm120").driver_floor
+    released(host)
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime",
+                    gpus=RTX5090 + f"|{driver}")
+    assert done.returncode == 3, done.stderr
+    assert f"the host's NVIDIA driver is {driver}; the image's CUDA 13.0 needs {floor} or newer" in done.stderr
+    assert "nothing was pulled" in done.stderr and "R580-branch driver or newer" in done.stderr
+    assert "trust gate" not in done.stderr and not _pulls(docker_engine, DIGEST_A)
+
+
+def test_an_r580_driver_runs_cuda_13_and_is_checked_again_against_the_verified_manifest(host, docker_engine):
+    floor = targets.load().get("sm120").driver_floor
+    released(host)
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", gpus=RTX5090 + f"|{floor}")
+    assert done.returncode == 0, done.stderr
+    assert f"driver: {floor} runs CUDA 13.0 (sm120 images, per the targets file; needs {floor} or newer)" in done.stderr
+    assert f"driver: {floor} runs CUDA 13.0 (the image, per its verified manifest; needs {floor} or newer)" in done.stderr
+
+
+def test_the_verified_manifests_cuda_decides_after_the_gate(host, docker_engine):
+    """The targets file says CUDA 13.0, the signed manifest says the image carries 13.9: the table has no
+    floor for it, so the deploy refuses rather than guess (never against an unverified read)."""
+    released(host, runtime=runtime_with(cuda="13.9"))
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 3, done.stderr
+    assert "the image carries CUDA 13.9 (its verified manifest says so)" in done.stderr
+    assert "names no driver floor for it (known: 13.0)" in done.stderr and not host.compose_file.exists()
+
+
+@pytest.mark.parametrize("host_driver,compat,error", [("590.44.01", "580.65.06", "error 803"),
+                                                      ("580.65.06", "590.44.01", "error 804")])
+def test_a_forward_compat_libcuda_that_does_not_match_the_host_driver_is_refused(host, docker_engine, host_driver,
+                                                                                  compat, error):
+    """Issue 32 item 2 (gpustack#4678, vllm#33447): the image's loader finds CUDA's compat/ libcuda; on a
+    newer host driver that is error 803, and an RTX 5090 cannot use forward compatibility (804)."""
+    released(host, runtime=runtime_with(compat=compat))
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", gpus=RTX5090 + f"|{host_driver}")
+    assert done.returncode == 3, done.stderr
+    assert f"forward-compatibility libcuda {compat}" in done.stderr and error in done.stderr
+    assert host_driver in done.stderr and "remove CUDA's compat/ directory from the image's loader path" in done.stderr
+    assert not host.compose_file.exists() and not _pulls(docker_engine, DIGEST_A)
+
+
+def test_a_compat_libcuda_of_the_host_drivers_own_version_is_accepted(host, docker_engine):
+    released(host, runtime=runtime_with(compat="580.95.05"))
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", gpus=RTX5090 + "|580.95.05")
+    assert done.returncode == 0, done.stderr
+    assert "forward-compatibility libcuda 580.95.05 matches this host" in done.stderr
+
+
+def test_a_manifest_from_before_the_runtime_section_is_checked_against_the_targets_file(host, docker_engine):
+    released(host, runtime={})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 0, done.stderr
+    assert "the manifest does not record the image's CUDA (qualified by an older toolkit)" in done.stderr
 
 
 def test_gpu_runtime_none_is_refused_without_its_flag(host, docker_engine):

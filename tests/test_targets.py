@@ -66,6 +66,10 @@ def test_floating_tag_is_refused_naming_target_and_tag(tmp_path):
     ('unified_memory = true', 'unified_memory = "yes"', ["sm121", "unified_memory", "bool"]),
     ('pinned = "2026-11-29"', 'pinned = "last week"', ["sm100", "pinned", "last week"]),
     ('schema = 1', 'schema = 2', ["schema"]),
+    ('"13.0" = "580.65.06"', '"13.0" = "five-eighty"', ["[drivers]", "13.0", "five-eighty"]),
+    ('cuda = "13.0"', 'cuda = "13.1"', ["sm120", "CUDA 13.1 has no driver floor in [drivers]"]),
+    ('uid = 1000', 'uid = 0', ["user.uid", "never root"]),
+    ('host_reserve_gib = 8', 'host_reserve_gib = -1', ["host_reserve_gib", "-1"]),
 ])
 def test_bad_values_are_refused_with_names(tmp_path, old, new, words):
     bad = edited(tmp_path, old, new)

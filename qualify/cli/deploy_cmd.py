@@ -16,7 +16,7 @@ from qualify.config import targets
 from qualify.core.errors import ConfigError
 from qualify.deploy import api, compose, memory, netcheck, ops, run, settings
 from qualify.deploy.errors import DeployError
-from qualify.deploy.ui import Stop, Ui
+from qualify.deploy.ui import EX_USAGE, Stop, Ui
 
 CHECKS = {
     "health": lambda url, model: api.health(url),
@@ -151,7 +151,7 @@ def _script(args) -> int:
         s = settings.load(args.env_file, ui)
         if args.action == "start":
             if args.allow_downgrade and not s.release_tag:
-                raise Stop(2, "--allow-downgrade goes back to one release on purpose: set RELEASE_TAG to it",
+                raise Stop(EX_USAGE, "--allow-downgrade goes back to one release on purpose: set RELEASE_TAG to it",
                            f"set RELEASE_TAG in {args.env_file} to the release to deploy")
             opts = run.Options(dry_run=args.dry_run, allow_unqualified=args.allow_unqualified,
                                allow_no_gpu_runtime=args.allow_no_gpu_runtime, probe=args.probe,

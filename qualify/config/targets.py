@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import tomllib
 
 from qualify.config.imageref import ImageRef, ImageRefError
-from qualify.core import arch
+from qualify.core import arch, driver
 from qualify.core.enums import BaseKind, Profile, SupportLevel
 from qualify.core.errors import ConfigError
 from qualify.core.readlimit import TARGETS_LIMIT, read_small
@@ -34,7 +34,8 @@ PROFILES = Profile.values()
 BASE_KINDS = BaseKind.values()
 
 # Allowed keys per table, with their types. An unknown key is an error.
-_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "build": dict, "defaults": dict, "targets": dict}
+_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "build": dict, "drivers": dict, "defaults": dict,
+             "targets": dict}
 _PROMOTION_KEYS = {"consecutive_passes": int}
 _BUILD_KEYS = {"cache_budget_gb": float, "layers": list}
 _LAYER_KEYS = {"name": str, "packages": list}
@@ -42,7 +43,7 @@ _LAYER_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
 _PACKAGE_PATTERN_RE = re.compile(r"[a-z0-9*?][a-z0-9*?-]{0,99}")  # a normalised name, or an fnmatch pattern of one
 MAX_CACHE_BUDGET_GB = 10000
 _HERMETIC_KEYS = {"suite": str, "mirror": str, "python": str, "repository": str}
-_DEFAULT_KEYS = {"cuda": str, "triton": dict, "runtime": dict}
+_DEFAULT_KEYS = {"cuda": str, "triton": dict, "runtime": dict, "user": dict}
 _TARGET_KEYS = {
     "description": str,
     "gpus": list,
@@ -54,10 +55,15 @@ _TARGET_KEYS = {
     "base": dict,
     "triton": dict,
     "runtime": dict,
+    "user": dict,
 }
 _BASE_KEYS = {"image": str, "python": str, "source": str, "pinned": str}
 _TRITON_KEYS = {"ptxas": str, "ptxas_blackwell": str, "cuobjdump": str, "nvdisasm": str}
-_RUNTIME_KEYS = {"gpu_memory_utilization": float, "unified_memory": bool, "min_gpu_memory_gib": int}
+_RUNTIME_KEYS = {"gpu_memory_utilization": float, "unified_memory": bool, "min_gpu_memory_gib": int,
+                 "host_reserve_gib": int}
+_USER_KEYS = {"name": str, "uid": int}
+_USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # what passwd and useradd accept
+_CUDA_RE = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
 
 # Values that become paths, image tags or tool arguments (issue 15 item 5).
 TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
@@ -99,6 +105,15 @@ class Runtime:
     gpu_memory_utilization: float
     unified_memory: bool
     min_gpu_memory_gib: int
+    host_reserve_gib: int  # unified memory: what the host keeps for itself, whatever the fraction
+
+
+@dataclass(frozen=True)
+class RuntimeUser:
+    """Who the server runs as. A base that has `uid` already (nvidia/cuda's ubuntu, 1000) keeps its name."""
+
+    name: str
+    uid: int
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,8 @@ class Target:
     base: BasePin
     triton: TritonWiring
     runtime: Runtime
+    user: RuntimeUser
+    driver_floor: driver.DriverVersion  # the oldest host driver the target's CUDA runs on ([drivers])
 
     @property
     def arch_tag(self) -> str:
@@ -175,6 +192,7 @@ class TargetsFile:
     # Seed 000: passing runs in a row, without a product failure, before a target is baseline.
     promotion_passes: int = 7
     build: BuildSettings = DEFAULT_BUILD
+    drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # [drivers]: CUDA -> driver floor
 
     def get(self, name: str) -> Target:
         if name not in self.targets:
@@ -251,6 +269,9 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
     with problems.each():
         defaults = _table(raw, "defaults", path, "top level")
         _check_keys(defaults, _DEFAULT_KEYS, path, "[defaults]")
+    drivers: Mapping[str, driver.DriverVersion] = {}
+    with problems.each():
+        drivers = _parse_drivers(_table(raw, "drivers", path, "top level"), path)
     targets = {}
     with problems.each():
         targets_raw = _table(raw, "targets", path, "top level")
@@ -261,7 +282,7 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
                 _check_name(name, path)
                 if not isinstance(table, dict):
                     raise ConfigError(f"{path}: target {name!r} must be a table")
-                targets[name] = _parse_target(name, table, defaults, path)
+                targets[name] = _parse_target(name, table, defaults, drivers, path)
     passes = 7
     with problems.each():
         promotion = raw.get("promotion") or {}
@@ -274,7 +295,7 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
         if "build" in raw:
             build = _parse_build(_table(raw, "build", path, "top level"), path)
     problems.raise_any()
-    return TargetsFile(path, 1, hermetic, targets, passes, build)
+    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers)
 
 
 def _check_name(name: str, path: Path) -> None:
@@ -325,12 +346,29 @@ def _parse_build(table: Mapping[str, Any], path: Path) -> BuildSettings:
     return BuildSettings(int(budget * 10**9), tuple(layers))
 
 
-def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> Target:
+def _parse_drivers(table: Mapping[str, Any], path: Path) -> Dict[str, driver.DriverVersion]:
+    """[drivers]: CUDA version -> the oldest Linux driver that runs it (NVIDIA's CUDA release notes)."""
+    if not table:
+        raise ConfigError(f"{path}: [drivers] is empty", hint='name the driver floor of each CUDA the targets use, '
+                          'e.g. "13.0" = "580.65.06"')
+    out = {}
+    for cuda, floor in table.items():
+        if not _CUDA_RE.fullmatch(cuda):
+            raise ConfigError(f"{path}: [drivers]: key {cuda!r} is not a CUDA version such as \"13.0\"")
+        try:
+            out[cuda] = driver.DriverVersion.parse(floor if isinstance(floor, str) else repr(floor))
+        except ValueError as exc:
+            raise ConfigError(f"{path}: [drivers]: key {cuda!r}: {exc}") from None
+    return out
+
+
+def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any],
+                  drivers: Mapping[str, driver.DriverVersion], path: Path) -> Target:
     """One target; every independent problem in it is reported, not only the first."""
     where = f"target {name!r}"
     merged = dict(table)
     merged.setdefault("cuda", defaults.get("cuda"))
-    _check_keys(merged, _TARGET_KEYS, path, where, required=True, optional={"triton", "runtime"})
+    _check_keys(merged, _TARGET_KEYS, path, where, required=True, optional={"triton", "runtime", "user"})
     problems = _Problems(path)
     values: Dict[str, Any] = {}
     with problems.each():
@@ -347,6 +385,10 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
         values["triton"] = _triton(merged, defaults, path, where)
     with problems.each():
         values["runtime"] = _runtime(merged, defaults, path, where)
+    with problems.each():
+        values["user"] = _user(merged, defaults, path, where)
+    with problems.each():
+        values["driver_floor"] = _driver_floor(merged["cuda"], drivers, path, where)
     problems.raise_any()
     return Target(name=name, description=merged["description"], cuda=merged["cuda"],
                   torch_cuda_arch_list=merged["torch_cuda_arch_list"], **values)
@@ -416,7 +458,29 @@ def _runtime(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path,
     gib = runtime_table["min_gpu_memory_gib"]
     if not 1 <= gib <= MAX_GPU_MEMORY_GIB:
         raise ConfigError(f"{path}: {where}: key 'runtime.min_gpu_memory_gib': {gib} is outside 1..{MAX_GPU_MEMORY_GIB}")
+    reserve = runtime_table["host_reserve_gib"]
+    if not 0 <= reserve <= MAX_GPU_MEMORY_GIB:
+        raise ConfigError(f"{path}: {where}: key 'runtime.host_reserve_gib': {reserve} is outside 0..{MAX_GPU_MEMORY_GIB}")
     return Runtime(**runtime_table)
+
+
+def _user(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, where: str) -> RuntimeUser:
+    table = {**defaults.get("user", {}), **merged.get("user", {})}
+    _check_keys(table, _USER_KEYS, path, f"{where} [user] (with [defaults.user])", required=True)
+    _check_text(path, where, "user.name", table["name"], _USER_NAME_RE, "a user name (a-z, 0-9, '_', '-')")
+    if not 1 <= table["uid"] <= 60000:
+        raise ConfigError(f"{path}: {where}: key 'user.uid': {table['uid']} is outside 1..60000",
+                          hint="the server runs as a regular user, never root (uid 0)")
+    return RuntimeUser(table["name"], table["uid"])
+
+
+def _driver_floor(cuda: str, drivers: Mapping[str, driver.DriverVersion], path: Path, where: str) -> driver.DriverVersion:
+    if not isinstance(cuda, str) or not _CUDA_RE.fullmatch(cuda):
+        raise ConfigError(f"{path}: {where}: key 'cuda': {cuda!r} is not a CUDA version such as \"13.0\"")
+    if cuda not in drivers:
+        raise ConfigError(f"{path}: {where}: CUDA {cuda} has no driver floor in [drivers]",
+                          hint=f"add \"{cuda}\" = \"<driver>\" from NVIDIA's CUDA {cuda} release notes")
+    return drivers[cuda]
 
 
 def _parse_base(name: str, table: Any, path: Path) -> BasePin:

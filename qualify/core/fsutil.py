@@ -124,3 +124,20 @@ def file_lock(path: PathLike) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def readable_by_all(root: Path) -> Path:
+    """`chmod -R a+rX root`: what is mounted into an image must be readable by its non-root user
+    (mkdtemp makes 0700 folders)."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0)
+        if wanted != mode:
+            path.chmod(wanted & 0o7777)
+    return root
+
+
+def others_can_read(root: Path) -> bool:
+    return root.stat().st_mode & 0o005 == 0o005

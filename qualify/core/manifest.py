@@ -260,3 +260,31 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """predicate.runtime (the probe's runtime_env): who the image runs as, the CUDA it carries, and the
+    libcuda its loader finds first. `recorded` is False for a manifest from before the probe wrote it."""
+
+    recorded: bool
+    user_uid: Optional[int]
+    user_name: str
+    cuda: str  # "13.0"; "" when not recorded
+    libcuda_first: str  # the libcuda.so.1 the loader finds first in the image; "" when none
+    compat_libcuda: str  # its version when that one is CUDA's forward-compatibility library; "" otherwise
+
+    @classmethod
+    def of(cls, m: Manifest) -> RuntimeFacts:
+        runtime = predicate(m.statement).get("runtime")
+        if not isinstance(runtime, dict):
+            return cls(False, None, "", "", "", "")
+        where = f"{m.target}: predicate.runtime"
+        user = _mapping(runtime.get("user") or {}, f"{where}.user")
+        cuda = _mapping(runtime.get("cuda") or {}, f"{where}.cuda")
+        first = _mapping(_mapping(runtime.get("libcuda") or {}, f"{where}.libcuda").get("first") or {},
+                         f"{where}.libcuda.first")
+        uid = user.get("uid")
+        return cls(True, uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
+                   _text(user.get("name")), _text(cuda.get("version")), _text(first.get("path")),
+                   _text(first.get("version")) if first.get("compat") is True else "")

@@ -15,9 +15,12 @@ CONTAINER_PORT = 8000
 SERVICE = "vllm"
 # The OpenAI-compatible server, named as a module so the image's ENTRYPOINT does not matter.
 SERVE_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
-HF_HOME = "/root/.cache/huggingface"
-VLLM_CACHE = "/root/.cache/vllm"
-TRITON_HOME = "/root/.triton"
+# Owned by the image's non-root user (images/runtime-user/add-user.sh): a new named volume mounted
+# there takes that owner. A volume an older, root image filled keeps root's files: see the README.
+CACHE_ROOT = "/var/cache/blackwell"
+HF_HOME = f"{CACHE_ROOT}/huggingface"
+VLLM_CACHE = f"{CACHE_ROOT}/vllm"
+TRITON_HOME = f"{CACHE_ROOT}/triton"
 VOLUMES = {"hf-cache": HF_HOME, "vllm-cache": VLLM_CACHE, "triton-cache": TRITON_HOME}
 GPU_RUNTIMES = ("nvidia", "cdi", "none")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from qualify.deploy.errors import DeployError
 
@@ -80,7 +80,7 @@ def _unified_fit(runtime, info: Mapping[str, int], want: float, explicit: bool) 
     pool, available, free = info["MemTotal"] / gib, info["MemAvailable"] / gib, info.get("MemFree", 0) / gib
     notes = [f"unified memory: NVML reports no size; pool {pool:.1f} GiB from /proc/meminfo, "
              f"{available:.1f} GiB available"]
-    fraction = want
+    fraction = want = _leave_the_host_its_share(runtime, pool, want, explicit, notes)
     if want * pool > available * UNIFIED_HEADROOM:
         if explicit:
             raise DeployError(f"GPU_MEMORY_UTILIZATION={want} asks for {want * pool:.1f} GiB of the unified pool, "
@@ -94,6 +94,32 @@ def _unified_fit(runtime, info: Mapping[str, int], want: float, explicit: bool) 
                           hint="stop other programs, or drop the page cache: sync; echo 3 | sudo tee "
                           "/proc/sys/vm/drop_caches")
     if fraction * pool > free:
-        notes.append(f"page cache holds memory the GPU needs ({free:.1f} GiB free now); if the server "
-                     "fails to allocate, run: sync; echo 3 | sudo tee /proc/sys/vm/drop_caches")
+        # torch.cuda.mem_get_info follows MemFree on unified memory (vllm#48140): vLLM's start-up check
+        # then fails with a spurious ValueError although MemAvailable would cover it.
+        fits = int(free / pool * 100) / 100
+        lower = (f"or set GPU_MEMORY_UTILIZATION={fits} in .env (what is free now)" if fits >= 0.05 and
+                 fits * pool >= runtime.min_gpu_memory_gib else "a lower GPU_MEMORY_UTILIZATION does not fit this "
+                 "target's minimum while the cache is full")
+        raise DeployError(f"page cache holds memory the GPU needs: the server asks for {fraction * pool:.1f} GiB "
+                          f"(gpu_memory_utilization {fraction}) of the {pool:.1f} GiB unified pool, but only "
+                          f"{free:.1f} GiB is free (MemFree; {available:.1f} GiB available with the page cache). "
+                          "On unified memory torch sees only MemFree, so vLLM would stop at start-up with "
+                          "'ValueError: Free memory on device ... is less than desired GPU memory utilization'",
+                          hint="drop the page cache as root: sync; echo 3 | sudo tee /proc/sys/vm/drop_caches; "
+                          + lower)
     return MemoryFit(_check_fraction(fraction), round(pool, 1), True, "/proc/meminfo", tuple(notes))
+
+
+def _leave_the_host_its_share(runtime, pool: float, fraction: float, explicit: bool, notes: List[str]) -> float:
+    """The host keeps `host_reserve_gib` of the unified pool: a fraction that leaves less wedges it (vllm#46307)."""
+    reserve = runtime.host_reserve_gib
+    most = int(max(pool - reserve, 0) / pool * 100) / 100
+    if fraction <= most:
+        return fraction
+    if explicit:
+        raise DeployError(f"GPU_MEMORY_UTILIZATION={fraction} leaves the host {pool * (1 - fraction):.1f} GiB of the "
+                          f"{pool:.1f} GiB unified pool; the target keeps at least {reserve} GiB for the host "
+                          "(host_reserve_gib in images/targets.toml): more for the GPU wedges the machine",
+                          hint=f"set GPU_MEMORY_UTILIZATION to {most} or less in .env")
+    notes.append(f"lowered gpu_memory_utilization from {fraction} to {most} to leave the host {reserve} GiB")
+    return most

@@ -9,19 +9,22 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from qualify.config import targets
-from qualify.core import arch
+from qualify.core import arch, driver
+from qualify.core import manifest as mf
 from qualify.deploy import memory, netcheck
 from qualify.deploy.errors import DeployError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
+from qualify.host import cmd
 
 SMI_TIMEOUT = 30
+DRIVER_FIX = ("an R580-branch driver or newer for CUDA 13: your distribution's nvidia-driver-580 (or newer) package, "
+              "or NVIDIA's installer from https://www.nvidia.com/drivers; reboot, then check with nvidia-smi")
 
 
 @dataclass(frozen=True)
@@ -56,17 +59,14 @@ class HostPlan:
     fit: memory.MemoryFit
     engine: EngineChoice
     runtime: GpuRuntime
+    drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # the targets file's [drivers]
 
 
-def _smi(args: Sequence[str]) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=SMI_TIMEOUT,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(args, 124, "", f"nvidia-smi did not answer within {SMI_TIMEOUT} s")
+def _smi(args: Sequence[str]) -> cmd.Result:
+    return cmd.ask(["nvidia-smi", *args], timeout=SMI_TIMEOUT)
 
 
-def _out(proc: subprocess.CompletedProcess) -> str:
+def _out(proc: cmd.Result) -> str:
     return ((proc.stdout or "") + (proc.stderr or "")).strip()
 
 
@@ -74,7 +74,8 @@ def check_driver() -> None:
     if shutil.which("nvidia-smi") is None:
         raise Stop(EX_PREFLIGHT, "no NVIDIA GPU found: nvidia-smi is not on PATH, so this host has no NVIDIA driver "
                    "and no visible NVIDIA GPU",
-                   "install the NVIDIA driver (570 or newer for Blackwell); it provides nvidia-smi",
+                   "install the NVIDIA driver (an R580-branch driver or newer: our images carry CUDA 13); it provides "
+                   "nvidia-smi",
                    "this deploy needs an NVIDIA Blackwell GPU: RTX 5090 / RTX PRO 6000, B200, B300, GB200 or DGX Spark (GB10)")
     proc = _smi(["-L"])
     if proc.returncode != 0:
@@ -102,7 +103,7 @@ def query_gpu(s: Settings, ui: Ui) -> Gpu:
         arch.Capability.parse(cap)
     except ValueError:
         raise Stop(EX_PREFLIGHT, f"the driver does not report the compute capability of {name} ({cap})",
-                   "update the NVIDIA driver (570 or newer for Blackwell)") from None
+                   f"update the NVIDIA driver ({DRIVER_FIX})") from None
     ui.say(f"GPU {device}: {name}, compute capability {cap}, memory {mem}, {uuid}")
     return Gpu(device, cap, name, mem, uuid, "" if driver.startswith("[") else driver)
 
@@ -125,15 +126,23 @@ def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targ
                f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one")
 
 
+def check_driver_version(found: str, cuda: str, floor: driver.DriverVersion, what: str, ui: Ui) -> None:
+    """The host driver against the floor of the CUDA `what` carries (vllm#18813: 'unsatisfied condition: cuda>=')."""
+    problem = driver.driver_problem(driver.DriverVersion.maybe(found), floor, cuda)
+    if problem:
+        raise Stop(EX_PREFLIGHT, f"driver: {problem} ({what}); nothing was pulled",
+                   f"install {DRIVER_FIX}")
+    ui.say(f"driver: {found} runs CUDA {cuda} ({what}; needs {floor} or newer)")
+
+
 def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memory.MemoryFit:
     fraction = s.gpu_memory_utilization
     meminfo = Path("/proc/meminfo")
     try:
         fit = memory.memory_fit(target.runtime, gpu.memory, meminfo.read_text() if meminfo.is_file() else None, fraction)
     except DeployError as exc:
-        raise Stop(EX_PREFLIGHT, f"GPU memory: the model server does not fit {gpu.name}: {exc.message}",
-                   *([exc.hint] if exc.hint else []),
-                   "free memory or choose another GPU (GPU_DEVICE), then run ./start.sh again") from None
+        raise Stop.because(EX_PREFLIGHT, f"GPU memory: the model server does not fit {gpu.name}", exc,
+                           "free memory or choose another GPU (GPU_DEVICE), then run ./start.sh again") from None
     for note in fit.notes:
         ui.say(f"note: {note}")
     ui.say(f"memory: {fit.pool_gib:g} GiB ({fit.source}), gpu_memory_utilization {fit.gpu_memory_utilization:g}")
@@ -144,10 +153,7 @@ def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memor
 
 
 def _works(argv: Sequence[str], timeout: float = 60) -> Tuple[bool, str]:
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, str(exc)
+    proc = cmd.ask(argv, timeout=timeout)
     return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
 
 
@@ -219,9 +225,8 @@ def detect_engine(s: Settings) -> EngineChoice:
 def nvidia_runtime_present(engine: EngineChoice) -> bool:
     if engine.kind != "docker":
         return False
-    ok, _ = _works([engine.cli, "info", "--format", "{{json .Runtimes}}"])
-    if ok and '"nvidia"' in subprocess.run([engine.cli, "info", "--format", "{{json .Runtimes}}"], capture_output=True,
-                                           text=True, timeout=60).stdout:
+    runtimes = cmd.ask([engine.cli, "info", "--format", "{{json .Runtimes}}"])
+    if runtimes.returncode == 0 and '"nvidia"' in runtimes.stdout:
         return True
     return shutil.which("nvidia-container-runtime-hook") is not None
 
@@ -245,8 +250,7 @@ def cdi_usable(engine: EngineChoice, s: Settings) -> bool:
     if engine.kind == "podman":
         return True
     # Docker reads CDI specs from 25 on (feature flag; default from 28); 20.10 has no such field.
-    proc = subprocess.run([engine.cli, "info", "--format", "{{json .CDISpecDirs}}"], capture_output=True, text=True,
-                          timeout=60)
+    proc = cmd.ask([engine.cli, "info", "--format", "{{json .CDISpecDirs}}"])
     return proc.returncode == 0 and proc.stdout.startswith('["')
 
 
@@ -321,7 +325,7 @@ def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none:
 
 def engine_storage(engine: EngineChoice) -> Path:
     fmt = "{{.DockerRootDir}}" if engine.kind == "docker" else "{{.Store.GraphRoot}}"
-    proc = subprocess.run([engine.cli, "info", "--format", fmt], capture_output=True, text=True, timeout=60)
+    proc = cmd.ask([engine.cli, "info", "--format", fmt])
     path = Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else Path("/")
     return path if path.is_dir() else Path("/")
 
@@ -348,7 +352,7 @@ def project_containers(engine: EngineChoice, project: str, status: str = "") -> 
     argv = [engine.cli, "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"]
     if status:
         argv += ["--filter", f"status={status}"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.split()
+    return cmd.ask(argv).stdout.split()
 
 
 def check_port(engine: EngineChoice, s: Settings, ui: Ui) -> None:
@@ -373,10 +377,40 @@ def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
         raise Stop(EX_PREFLIGHT, f"cannot tell the target for capability {gpu.capability}: {exc}",
                    "check images/targets.toml with: python3 -m qualify targets check") from None
     target = match_target(tf, gpu, s, ui)
+    # Before the trust gate reads anything: the targets file says which CUDA this target's images carry.
+    check_driver_version(gpu.driver, target.cuda, target.driver_floor, f"{target.name} images, per the targets file", ui)
     fit = check_memory(target, gpu, s, ui)
     engine = detect_engine(s)
     ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
     runtime = gpu_runtime(engine, gpu, s, ui, allow_none)
     check_disk(engine, s, ui)
     check_port(engine, s, ui)
-    return HostPlan(gpu, target, fit, engine, runtime)
+    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers)
+
+
+def check_verified_image(facts: mf.RuntimeFacts, plan: HostPlan, ui: Ui) -> None:
+    """After the trust gate: this host's driver against what the verified manifest says the image carries
+    (its CUDA, and a forward-compatibility libcuda on its loader path); never against an unverified read."""
+    gpu, target = plan.gpu, plan.target
+    if not facts.recorded or not facts.cuda:
+        ui.say(f"driver: the manifest does not record the image's CUDA (qualified by an older toolkit); "
+               f"checked against the targets file's CUDA {target.cuda} only")
+    else:
+        floor = plan.drivers.get(facts.cuda)
+        if floor is None:
+            known = ", ".join(sorted(plan.drivers)) or "none"
+            raise Stop(EX_PREFLIGHT, f"driver: the image carries CUDA {facts.cuda} (its verified manifest says so), "
+                       f"and images/targets.toml [drivers] names no driver floor for it (known: {known})",
+                       f"add \"{facts.cuda}\" = \"<driver>\" to [drivers] from NVIDIA's CUDA {facts.cuda} release notes, "
+                       "or deploy an image of a CUDA the table knows")
+        check_driver_version(gpu.driver, facts.cuda, floor, "the image, per its verified manifest", ui)
+    if facts.compat_libcuda:
+        host = driver.DriverVersion.maybe(gpu.driver)
+        compat = driver.DriverVersion.maybe(facts.compat_libcuda)
+        problem = driver.compat_problem(compat, host, gpu.capability) if host and compat else (
+            f"the image's loader finds CUDA's forward-compatibility libcuda {facts.libcuda_first}, whose version "
+            "cannot be compared with this host's driver")
+        if problem:
+            raise Stop(EX_PREFLIGHT, f"driver: {problem}; nothing was pulled", driver.DROP_COMPAT_FIX,
+                       f"or run a driver the same as the compat library ({facts.compat_libcuda})")
+        ui.say(f"driver: the image's forward-compatibility libcuda {facts.compat_libcuda} matches this host")

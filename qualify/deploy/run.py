@@ -18,7 +18,7 @@ from qualify.core.errors import QualifyError, VerificationError
 from qualify.deploy import api, choice, compose, gate, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
-from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, Stop, Ui
+from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import paths
 from qualify.release import evidence as ev
 from qualify.release.folder import KeyAnchor, TrustedKey
@@ -68,8 +68,8 @@ class Deploy:
         return f"UNQUALIFIED (--allow-unqualified): {reason}"
 
     def refuse(self, what: str, exc: QualifyError) -> Stop:
-        return Stop(EX_TRUST, f"trust gate: REFUSED: {what}: {exc.message}", *([exc.hint] if exc.hint else []),
-                    "this refusal cannot be overridden: nothing vouches for what the image is")
+        return Stop.because(EX_TRUST, f"trust gate: REFUSED: {what}", exc,
+                            "this refusal cannot be overridden: nothing vouches for what the image is")
 
     def no_release(self, exc: NoReleaseError) -> Trust:
         image = self.s.image
@@ -100,8 +100,7 @@ class Deploy:
             note = state.judge(known.get(self.target), accepted, key_pinned=bool(self.s.release_key_fingerprint),
                                tag_pinned=bool(self.s.release_tag), allow_downgrade=self.opts.allow_downgrade)
         except state.StateError as exc:
-            raise Stop(EX_TRUST, f"trust gate: REFUSED: {exc.message}", *([exc.hint] if exc.hint else []),
-                       "--allow-unqualified does not override this") from None
+            raise Stop.because(EX_TRUST, "trust gate: REFUSED", exc, "--allow-unqualified does not override this") from None
         self.ui.say(f"trust gate: {note}")
 
     def checked(self, m: mf.Manifest, override: str, published: Optional[str]) -> str:
@@ -109,6 +108,7 @@ class Deploy:
         t = self.plan.target
         try:
             choice.check_for_gpu(m, t.name, str(t.capability), t.platform)
+            preflight.check_verified_image(mf.RuntimeFacts.of(m), self.plan, self.ui)
             return choice.image_to_deploy(m, override, published)
         except DeployError as exc:
             raise self.refuse(f"the manifest for {self.target}", exc) from None
@@ -122,11 +122,11 @@ class Deploy:
         except NoReleaseError as exc:
             return self.no_release(exc)
         except QualifyError as exc:
-            raise Stop(EX_TRUST, f"trust gate: REFUSED: the release for {self.target} does not verify: {exc.message}",
-                       *([exc.hint] if exc.hint else []),
-                       f"do not deploy from it; restore the release folder (git checkout TAG -- manifests/) or fetch "
-                       f"the release again; or correct RELEASE_TAG / RELEASE_KEY_FINGERPRINT in {self.s.env_file}",
-                       "this refusal cannot be overridden: nothing vouches for what the image is") from None
+            raise Stop.because(EX_TRUST, f"trust gate: REFUSED: the release for {self.target} does not verify", exc,
+                               "do not deploy from it; restore the release folder (git checkout TAG -- manifests/) or "
+                               "fetch the release again; or correct RELEASE_TAG / RELEASE_KEY_FINGERPRINT in "
+                               f"{self.s.env_file}",
+                               "this refusal cannot be overridden: nothing vouches for what the image is") from None
         target = release.target(self.target)
         m = target.manifest
         published = None if self.s.image else release.published_reference(self.target)
@@ -195,8 +195,7 @@ class Deploy:
             f"{self.plan.gpu.name} is not given to the container)"
         self.ui.say(f"GPU checks: running the probe inside the image, {where}, before serving")
         target = container.probe_target(self.plan.target, trust.manifest.profile if trust.manifest else None)
-        engine = Engine(self.plan.engine.kind)
-        engine.binary = self.plan.engine.cli  # the client preflight found answering
+        engine = Engine(self.plan.engine.kind, binary=self.plan.engine.cli)  # the client preflight found answering
         try:
             predicate = container.run_probe(engine, trust.image, target, scope="gpu", gpus=gpus)
             outcome = ev.probe_outcome(predicate, str(self.plan.target.capability))
@@ -290,7 +289,7 @@ class Deploy:
         try:
             return compose.compose_json(spec)
         except DeployError as exc:
-            raise Stop(2, str(exc), *([exc.hint] if exc.hint else [])) from None
+            raise Stop.because(EX_USAGE, "", exc) from None
 
     def engine_run(self, *args: str, timeout: float = 600, capture: bool = False) -> subprocess.CompletedProcess:
         return subprocess.run([self.plan.engine.cli, *args], timeout=timeout, stdin=subprocess.DEVNULL, text=True,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from qualify.core.errors import printable, shell_code
+from qualify.core.errors import EXIT_CODES, QualifyError, printable, shell_code
 
 # The codes users rely on, from the one table in qualify/core/errors.py.
 EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = (
@@ -18,10 +18,24 @@ EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = (
 RULE = "#" * 80
 
 
-class Stop(Exception):
+_SHELL_CODES = frozenset(e.code for e in EXIT_CODES if e.start_sh)
+
+
+class Stop(QualifyError):
+    """A refusal of start.sh or scripts/*.sh: what is wrong, each fix on its own line, and the exit code,
+    one of the table's start.sh column (core/errors.py)."""
+
     def __init__(self, code: int, what: str, *fixes: str) -> None:
-        super().__init__(what)
-        self.code, self.what, self.fixes = code, what, fixes
+        if code not in _SHELL_CODES:
+            raise ValueError(f"exit code {code} is not one start.sh documents ({sorted(_SHELL_CODES)})")
+        super().__init__(what, hint="; ".join(fixes))
+        self.exit_code = self.code = code
+        self.what, self.fixes = what, fixes
+
+    @classmethod
+    def because(cls, code: int, what: str, exc: QualifyError, *fixes: str) -> Stop:
+        """`what: <the error's message>`, the error's own hint first among the fixes."""
+        return cls(code, f"{what}: {exc.message}" if what else exc.message, *([exc.hint] if exc.hint else []), *fixes)
 
 
 class Ui:

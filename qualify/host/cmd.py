@@ -78,3 +78,16 @@ def call(
             + tail(result.stderr or result.stdout)
         )
     return result
+
+
+def ask(args: Sequence[str], *, timeout: float = 60) -> Result:
+    """A question to a tool whose failure is itself the answer (does Docker answer? is there a runtime?):
+    never raises. A missing or unrunnable program is exit 127, a timeout 124, each with a message."""
+    args = [str(a) for a in args]
+    try:
+        proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return Result(args, 124, "", f"{args[0]} did not answer within {timeout:g} s")
+    except OSError as exc:
+        return Result(args, 127, "", f"{args[0]}: {exc.strerror or exc}")
+    return Result(args, proc.returncode, proc.stdout or "", proc.stderr or "")

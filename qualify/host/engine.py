@@ -103,13 +103,14 @@ def _client_binary(name: str) -> str:
 class Engine:
     """A container engine: docker or podman."""
 
-    def __init__(self, name: str = "docker", builder: Optional[str] = None) -> None:
+    def __init__(self, name: str = "docker", builder: Optional[str] = None, binary: Optional[str] = None) -> None:
+        """`binary`: the client to call (the deploy's preflight found one answering); else found on PATH."""
         if name not in ENGINES:
             raise EngineError(f"unknown engine {name!r}", hint=f"use one of {', '.join(ENGINES)}")
         if builder is not None and builder not in BUILDERS[name]:
             raise EngineError(f"{name} has no {builder!r} builder", hint=f"use one of {', '.join(BUILDERS[name])}")
         self.name = name
-        self.binary = _client_binary(name)
+        self.binary = binary or _client_binary(name)
         self.client = DockerClient(client_call=[self.binary], client_type="podman" if name == "podman" else "docker")
         # An explicit builder (e.g. classic, to show what does not reproduce) skips detection.
         self._builder: Optional[str] = builder
@@ -512,6 +513,25 @@ class Engine:
             if name:
                 subprocess.run([self.binary, "rm", "-f", name], capture_output=True)
             raise EngineError(f"container from {image} did not finish within {timeout:.0f} s") from None
+
+    def copy_file_out(self, image: str, path: str, limit: int) -> Optional[bytes]:
+        """The tar stream of one file of `image`, copied out of a created (never started) container: no
+        emulation for a foreign platform, nothing of the image runs. None when it is larger than `limit`."""
+        cid = self._stdout([self.binary, "create", image, "true"]).strip()
+        try:
+            proc = subprocess.Popen([self.binary, "cp", f"{cid}:{path}", "-"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            data = proc.stdout.read(limit + 1)  # bounded: a hostile image can hold any size
+            proc.stdout.close()
+            err = proc.stderr.read(4096).decode("utf-8", "replace")
+            proc.wait(timeout=60)
+        finally:
+            subprocess.run([self.binary, "rm", "-f", cid], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        if len(data) > limit:
+            return None
+        if proc.returncode != 0:
+            raise EngineError(f"{image}: cannot read {path}: {err.strip()[-300:]}")
+        return data
 
     # --- helpers -----------------------------------------------------------------
 

@@ -33,8 +33,9 @@ from qualify.imagebuild import buildcache, hermetic, wheelhouse
 
 IMAGES_DIR = REPO_ROOT / "images"
 # Files of images/ that go into every build context.
-_CONTEXT_FILES = ("Dockerfile", "ensure-python.sh", "install-layer.sh", "smoke/smoke_ext.cu",
-                  "triton-allocator/blackwell_triton_allocator.py", "triton-allocator/blackwell_triton_allocator.pth")
+_CONTEXT_FILES = ("Dockerfile", "ensure-python.sh", "install-layer.sh", "runtime-user/add-user.sh",
+                  "smoke/smoke_ext.cu", "triton-allocator/blackwell_triton_allocator.py",
+                  "triton-allocator/blackwell_triton_allocator.pth")
 # The Dockerfile's payload slots: `RUN --mount=type=bind,source=payload/<n>,...`, one per layer.
 _SLOT_RE = re.compile(r"^RUN --mount=type=bind,source=payload/(\d+),", re.M)
 
@@ -97,6 +98,11 @@ def build_args(target: Target, base: ImageRef, epoch: str) -> Dict[str, str]:
         "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
         "NVCC_GENCODE": " ".join(arch.gencode_flags(target.torch_cuda_arch_list)),
         "SOURCE_DATE_EPOCH": epoch,
+        "RUNTIME_USER": target.user.name,
+        "RUNTIME_UID": str(target.user.uid),
+        # What nvidia/cuda's bases say, less their per-brand exceptions (forward compatibility, which
+        # our images do not put on the loader path).
+        "NVIDIA_REQUIRE_CUDA": f"cuda>={target.cuda}",
         **target.triton.env(),
     }
 

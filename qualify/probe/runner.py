@@ -20,7 +20,17 @@ from typing import Any, Dict, List, Optional
 from qualify import __version__
 from qualify.core import arch, manifest
 from qualify.core.enums import CheckStatus, Profile, SupportLevel
-from qualify.probe import census_check, environment, gpu, identity, providers, selfsufficiency, triton_checks, versions
+from qualify.probe import (
+    census_check,
+    environment,
+    gpu,
+    identity,
+    providers,
+    runtime_env,
+    selfsufficiency,
+    triton_checks,
+    versions,
+)
 from qualify.probe.model import CheckResult
 
 SCOPES = ("all", "static", "gpu")
@@ -139,6 +149,11 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
         predicate["census"] = {k: v for k, v in census.items() if k != "checks"}
         _record(checks, [environment.torch_cuda_arch_list(cap, t.torch_cuda_arch_list, "torch" in pkgs),
                          environment.cuda_toolkit(cap, tk)])
+        runtime = {"user": runtime_env.user(), "cuda": runtime_env.image_cuda(pkgs, tk, torch_view),
+                   "libcuda": runtime_env.libcuda()}
+        predicate["runtime"] = runtime
+        _record(checks, [runtime_env.user_check(runtime["user"], not external and runtime["user"]["in_container"]),
+                         runtime_env.compat_check(runtime["libcuda"])])
         _static_triton(checks, t, cap, triton_version, external, (tk.get("ptxas") or {}).get("path"))
         _providers(checks, predicate, cap, pkgs, census, has_gpu)
 

@@ -32,6 +32,7 @@ from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
 from qualify.host import paths, skopeo
+from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.publish import dsse, oci, referrers, sbom, slsa
 from qualify.publish.record import ReleasedImage, released_images
@@ -115,7 +116,7 @@ def _build_record(opts: PublishOptions, img: ReleasedImage) -> Optional[dict]:
 
 
 def _sbom_statement(opts: PublishOptions, img: ReleasedImage, name: str, lock: Path, created: str) -> dict:
-    debs = sbom.parse_dpkg_status(sbom.read_dpkg_status(opts.docker, img.source))
+    debs = sbom.parse_dpkg_status(sbom.read_dpkg_status(Engine("docker", binary=opts.docker), img.source))
     document = sbom.bom(lock, debs, name, img.digest)
     # Same image, same SBOM bytes: serial number from the digest, time from the image's creation label.
     document.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, f"{name}@{img.digest}")

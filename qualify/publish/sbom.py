@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,9 @@ from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
-from qualify.core.errors import EngineError, ParseError
+from qualify.core.errors import ParseError
 from qualify.core.manifest import STATEMENT_TYPE
+from qualify.host.engine import Engine
 from qualify.imagebuild import wheelhouse
 
 PREDICATE_TYPE = "https://cyclonedx.org/bom"  # what `cosign attest --type cyclonedx` writes
@@ -48,25 +48,10 @@ def parse_dpkg_status(text: str) -> List[DebPackage]:
     return sorted(out, key=lambda p: (p.name, p.architecture))
 
 
-def read_dpkg_status(docker: str, image: str) -> str:
-    """The image's dpkg status file, copied out of a created (never started) container:
-    no emulation for a foreign platform, nothing of the image runs."""
-    created = subprocess.run([docker, "create", image, "true"], capture_output=True, text=True, timeout=120)
-    if created.returncode != 0:
-        raise EngineError(f"cannot create a container of {image} to read {DPKG_STATUS}: {created.stderr.strip()[-300:]}")
-    cid = created.stdout.strip()
-    try:
-        proc = subprocess.Popen([docker, "cp", f"{cid}:{DPKG_STATUS}", "-"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        data = proc.stdout.read(MAX_STATUS_BYTES + 1)
-        proc.stdout.close()
-        err = proc.stderr.read(4096).decode("utf-8", "replace")
-        proc.wait(timeout=60)
-    finally:
-        subprocess.run([docker, "rm", "-f", cid], capture_output=True, timeout=60)
-    if proc.returncode != 0 and len(data) <= MAX_STATUS_BYTES:
-        raise EngineError(f"{image}: cannot read {DPKG_STATUS}: {err.strip()[-300:]}")
-    if len(data) > MAX_STATUS_BYTES:
+def read_dpkg_status(engine: Engine, image: str) -> str:
+    """The image's dpkg status file, read without running anything of the image."""
+    data = engine.copy_file_out(image, DPKG_STATUS, MAX_STATUS_BYTES)
+    if data is None:
         raise ParseError(f"{image}: {DPKG_STATUS} is larger than {MAX_STATUS_BYTES} bytes")
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         member = tar.next()

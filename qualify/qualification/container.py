@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from qualify.config.targets import Target
+from qualify.core import fsutil
 from qualify.core.errors import EngineError
 from qualify.host import paths
 from qualify.probe import identity, staged
@@ -60,7 +61,8 @@ def stage_probe(digest: str) -> Path:
 
     dest = paths.probe_stage(digest)
     if (dest / "qualify" / "probe" / "__main__.py").exists():
-        return dest
+        # A stage made before images ran as a non-root user was 0700: made readable once.
+        return dest if fsutil.others_can_read(dest) else fsutil.readable_by_all(dest)
     paths.state().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="probe-", dir=paths.state()))
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -72,6 +74,7 @@ def stage_probe(digest: str) -> Path:
         else:
             shutil.copy2(src, tmp / "qualify" / name)
     shutil.copytree(Path(elftools.__file__).parent, tmp / "elftools", ignore=ignore)
+    fsutil.readable_by_all(tmp)  # the image's user is not root
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.rename(dest)

@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
+from qualify.core import fsutil
 from qualify.core.errors import LockError
 from qualify.host import paths
 from qualify.imagebuild import wheelhouse
@@ -64,7 +65,7 @@ def stage(tag: str) -> Optional[Path]:
     python, machine = f"3.{m.group(1)}", m.group(2)
     dest = root() / tag
     if (dest / ".complete").exists():
-        return dest
+        return dest if fsutil.others_can_read(dest) else fsutil.readable_by_all(dest)
     folders = [wheelhouse.prepare_into(lock, MACHINES[machine], python, root() / "wheels" / f"{tag}-{lock.stem}")
                for lock, minors in LOCKS if _minor(tag) in minors]
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -73,6 +74,7 @@ def stage(tag: str) -> Optional[Path]:
         for wheel in sorted(w for folder in folders for w in folder.glob("*.whl")):
             _unpack(wheel, tmp)
         (tmp / ".complete").write_text("")
+        fsutil.readable_by_all(tmp)  # mounted into images whose user is not root
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
