@@ -101,3 +101,21 @@ def host(tmp_path, signing_key):
     from deploy_host import new_host
 
     yield from new_host(tmp_path, signing_key)
+
+
+def clone_checkout(source: Path, dest: Path, *args: str, timeout: float = 300) -> Path:
+    """`git clone` of a checkout, as a newcomer would. The checkout may belong to another user (a CI runner's
+    copy): git 2.39 refuses to clone such a repository ('dubious ownership') unless a global or system file
+    marks it safe (`-c` and GIT_CONFIG_* are not enough), so the clone alone gets such a file. A failure says
+    what git said."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    config = dest.parent / f".{dest.name}.gitconfig"
+    config.write_text("[safe]\n\tdirectory = *\n")
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": str(config)}
+    try:
+        done = subprocess.run(["git", "clone", "-q", *args, str(source), str(dest)], capture_output=True, text=True,
+                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    finally:
+        config.unlink()
+    assert done.returncode == 0, f"git clone {source} failed (exit {done.returncode}): {done.stderr.strip()}"
+    return dest

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import clone_checkout
 
 REPO = Path(__file__).resolve().parent.parent
 COMMAND = re.compile(r"(?:^|[\s`(])python3? -m qualify ([a-z][a-z-]*)")
@@ -38,8 +39,7 @@ def newcomer_env() -> dict:
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("clean-clone") / "repo"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(where)], check=True, capture_output=True, timeout=300)
-    return where
+    return clone_checkout(REPO, where)
 
 
 def run(clone: Path, *args: str) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import tls_registry
-from conftest import require
+from conftest import clone_checkout, require
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -64,7 +64,7 @@ def registry(tmp_path_factory):
 
 def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
     clone = tmp_path / "repo"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    clone_checkout(REPO, clone)
     for args in (["config", "user.name", "Walk Through"], ["config", "user.email", "walk@example.invalid"]):
         subprocess.run(["git", *args], cwd=clone, check=True)
     sh = Shell(clone, newcomer_env(COSIGN_PASSWORD=PASSWORD, REGISTRY_AUTH_FILE=str(registry.auth_file)))
