@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping
 
@@ -94,5 +93,5 @@ def record(tf: TargetsFile, bt: BakeTarget, metadata_file: Path, values: Mapping
         build_seconds=0.0,
     )
     path = image.record_path(rec.target, rec.profile, rec.base_kind)
-    write_json(path, asdict(rec))
+    write_json(path, rec.to_json())
     return path
