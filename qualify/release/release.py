@@ -92,9 +92,6 @@ def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-# --- git ----------------------------------------------------------------------
-
-
 # --- 1. tag -------------------------------------------------------------------
 
 
@@ -201,9 +198,6 @@ def check_tree(opts: ReleaseOptions) -> List[str]:
         raise ReleaseError(f"the work tree is not clean: {', '.join(dirty[:5])}"
                            + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else ""), hint=hint)
     return dirty
-
-
-# --- 4. manifests -------------------------------------------------------------
 
 
 # --- 5. source ----------------------------------------------------------------
@@ -372,11 +366,6 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
     return moving
 
 
-# --- 8. commit ----------------------------------------------------------------
-
-
-
-
 # --- 9. tag -------------------------------------------------------------------
 
 
@@ -394,8 +383,6 @@ def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: L
     lines += ["", f"Signing key: {key} ({rel}/{PUBLIC_KEY_FILE})",
               f"Index: {rel}/{INDEX_FILE} sha256:{index_sha256}"]
     return "\n".join(lines) + "\n"
-
-
 
 
 # --- orchestration ------------------------------------------------------------
