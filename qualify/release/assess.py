@@ -105,7 +105,7 @@ def assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: Image
             progress(f"  withheld {c.target}: {result.reason}")
         else:
             entries.append(result)
-            progress(f"  {c.target}: {result.image_digest}, level {result.support_level}")
+            progress(f"  {c.target}: {result.digest}, level {result.support_level}")
     why = "; ".join(f"{w.target}: {w.reason}" for w in withheld)
     if not entries:
         raise ReleaseError(f"nothing to release: every target is withheld ({why})")

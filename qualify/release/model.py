@@ -71,7 +71,7 @@ class Withheld:
 class ReleasedTarget:
     target: str
     reference: str
-    image_digest: str
+    digest: str  # sha256:<hex>, as release.json names it
     manifest_sha256: str
     support_level: str
     verdict: str
@@ -83,7 +83,7 @@ class ReleasedTarget:
     def entry(self) -> rec.ReleasedEntry:
         """As release.json lists it."""
         return rec.ReleasedEntry(self.target, self.capability, self.platform, self.profile, self.reference,
-                                 self.image_digest, self.manifest_sha256, self.support_level, self.verdict)
+                                 self.digest, self.manifest_sha256, self.support_level, self.verdict)
 
     @property
     def manifest_file(self) -> str:

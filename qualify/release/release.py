@@ -373,7 +373,7 @@ def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: L
                 index_sha256: str, changes: Sequence[str] = ()) -> str:
     rel = opts.folder
     lines = [f"Qualification release {opts.tag}", "", "Released targets (image digest, manifest sha256, level):"]
-    lines += [f"  {e.target}  {e.image_digest}  manifest sha256:{e.manifest_sha256}  {e.support_level}"
+    lines += [f"  {e.target}  {e.digest}  manifest sha256:{e.manifest_sha256}  {e.support_level}"
               for e in entries]
     if withheld:
         lines += ["", "Withheld (--allow-partial):"] + [f"  {w.target}: {w.reason}" for w in withheld]
@@ -584,7 +584,7 @@ def dry_run_lines(o: ReleaseResult, opts: ReleaseOptions) -> List[str]:
              "or uploaded)", f"It would be sequence {o.sequence}" + (f", after {o.predecessor}" if o.predecessor else
                                                                        ", the first release of this key"),
              "", "Would sign:"]
-    lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.image_digest}, {e.support_level})"
+    lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.digest}, {e.support_level})"
               for e in o.released]
     lines += ["", f"Would write {opts.folder}/:"] + [f"  {n}" for n in o.files]
     lines += ["", f"Would commit them on top of {o.source_revision} and tag it {o.tag}"
