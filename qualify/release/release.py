@@ -51,12 +51,12 @@ from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import MANIFEST_LIMIT, read_small
+from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.host import cmd
 from qualify.release import changelog, history
 from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
-from qualify.release.folder import TrustedKey, removable_by_force, sha256, verify_blob
+from qualify.release.folder import RECORD_LIMIT, TrustedKey, removable_by_force, sha256, verify_blob
 from qualify.release.gitops import (
     create_tag,
     existing_tag,
@@ -237,8 +237,8 @@ def _reuse_signature(dest: Path, name: str, data: bytes, key: TrustedKey, stagin
     try:
         if read_small(old, MANIFEST_LIMIT, "release file", VerificationError) != data:
             return False
-        signature = read_small(old_sig, 64 * 1024, "signature", VerificationError)
-        bundle = read_small(old_bundle, 1 << 20, "bundle", VerificationError)
+        signature = read_small(old_sig, SIGNATURE_LIMIT, "signature", VerificationError)
+        bundle = read_small(old_bundle, BUNDLE_LIMIT, "bundle", VerificationError)
         verify_blob(key, data, signature, bundle, str(old))
     except QualifyError:
         return False
@@ -301,8 +301,8 @@ def verified_index(dest: Path, key: TrustedKey) -> Optional[rec.ReleaseIndex]:
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        data = read_small(path, 16 << 20, "release index", VerificationError)
-        verify_blob(key, data, read_small(formats.signature_path(path), 64 * 1024, "signature", VerificationError),
+        data = read_small(path, RECORD_LIMIT, "release index", VerificationError)
+        verify_blob(key, data, read_small(formats.signature_path(path), SIGNATURE_LIMIT, "signature", VerificationError),
                     None, str(path))
         return rec.ReleaseIndex.parse(data, str(path))
     except QualifyError as exc:

@@ -30,10 +30,10 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from qualify.core import manifest
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import read_small, strict_json
+from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
 from qualify.release import evidence as ev
 
-MAX_BYTES = 64 << 20  # a manifest is tens of kB; a pod log a few MB at most
+MAX_BYTES = MANIFEST_LIMIT  # a probe manifest, or a pod log of a few of them
 HOST_PREFIX = "host:"
 
 
@@ -125,8 +125,8 @@ def parse(path: Path) -> List[EvidenceFile]:
                 hint="a pod log is about one target and one image; collect each Job's log on its own")
         return found
     sig_path, bundle_path = formats.signature_path(path), formats.bundle_path(path)
-    signature = read_small(sig_path, 64 << 10, "signature", MergeError) if sig_path.exists() else None
-    bundle = read_small(bundle_path, 1 << 20, "bundle", MergeError) if bundle_path.exists() else None
+    signature = read_small(sig_path, SIGNATURE_LIMIT, "signature", MergeError) if sig_path.exists() else None
+    bundle = read_small(bundle_path, BUNDLE_LIMIT, "bundle", MergeError) if bundle_path.exists() else None
     return [_evidence(path, data, str(path), signature, bundle)]
 
 
