@@ -58,6 +58,14 @@ def nvcc() -> Path:
     return NVCC
 
 
+@pytest.fixture(scope="session")
+def fx(nvcc, tmp_path_factory):
+    """The nvcc-built fatbins and libraries of tests/cuda_fixtures.py, built once for the session."""
+    from cuda_fixtures import build
+
+    return build(nvcc, tmp_path_factory.mktemp("cuda-fixtures"))
+
+
 def require(condition: bool, why: str) -> None:
     """For tests: skip locally, fail in CI, when a dependency is missing."""
     _require(condition, why)

@@ -173,9 +173,6 @@ def build_embedded(fatbins: List[Path], out: Path) -> Path:
     return out
 
 
-_BUILT: Dict[str, Fixtures] = {}
-
-
 @contextlib.contextmanager
 def deadline(seconds: int):
     """Fail instead of hanging: SIGALRM interrupts the block after `seconds`."""
@@ -190,13 +187,6 @@ def deadline(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def built(nvcc: Path, tmp_path_factory) -> Fixtures:
-    """The session's fixtures, built on first use."""
-    if "fx" not in _BUILT:
-        _BUILT["fx"] = build(nvcc, tmp_path_factory.mktemp("cuda-fixtures"))
-    return _BUILT["fx"]
 
 
 # --- cuobjdump -------------------------------------------------------------------

@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require
-from cuda_fixtures import built
 
 from qualify.core import census, elf, fatbin
 from qualify.core.arch import Capability, Compat
 
 BLACKWELL = ["10.0", "10.3", "12.0", "12.1"]
-
-
-@pytest.fixture(scope="session")
-def fx(nvcc, tmp_path_factory):
-    return built(nvcc, tmp_path_factory)
 
 
 def judged(path: Path, target: str, decompress: bool = True) -> census.TargetVerdict:

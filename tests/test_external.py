@@ -73,7 +73,7 @@ def qualified(engine, work):
 def ours(engine):
     """Our own smoke images, qualified as our builds: the column to compare the others with."""
     tf = targets.load()
-    return {t: qualification.qualify(tf, images.smoke(t), engine, force=True) for t in ("sm120", "sm121")}
+    return {t: qualification.qualify(tf, images.smoke(t), engine, force=True).path for t in ("sm120", "sm121")}
 
 
 @pytest.mark.parametrize("target", ["sm120", "sm121"])

@@ -13,7 +13,7 @@ from typing import List
 
 import pytest
 from conftest import REPO, require
-from cuda_fixtures import COMPRESSION_FLAGS, SO_GENCODES, built, cuobjdump_arches, deadline, find_cuobjdump
+from cuda_fixtures import COMPRESSION_FLAGS, SO_GENCODES, cuobjdump_arches, deadline, find_cuobjdump
 from elftools.elf.elffile import ELFFile
 
 from qualify.core import fatbin, fatbin_model
@@ -24,11 +24,6 @@ EXPECTED_CODE = {
     "arch": ["sm_100a", "sm_103a", "sm_120a"],
     "family": ["sm_100f", "sm_120f"],
 }
-
-
-@pytest.fixture(scope="session")
-def fx(nvcc, tmp_path_factory):
-    return built(nvcc, tmp_path_factory)
 
 
 def names(container: fatbin_model.Container) -> List[str]:

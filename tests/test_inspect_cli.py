@@ -10,14 +10,8 @@ import sys
 import jsonschema
 import pytest
 from conftest import REPO
-from cuda_fixtures import built
 
 SCHEMA = json.loads((REPO / "manifests" / "inspect.schema.json").read_text())
-
-
-@pytest.fixture(scope="session")
-def fx(nvcc, tmp_path_factory):
-    return built(nvcc, tmp_path_factory)
 
 
 def inspect(*args: str) -> subprocess.CompletedProcess:

@@ -17,16 +17,10 @@ from pathlib import Path
 
 import pytest
 from conftest import require
-from cuda_fixtures import built
 
 from qualify.core import census, elf, fatbin, kernels
 
 PAD = 300_000  # random bytes after a cubin's section table: what a prefix decode must not read
-
-
-@pytest.fixture(scope="session")
-def fx(nvcc, tmp_path_factory):
-    return built(nvcc, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

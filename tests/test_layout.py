@@ -27,6 +27,18 @@ def _modules(folder: Path):
     return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+# What an image's own python3 (3.9+) runs: the image side, every package's __init__.py and __main__.py (the
+# package root is staged with it), and `qualify inspect`, which runs on such an interpreter too.
+PY39_SOURCES = sorted({*(p for d in IMAGE_SIDE_DIRS for p in _modules(PACKAGE / d)),
+                       *(p for p in _modules(PACKAGE) if p.name in ("__init__.py", "__main__.py")),
+                       PACKAGE / "cli" / "inspect_cmd.py"})
+
+
+@pytest.mark.parametrize("path", PY39_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_image_side_sources_parse_as_python_3_9(path):
+    ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
+
+
 def _imports(path: Path):
     """(module imported, line) for every import in the file, relative ones resolved."""
     rel = path.relative_to(REPO).with_suffix("")

@@ -14,17 +14,12 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from cuda_fixtures import build_embedded, built
+from cuda_fixtures import build_embedded
 
 from qualify.core import census, fatbin, parts
 from qualify.core.fatbin_model import CONTAINER_PREFIX
 
 JOBS = parts.MIN_JOBS  # parts are cut from this many workers on
-
-
-@pytest.fixture(scope="session")
-def fx(nvcc, tmp_path_factory):
-    return built(nvcc, tmp_path_factory)
 
 
 @pytest.fixture()

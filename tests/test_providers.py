@@ -3,7 +3,6 @@ and the vllm_providers snippet in a child interpreter."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import subprocess
@@ -372,11 +371,6 @@ def test_modules_import_nothing_outside_the_standard_library():
     new = set(json.loads(out.stdout.strip().splitlines()[-1]))
     foreign = {n for n in new if n not in sys.stdlib_module_names and n not in ("qualify", "snip")}
     assert not foreign, foreign
-
-
-@pytest.mark.parametrize("path", MINE, ids=lambda p: p.name)
-def test_sources_parse_as_python_3_9(path):
-    ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
 
 
 def test_cubin_package_without_code_for_the_target():

@@ -37,7 +37,7 @@ def engine(docker_engine, loopback_registry):
 @pytest.fixture(scope="module", params=["sm120", "sm121"])
 def qualified(request, engine):
     record = images.smoke(request.param)
-    path = qualification.qualify(targets.load(), record, engine, force=True)
+    path = qualification.qualify(targets.load(), record, engine, force=True).path
     return record, manifest.load(path)
 
 
@@ -173,15 +173,6 @@ def test_probe_boundary_no_torch_triton_or_vllm_in_the_probe_process():
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stderr
-
-
-def test_probe_sources_parse_as_python_3_9():
-    import ast
-
-    for path in (REPO / "qualify").rglob("*.py"):
-        rel = path.relative_to(REPO / "qualify")
-        if rel.parts[0] in ("core", "probe") or rel.name in ("__init__.py", "__main__.py"):
-            ast.parse(path.read_text(), str(path), feature_version=(3, 9))
 
 
 def test_host_probe_writes_a_statement_without_gpu(tmp_path):

@@ -142,13 +142,16 @@ def test_a_manifest_the_build_record_contradicts_is_withheld_and_fails_the_relea
     """This checkout's build record says the target was rebuilt since it was qualified."""
     key_file, _ = keys
     manifest = json.loads((repo / "build/manifests/sm120.json").read_text())
-    manifest["predicate"]["image"]["labels"] = {"dev.blackwell-qualify.profile": "smoke",
-                                                "dev.blackwell-qualify.base-kind": "hermetic"}
+    manifest["predicate"]["target"]["profile"] = "smoke"
+    manifest["predicate"]["base"]["kind"] = "hermetic"
     from qualify.core import manifest as mf
+    from qualify.imagebuild.image import BuildRecord
     mf.write(repo / "build/manifests/sm120.json", manifest)
     record = repo / "build" / "images" / "sm120-smoke-hermetic.json"
     record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"image_reference": f"127.0.0.1:5000/qualify/sm120@{DIGEST_C}"}))
+    record.write_text(json.dumps(BuildRecord(
+        "sm120", "smoke", "hermetic", "linux/amd64", "base@" + DIGEST_A, f"127.0.0.1:5000/qualify/sm120@{DIGEST_C}",
+        "127.0.0.1:5000/qualify/sm120:smoke-hermetic", DIGEST_C, "docker", "default", {}, 1.0).to_json()))
     before = tree_state(repo)
     with pytest.raises(ReleaseError, match="withheld") as err:
         do_release(repo, key_file)

@@ -377,18 +377,26 @@ def test_stage_lays_out_the_builds_own_context_at_the_bake_files_path(tmp_path, 
     from qualify.imagebuild import wheelhouse
     from qualify.scaleout import bakestage
 
+    bt = bake.BakeTarget(TF.get("sm121"), "smoke")
+    lock = bt.target.lock_path("smoke", bt.target.base.python)
+    pins = wheelhouse.parse_lock(lock)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    (wheels / "x-1-py3-none-any.whl").write_bytes(b"wheel")
-    monkeypatch.setattr(wheelhouse, "prepare", lambda lock, platform, python: wheels)  # no download here
+    for pin in pins:  # a stand-in wheel file per pin: no download here
+        (wheels / f"{pin.name.replace('-', '_')}-{pin.version}-py3-none-any.whl").write_bytes(b"wheel")
+    monkeypatch.setattr(wheelhouse, "prepare", lambda lock, platform, python: wheels)
     monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(bakestage, "REPO_ROOT", tmp_path / "repo")
-    bt = bake.BakeTarget(TF.get("sm121"), "smoke")
     link = bakestage.stage(TF, bt)
     assert link == tmp_path / "repo" / bt.context and link.is_symlink()
     assert (link / "Dockerfile").read_bytes() == (REPO / "images" / "Dockerfile").read_bytes()
-    assert (link / "requirements.txt").read_bytes() == bt.target.lock_path("smoke", bt.target.base.python).read_bytes()
-    assert (link / "wheelhouse" / "x-1-py3-none-any.whl").exists()
+    # The layout `nox -s build-<target>` stages: per payload layer of [build] its wheels and its lock slice.
+    slots = sorted((link / "payload").iterdir())
+    assert len(slots) == image.payload_slots()
+    listed = "".join((slot / "requirements.txt").read_text() for slot in slots)
+    assert sorted(line.split("==")[0] for line in listed.splitlines()) == sorted(p.name for p in pins)
+    assert len([w for slot in slots for w in slot.glob("*.whl")]) == len(pins)
+    assert (link / "runtime-user" / "add-user.sh").is_file()
 
 
 def test_cli_gpu_evidence_wants_the_image_by_digest(tmp_path):

@@ -11,15 +11,9 @@ import sys
 
 import pytest
 from conftest import REPO
-from cuda_fixtures import built
 
 from qualify.core import census, workers
 from qualify.core.arch import Capability
-
-
-@pytest.fixture(scope="session")
-def fx(nvcc, tmp_path_factory):
-    return built(nvcc, tmp_path_factory)
 
 
 def canonical(report: census.CensusReport) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from qualify.config import targets
 from qualify.config.imageref import parse_pinned
 from qualify.core import manifest
+from qualify.core.enums import Verdict
 from qualify.core.errors import ConfigError
 
 
@@ -43,8 +44,8 @@ def execute(args) -> int:
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "probe_sha256": probe_sources_digest()}
     doc = manifest.statement(ref.name, ref.digest, predicate)
     manifest.write(args.out, doc)
-    p = manifest.predicate(doc)
-    print(f"{args.out}: verdict {p['verdict']}, support level {p['support_level']}", file=sys.stderr)
+    done = manifest.Manifest.from_statement(doc, str(args.out))
+    print(f"{args.out}: verdict {done.verdict}, support level {done.support_level}", file=sys.stderr)
     if args.sign_key is not None:
         from qualify.release import evidence
 
@@ -52,4 +53,4 @@ def execute(args) -> int:
     else:
         print("note: not signed (--sign-key): `qualify promote` counts only evidence an enrolled host signed",
               file=sys.stderr)
-    return 1 if p["verdict"] == "fail" else 0
+    return 1 if done.verdict == Verdict.FAIL else 0

@@ -74,6 +74,6 @@ def _external(args, tf, target: str) -> int:
     if args.base != "pinned":
         raise ConfigError("--base does not apply to --image: the base of an image built elsewhere is unknown")
     tf.get(target)  # an unknown target is refused before any engine work
-    path = external.qualify(tf, target, args.image, Engine(args.engine).check(), profile=args.profile,
+    done = external.qualify(tf, target, args.image, Engine(args.engine).check(), profile=args.profile,
                             gpus=args.gpus, out=args.out)
-    return qualification.report(path, sys.stdout)
+    return qualification.report(done, sys.stdout)

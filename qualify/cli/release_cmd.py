@@ -49,7 +49,7 @@ def configure_parser(parser) -> None:
 def _print_human(o: model.ReleaseResult) -> None:
     print(f"Released {o.tag}: {len(o.released)} target(s) in {o.directory}")
     for e in o.released:
-        print(f"  {e.target:<12} {e.support_level:<13} {e.image_digest}  manifest sha256:{e.manifest_sha256}")
+        print(f"  {e.target:<12} {e.support_level:<13} {e.digest}  manifest sha256:{e.manifest_sha256}")
     for w in o.withheld:
         print(f"  {w.target:<12} WITHHELD      {w.reason}")
     print(f"Release commit {o.release_commit[:12]} on top of {o.source_revision[:12]}; "

@@ -13,7 +13,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import tomllib
 
@@ -21,6 +21,7 @@ from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import arch, driver
 from qualify.core.enums import BaseKind, Profile, SupportLevel
 from qualify.core.errors import ConfigError
+from qualify.core.manifest import TARGET_NAME, TARGET_NAME_MAX
 from qualify.core.readlimit import TARGETS_LIMIT, read_small
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,6 @@ _USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # what passwd and useradd
 _CUDA_RE = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
 
 # Values that become paths, image tags or tool arguments (issue 15 item 5).
-TARGET_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 _SUITE_RE = re.compile(r"[a-z][a-z0-9.-]{0,31}")  # a Debian suite or codename; never an option
 _MIRROR_RE = re.compile(r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~%/+-]*)?")
 _PYTHON_RE = re.compile(r"3\.[0-9]{1,2}")
@@ -300,9 +300,9 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
 
 def _check_name(name: str, path: Path) -> None:
     """Target names become image repositories, file and folder names: a strict pattern."""
-    if not TARGET_NAME_RE.fullmatch(name):
+    if not TARGET_NAME.fullmatch(name):
         raise ConfigError(f"{path}: target name {name!r} is not allowed",
-                          hint="use 1-32 of a-z, 0-9 and '-', starting with a letter or digit (e.g. sm120)")
+                          hint=f"use 1-{TARGET_NAME_MAX} of a-z, 0-9 and '-', starting with a letter or digit (e.g. sm120)")
 
 
 def _check_text(path: Path, where: str, key: str, value: str, pattern: re.Pattern[str], what: str) -> None:
@@ -372,11 +372,12 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
     problems = _Problems(path)
     values: Dict[str, Any] = {}
     with problems.each():
-        values["platform"] = _platform(merged, path, where)
+        values["platform"] = _one_of(merged, "platform", PLATFORMS, path, where, "unknown platform {value}")
     with problems.each():
         values["capability"] = _capability_and_arch_list(merged, path, where)
     with problems.each():
-        values["support_level"] = _support_level(merged, path, where)
+        values["support_level"] = _one_of(merged, "support_level", INTENDED_LEVELS, path, where,
+                                          "{value} is not an intended level")
     with problems.each():
         values["gpus"] = _gpus(merged, path, where)
     with problems.each():
@@ -394,14 +395,13 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
                   torch_cuda_arch_list=merged["torch_cuda_arch_list"], **values)
 
 
-def _platform(merged: Mapping[str, Any], path: Path, where: str) -> str:
-    platform = merged["platform"]
-    if platform not in PLATFORMS:
-        raise ConfigError(
-            f"{path}: {where}: key 'platform': unknown platform {platform!r}",
-            hint=f"use one of {', '.join(PLATFORMS)}",
-        )
-    return platform
+def _one_of(merged: Mapping[str, Any], key: str, allowed: Sequence[str], path: Path, where: str, what: str) -> str:
+    """merged[key] when it is one of `allowed`; else an error naming the file, the target, the key and the value."""
+    value = merged[key]
+    if value not in allowed:
+        raise ConfigError(f"{path}: {where}: key {key!r}: {what.format(value=repr(value))}",
+                          hint=f"use one of {', '.join(allowed)}")
+    return value
 
 
 def _capability_and_arch_list(merged: Mapping[str, Any], path: Path, where: str) -> arch.Capability:
@@ -422,14 +422,6 @@ def _capability_and_arch_list(merged: Mapping[str, Any], path: Path, where: str)
     return cap
 
 
-def _support_level(merged: Mapping[str, Any], path: Path, where: str) -> str:
-    level = merged["support_level"]
-    if level not in INTENDED_LEVELS:
-        raise ConfigError(
-            f"{path}: {where}: key 'support_level': {level!r} is not an intended level",
-            hint=f"use one of {', '.join(INTENDED_LEVELS)}",
-        )
-    return level
 
 
 def _gpus(merged: Mapping[str, Any], path: Path, where: str) -> Tuple[str, ...]:

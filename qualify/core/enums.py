@@ -46,6 +46,13 @@ class BaseKind(ValueEnum):
     HERMETIC = "hermetic"
 
 
+class Origin(ValueEnum):
+    """Who built the image a manifest qualifies: our own build, or an image built elsewhere (issue 34)."""
+
+    BUILT = "built"
+    EXTERNAL = "external"
+
+
 class CheckStatus(ValueEnum):
     """One check's outcome. NOT_RUN is never a pass."""
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from qualify.core.enums import CheckStatus, SupportLevel, Verdict
+from qualify.core.enums import CheckStatus, Origin, SupportLevel, Verdict
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
@@ -36,8 +37,10 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://blackwell-qualify.dev/qualification/v1"
 SCHEMA_VERSION = 1
 
-# The one rule for a target's name (targets file, manifests, release folders, publication records).
-TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+# The one rule for a target's name (targets file, manifests, release folders, publication records):
+# it becomes an image repository, a file and a folder name. config/targets.py imports it.
+TARGET_NAME_MAX = 32
+TARGET_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")  # 1 + at most TARGET_NAME_MAX - 1
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 # The host side (release, deploy, CLI) reads these two; the enums are the source.
@@ -130,12 +133,13 @@ def value_problems(stmt: Mapping[str, Any]) -> List[str]:
     return problems
 
 
-def subject_digest(stmt: Mapping[str, Any]) -> str:
-    """`sha256:<hex>` of the image the manifest is about."""
+def subject_digest(stmt: Mapping[str, Any], where: str = "") -> str:
+    """`sha256:<hex>` of the image an in-toto Statement (a manifest, or any attestation) is about."""
     try:
         return "sha256:" + stmt["subject"][0]["digest"]["sha256"]
     except (KeyError, IndexError, TypeError):
-        raise VerificationError("manifest has no subject digest") from None
+        raise VerificationError(f"{where}: the Statement has no subject digest" if where
+                                else "manifest has no subject digest") from None
 
 
 def subject_name(stmt: Mapping[str, Any]) -> str:
@@ -144,18 +148,6 @@ def subject_name(stmt: Mapping[str, Any]) -> str:
 
 def predicate(stmt: Mapping[str, Any]) -> Dict[str, Any]:
     return stmt["predicate"]
-
-
-def failing_checks(stmt: Mapping[str, Any]) -> List[Mapping[str, Any]]:
-    checks = predicate(stmt).get("checks", [])
-    return [c for c in checks if isinstance(c, dict) and c.get("status") == CheckStatus.FAIL] if isinstance(checks, list) else []
-
-
-def check(stmt: Mapping[str, Any], check_id: str) -> Optional[Mapping[str, Any]]:
-    for c in predicate(stmt).get("checks", []):
-        if c.get("id") == check_id:
-            return c
-    return None
 
 
 # --- the typed manifest -------------------------------------------------------------
@@ -176,7 +168,8 @@ class Check:
 @dataclass(frozen=True)
 class Manifest:
     """A qualification manifest as every stage reads it: built once from the bytes that were read (and,
-    where a signature is involved, verified), so no stage digs `predicate[...]` apart by hand.
+    where a signature is involved, verified: release/folder.py's VerifiedTarget holds one), so no stage
+    digs `predicate[...]` apart by hand.
 
     Values are kept as written; `problems` lists what is not one of the known values (a verdict, a level,
     a check status, a verdict its checks do not give), so damage is never read as a better verdict.
@@ -186,7 +179,7 @@ class Manifest:
     capability: str
     platform: str
     profile: str  # "" when the manifest does not record it
-    base_kind: str  # "" when not recorded
+    base_kind: str  # "" when not recorded ("unknown" for an external image)
     subject_name: str
     digest: str  # sha256:<hex>, the Statement's subject
     reference: str  # predicate.image.reference, "" when absent
@@ -196,11 +189,20 @@ class Manifest:
     probe_sha256: str
     source_revision: str
     problems: Tuple[str, ...]
-    statement: Mapping[str, Any] = field(compare=False, repr=False)  # the parsed Statement (show, diff)
+    statement: Mapping[str, Any] = field(compare=False, repr=False)  # the parsed Statement (show, diff, promote)
+    origin: str = Origin.BUILT.value  # manifests from before issue 34 are our builds
+    base_image: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # the image's labels
+    packages: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # versions.packages
 
     @classmethod
     def parse(cls, data: bytes, where: str) -> Manifest:
         return cls.from_statement(parse(data, where), where)
+
+    @classmethod
+    def load(cls, path: Path) -> Manifest:
+        """The manifest file at `path`, read once (bounded) and parsed."""
+        return cls.parse(read(path), str(path))
 
     @classmethod
     def from_statement(cls, stmt: Mapping[str, Any], where: str) -> Manifest:
@@ -209,7 +211,7 @@ class Manifest:
         name = target.get("name")
         if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
             raise VerificationError(f"{where}: predicate.target.name {name!r} is not a target name "
-                                    "(lower-case letters, digits and '-', at most 32)")
+                                    f"(lower-case letters, digits and '-', at most {TARGET_NAME_MAX})")
         digest = subject_digest(stmt)
         if not DIGEST.fullmatch(digest):
             raise VerificationError(f"{where}: the subject digest {digest[:80]!r} is not sha256:<64 hex>")
@@ -218,7 +220,13 @@ class Manifest:
         if recorded is not None and recorded != digest:
             raise VerificationError(f"image digest check failed: {where} is inconsistent: subject {digest}, "
                                     f"predicate image digest {recorded}")
+        origin = image.get("origin") or Origin.BUILT.value
+        if origin not in Origin.values():
+            raise VerificationError(f"{where}: predicate.image.origin {origin!r} is not one of "
+                                    f"{', '.join(Origin.values())}")
         toolkit = _mapping(pred.get("toolkit") or {}, f"{where}: predicate.toolkit")
+        base = _mapping(pred.get("base") or {}, f"{where}: predicate.base")
+        versions = _mapping(pred.get("versions") or {}, f"{where}: predicate.versions")
         subject = stmt["subject"][0]
         raw_checks = pred.get("checks")
         checks = tuple(Check(str(c.get("id")), str(c.get("status")), c.get("required", True) is not False,
@@ -226,16 +234,40 @@ class Manifest:
                        for c in raw_checks if isinstance(c, dict)) if isinstance(raw_checks, list) else ()
         return cls(
             target=name, capability=_text(target.get("capability")), platform=_text(target.get("platform")),
-            profile=_text(target.get("profile")), base_kind=_text(_mapping(pred.get("base") or {}, "base").get("kind")),
+            profile=_text(target.get("profile")), base_kind=_text(base.get("kind")),
             subject_name=_text(subject.get("name") if isinstance(subject, dict) else ""), digest=digest,
             reference=_text(image.get("reference")), verdict=_text(pred.get("verdict")),
             support_level=_text(pred.get("support_level")), checks=checks,
             probe_sha256=_text(toolkit.get("probe_sha256")), source_revision=_text(toolkit.get("source_revision")),
-            problems=tuple(value_problems(stmt)), statement=stmt)
+            problems=tuple(value_problems(stmt)), statement=stmt, origin=str(origin),
+            base_image=_text(base.get("image")),
+            labels=_strings(image.get("labels") or {}, f"{where}: predicate.image.labels"),
+            packages=_strings(versions.get("packages") or {}, f"{where}: predicate.versions.packages"))
+
+    @property
+    def predicate(self) -> Mapping[str, Any]:
+        """The predicate as written, for the reports that show all of it (show, diff, compare's census rows)."""
+        return MappingProxyType(self.statement["predicate"])
+
+    @property
+    def subject(self) -> str:
+        """`name@sha256:<hex>`: the image the manifest is about."""
+        return f"{self.subject_name}@{self.digest}"
+
+    @property
+    def external(self) -> bool:
+        return self.origin == Origin.EXTERNAL
 
     @property
     def failing(self) -> Tuple[str, ...]:
         return tuple(c.id for c in self.checks if c.status == CheckStatus.FAIL)
+
+    def status_counts(self) -> Dict[str, int]:
+        """How many checks have each status."""
+        counts: Dict[str, int] = {}
+        for c in self.checks:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        return counts
 
     @property
     def passes(self) -> bool:
@@ -258,6 +290,12 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     return value
 
 
+def _strings(value: Any, where: str) -> Mapping[str, str]:
+    """A name -> text map (labels, package versions), read-only."""
+    value = _mapping(value, where)
+    return MappingProxyType({str(k): _text(v) for k, v in value.items()})
+
+
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -276,7 +314,7 @@ class RuntimeFacts:
 
     @classmethod
     def of(cls, m: Manifest) -> RuntimeFacts:
-        runtime = predicate(m.statement).get("runtime")
+        runtime = m.predicate.get("runtime")
         if not isinstance(runtime, dict):
             return cls(False, None, "", "", "", "")
         where = f"{m.target}: predicate.runtime"

@@ -65,6 +65,18 @@ def build(tf, target: str, profile: str, engine: Engine, registry: Registry, no_
     return image.build(tf, opts, engine, registry)
 
 
+def cold_and_rebuild(tf, target: str, profile: str, engine: Engine, registry: Registry,
+                     made: List[image.BuildRecord], rows: List[Row]) -> image.BuildRecord:
+    """A first build with no cache, then the same build again (nothing changed): rows for both; the first's record."""
+    say(f"{profile}: first build (no cache)")
+    cold = build(tf, target, profile, engine, registry, no_cache=True)
+    made.append(cold)
+    rows += build_rows(f"{profile} first build", cold)
+    again = build(tf, target, profile, engine, registry, no_cache=False)
+    rows.append(Row(f"{profile} no-change rebuild", again.build_seconds, f"push {again.steps.get('push', 0):.1f} s"))
+    return cold
+
+
 def build_rows(name: str, record: image.BuildRecord) -> List[Row]:
     s = record.steps
     return [Row(f"{name}: whole build", record.build_seconds),
@@ -190,24 +202,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     made: List[image.BuildRecord] = []
     try:
         if args.profile in ("smoke", "all"):
-            say("smoke: first build (no cache)")
-            cold = build(tf, first.name, "smoke", engine, registry, no_cache=True)
-            made.append(cold)
-            rows += build_rows("smoke first build", cold)
-            again = build(tf, first.name, "smoke", engine, registry, no_cache=False)
-            rows.append(Row("smoke no-change rebuild", again.build_seconds, f"push {again.steps.get('push', 0):.1f} s"))
+            cold_and_rebuild(tf, first.name, "smoke", engine, registry, made, rows)
         if args.profile in ("vllm", "all"):
             python = first.python_for("hermetic", tf.hermetic)
             lock = first.lock_path("vllm", python)
             if not args.skip_download:
                 say("vllm: wheel download into a scratch folder")
                 rows.append(download(lock, first.platform, python))
-            say("vllm: first build (no cache)")
-            cold = build(tf, first.name, "vllm", engine, registry, no_cache=True)
-            made.append(cold)
-            rows += build_rows("vllm first build", cold)
-            again = build(tf, first.name, "vllm", engine, registry, no_cache=False)
-            rows.append(Row("vllm no-change rebuild", again.build_seconds, f"push {again.steps.get('push', 0):.1f} s"))
+            cold = cold_and_rebuild(tf, first.name, "vllm", engine, registry, made, rows)
             say(f"vllm: {second.name} after {first.name}")
             other = build(tf, second.name, "vllm", engine, registry, no_cache=False)
             made.append(other)

@@ -37,7 +37,6 @@ from qualify.host.registry import Registry
 
 NAMESPACE = "blackwell"
 HERMETIC_REPOSITORY = f"{NAMESPACE}/hermetic-cuda"
-MAX_RELEASE_FILE = 8 << 20
 
 
 @dataclass
@@ -89,13 +88,10 @@ def released_digests(releases_dir: Path) -> Set[str]:
     if not releases_dir.is_dir():
         return found
     for path in sorted(releases_dir.glob("*/*.json")):
-        if not path.is_file() or path.stat().st_size > MAX_RELEASE_FILE:
-            continue
         try:
-            doc = manifest.load(path)
-            found.add(manifest.subject_digest(doc))
-        except (QualifyError, KeyError, TypeError, ValueError):
-            continue  # release.json, signatures' neighbours, evidence records: not Statements
+            found.add(manifest.Manifest.load(path).digest)
+        except QualifyError:
+            continue  # release.json, promotion and publication records, too large a file: not manifests
     return found
 
 

@@ -85,6 +85,11 @@ def ledger(checkout: Path, root: Optional[Path] = None) -> Path:
     return checkouts(root) / key / "made.jsonl"
 
 
+
+def build_record_name(target: str, profile: str, base_kind: str) -> str:
+    """A build record's file name in a folder of records (build/images/, or publish's --build-dir)."""
+    return f"{target}-{profile}-{base_kind}.json"
+
 @dataclass(frozen=True)
 class Checkout:
     """One checkout's records and release folders."""
@@ -101,7 +106,7 @@ class Checkout:
         return self.build_dir / "images"
 
     def build_record(self, target: str, profile: str, base_kind: str) -> Path:
-        return self.build_records / f"{target}-{profile}-{base_kind}.json"
+        return self.build_records / build_record_name(target, profile, base_kind)
 
     @property
     def release_inputs(self) -> Path:

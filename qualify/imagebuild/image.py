@@ -17,15 +17,16 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import DEFAULT_BUILD, PROFILES, REPO_ROOT, BuildSettings, Target, TargetsFile
 from qualify.core import arch, fsutil
-from qualify.core.errors import BuildError, ConfigError
+from qualify.core.errors import BuildError, ConfigError, QualifyError
 from qualify.core.fsutil import write_json
+from qualify.core.readlimit import read_small, strict_json
 from qualify.host import ledger, paths, provenance
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
@@ -55,8 +56,17 @@ class BuildOptions:
     tag_suffix: str = ""
 
 
+# A build record is a few kB; anything larger is not one.
+RECORD_LIMIT = 1 << 20
+_RECORD_TEXT = ("target", "profile", "base_kind", "platform", "base_image", "image_reference", "image_tag",
+                "image_id", "engine", "builder")
+_DIGEST_REF = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+
+
 @dataclass(frozen=True)
 class BuildRecord:
+    """What one build made, as build/images/<target>-<profile>-<base>.json holds it (`to_json`, `parse`)."""
+
     target: str
     profile: str
     base_kind: str
@@ -76,16 +86,55 @@ class BuildRecord:
     def digest(self) -> str:
         return self.image_reference.split("@", 1)[1]
 
+    def to_json(self) -> Dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, error: Type[QualifyError] = ConfigError) -> BuildRecord:
+        """The record in `data` (strict JSON), every key known and of its type; `error` names the file and key."""
+        hint = "rebuild the target (python -m qualify build TARGET) to write the record again"
+        doc = strict_json(data, where, error)
+        if not isinstance(doc, dict):
+            raise error(f"{where}: a build record is a JSON object", hint=hint)
+        unknown = sorted(set(doc) - {f.name for f in fields(cls)})
+        missing = sorted({f.name for f in fields(cls)} - {"steps"} - set(doc))
+        if unknown or missing:
+            raise error(f"{where}: not a build record (unknown keys: {', '.join(unknown) or 'none'}; missing: "
+                        f"{', '.join(missing) or 'none'})", hint=hint)
+        for key in _RECORD_TEXT:
+            if not isinstance(doc[key], str):
+                raise error(f"{where}: key {key!r}: {doc[key]!r} is not a string", hint=hint)
+        if not _DIGEST_REF.fullmatch(doc["image_reference"]):
+            raise error(f"{where}: key 'image_reference': {doc['image_reference']!r} is not name@sha256:<64 hex>",
+                        hint=hint)
+        if not _number(doc["build_seconds"]):
+            raise error(f"{where}: key 'build_seconds': {doc['build_seconds']!r} is not a number", hint=hint)
+        labels, steps = doc["labels"], doc.get("steps", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise error(f"{where}: key 'labels' is not an object of strings", hint=hint)
+        if not isinstance(steps, dict) or not all(_number(v) for v in steps.values()):
+            raise error(f"{where}: key 'steps' is not an object of numbers", hint=hint)
+        return cls(**{k: doc[k] for k in _RECORD_TEXT}, labels=dict(labels), build_seconds=float(doc["build_seconds"]),
+                   steps={k: float(v) for k, v in steps.items()})
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
 
 def record_path(target: str, profile: str, base_kind: str) -> Path:
     return paths.HERE.build_record(target, profile, base_kind)
 
 
+def read_record(path: Path, error: Type[QualifyError] = ConfigError) -> BuildRecord:
+    """The build record at `path`: a regular file, bounded in size, parsed strictly."""
+    return BuildRecord.parse(read_small(path, RECORD_LIMIT, "build record", error), str(path), error)
+
+
 def load_record(target: str, profile: str, base_kind: str) -> Optional[BuildRecord]:
+    """This checkout's record of the newest build of target/profile/base; None when there is none."""
     path = record_path(target, profile, base_kind)
-    if not path.exists():
-        return None
-    return BuildRecord(**json.loads(path.read_text()))
+    return read_record(path) if path.exists() else None
 
 
 def image_repository(target: Target) -> str:
@@ -395,7 +444,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
         build_seconds=round(time.monotonic() - start, 1), steps=steps,
     )
     if not opts.tag_suffix:
-        write_json(record_path(target.name, opts.profile, opts.base), asdict(record))
+        write_json(record_path(target.name, opts.profile, opts.base), record.to_json())
     print(f"[build] {record.image_reference}  ({record.build_seconds:.1f} s)", file=sys.stderr, flush=True)
     return record
 

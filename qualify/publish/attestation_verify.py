@@ -116,7 +116,7 @@ def _verified_payloads(layers: List[tuple], key: TrustedKey, digest: str, att_re
         try:
             payload = dsse.verify(dsse.parse(data, what), key.key, what)
             stmt = _statement(payload, what, layer.predicate_type)
-            subject = _subject_digest(stmt, what)
+            subject = mf.subject_digest(stmt, what)
             if subject != digest:
                 raise VerificationError(f"image digest check failed: {what} is about {subject}, not the image's "
                                         f"{digest} (an attestation copied from another image)")
@@ -181,13 +181,6 @@ def _statement(payload: bytes, what: str, predicate_type: str) -> Dict[str, Any]
         raise VerificationError(f"{what}: the signed predicateType is {stmt.get('predicateType')!r}, "
                                 f"the layer says {predicate_type!r}")
     return stmt
-
-
-def _subject_digest(stmt: Dict[str, Any], what: str) -> str:
-    try:
-        return "sha256:" + stmt["subject"][0]["digest"]["sha256"]
-    except (KeyError, IndexError, TypeError):
-        raise VerificationError(f"{what}: the Statement has no subject digest") from None
 
 
 def print_human(r: ImageVerifyResult, out=None) -> None:

@@ -34,10 +34,10 @@ from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
 from qualify.host import paths, skopeo
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
+from qualify.imagebuild import image
 from qualify.publish import dsse, oci, referrers, sbom, slsa
-from qualify.publish.record import ReleasedImage, released_images
 from qualify.release import records as rec
-from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, read_release, write_signed_files
+from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, VerifiedTarget, read_release, write_signed_files
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
@@ -95,74 +95,75 @@ def _insecure() -> Tuple[str, ...]:
     return (Registry.from_env().address,)
 
 
-def _copy_image(img: ReleasedImage, dest: str, progress: Progress, source: str = ""):
+def _copy_image(img: VerifiedTarget, dest: str, progress: Progress, source: str = ""):
     """Copy to `dest` (by digest, or the version tag at the end) and read back what it serves there."""
-    result = skopeo.copy(f"docker://{source or img.source}", f"docker://{dest}", label=img.target, progress=progress,
+    result = skopeo.copy(f"docker://{source or img.manifest.subject}", f"docker://{dest}", label=img.target, progress=progress,
                          insecure_hosts=_insecure())
     served = oci.digest_of(skopeo.inspect_raw(f"docker://{dest}", _insecure(), what=f"reading back {dest}"))
-    if served != img.digest:
+    if served != img.manifest.digest:
         raise RegistryError(f"{img.target}: the destination serves {dest} as {served}, but the release names "
-                            f"{img.digest}; refusing a copy that changed the digest",
+                            f"{img.manifest.digest}; refusing a copy that changed the digest",
                             hint="the registry rewrote the manifest; publish to a registry that stores it as pushed")
     return result
 
 
-def _build_record(opts: PublishOptions, img: ReleasedImage) -> Optional[dict]:
-    path = opts.build_dir / f"{img.target}-{img.profile}-{img.base_kind}.json"
-    if not path.is_file() or path.stat().st_size > 1024 * 1024:
+def _build_record(opts: PublishOptions, img: VerifiedTarget) -> Optional[image.BuildRecord]:
+    """This host's record of the build the release names (by digest); None when it has none."""
+    path = opts.build_dir / paths.build_record_name(img.target, img.manifest.profile, img.manifest.base_kind)
+    if not path.is_file():
         return None
-    record = json.loads(path.read_text())
-    return record if record.get("image_reference", "").endswith(img.digest) else None
+    record = image.read_record(path)
+    return record if record.digest == img.manifest.digest else None
 
 
-def _sbom_statement(opts: PublishOptions, img: ReleasedImage, name: str, lock: Path, created: str) -> dict:
-    debs = sbom.parse_dpkg_status(sbom.read_dpkg_status(Engine("docker", binary=opts.docker), img.source))
-    document = sbom.bom(lock, debs, name, img.digest)
+def _sbom_statement(opts: PublishOptions, img: VerifiedTarget, name: str, lock: Path, created: str) -> dict:
+    debs = sbom.parse_dpkg_status(sbom.read_dpkg_status(Engine("docker", binary=opts.docker), img.manifest.subject))
+    document = sbom.bom(lock, debs, name, img.manifest.digest)
     # Same image, same SBOM bytes: serial number from the digest, time from the image's creation label.
-    document.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, f"{name}@{img.digest}")
+    document.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, f"{name}@{img.manifest.digest}")
     if created:
         import datetime as dt
 
         document.metadata.timestamp = dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(
             tzinfo=dt.timezone.utc)
-    return sbom.statement(name, img.digest, document)
+    return sbom.statement(name, img.manifest.digest, document)
 
 
-def release_statement(release: VerifiedRelease, img: ReleasedImage) -> rec.ReleaseStatement:
-    return rec.ReleaseStatement(release.tag, release.index.sequence, img.promotion, release.index.time,
+def release_statement(release: VerifiedRelease, img: VerifiedTarget) -> rec.ReleaseStatement:
+    return rec.ReleaseStatement(release.tag, release.index.sequence, img.promotion_sequence, release.index.time,
                                 release.index_sha256, img.target, img.manifest_sha256)
 
 
-def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: ReleasedImage, name: str,
+def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, name: str,
                            progress: Progress) -> List[Tuple[bytes, str]]:
     """(statement bytes, predicateType) for the image: the qualification manifest exactly as
     released, the release statement that says which release (and promotion) it is, then SLSA
     provenance and the SBOM when the build record is here."""
     out = [(img.manifest_bytes, QUALIFICATION_TYPE),
-           (canonical_json(release_statement(release, img).statement(name, img.digest)), rec.RELEASE_STATEMENT_TYPE)]
+           (canonical_json(release_statement(release, img).statement(name, img.manifest.digest)), rec.RELEASE_STATEMENT_TYPE)]
     if not opts.attest_build:
         return out
     record = _build_record(opts, img)
     if record is None:
-        progress(f"  {img.target}: no build record for {img.digest} in {opts.build_dir}: "
+        progress(f"  {img.target}: no build record for {img.manifest.digest} in {opts.build_dir}: "
                  "no SLSA provenance or SBOM (publish from the build host to attach them)")
         return out
-    python = "3.11" if img.base_kind == "hermetic" else None
+    python = "3.11" if img.manifest.base_kind == "hermetic" else None
     lock = _lock_for(img, record, python)
     facts = slsa.facts_from_record(record, lock, __version__)
-    out.append((canonical_json(slsa.statement(name, img.digest, facts)), slsa.PREDICATE_TYPE))
-    created = (record.get("labels") or {}).get(paths.OCI_CREATED, "")
+    out.append((canonical_json(slsa.statement(name, img.manifest.digest, facts)), slsa.PREDICATE_TYPE))
+    created = record.labels.get(paths.OCI_CREATED, "")
     out.append((canonical_json(_sbom_statement(opts, img, name, lock, created)), sbom.PREDICATE_TYPE))
     return out
 
 
-def _lock_for(img: ReleasedImage, record: dict, python: Optional[str]) -> Path:
+def _lock_for(img: VerifiedTarget, record: image.BuildRecord, python: Optional[str]) -> Path:
     from qualify.config import targets as cfg
 
     tf = cfg.load()
-    py = tf.get(img.target).python_for(img.base_kind, tf.hermetic) if img.target in tf.targets else python
-    lock = lock_path(img.profile, img.platform, py or "3.11")
-    label = (record.get("labels") or {}).get(paths.LABEL_LOCK_SHA256, "")
+    py = tf.get(img.target).python_for(img.manifest.base_kind, tf.hermetic) if img.target in tf.targets else python
+    lock = lock_path(img.manifest.profile, img.manifest.platform, py or "3.11")
+    label = record.labels.get(paths.LABEL_LOCK_SHA256, "")
     from qualify.core.fsutil import sha256_file
 
     if not lock.is_file() or (label and sha256_file(lock) != label):
@@ -178,14 +179,14 @@ def push_document(doc: oci.Document, dest: str, label: str, progress: Progress, 
                     insecure_hosts=_insecure())
 
 
-def attach(opts: PublishOptions, release: VerifiedRelease, img: ReleasedImage, repo_ref: str, private_key,
+def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, repo_ref: str, private_key,
            progress: Progress) -> Tuple[str, List[str], str]:
     statements = attestation_statements(opts, release, img, repo_ref, progress)
     envelopes = [(dsse.sign(private_key, body).to_json(), ptype) for body, ptype in statements]
-    att_ref = f"{repo_ref}:{oci.att_tag(img.digest)}"
+    att_ref = f"{repo_ref}:{oci.att_tag(img.manifest.digest)}"
     push_document(oci.attestation_image(envelopes), att_ref, f"{img.target} attestations", progress)
     host, repository = repo_ref.split("/", 1)
-    answer = referrers.supported(host, repository, img.digest)
+    answer = referrers.supported(host, repository, img.manifest.digest)
     if answer is None:
         note = "not pushed: the referrers API could not be queried"
     elif not answer:
@@ -198,9 +199,9 @@ def attach(opts: PublishOptions, release: VerifiedRelease, img: ReleasedImage, r
 
 def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
     # Not exercised here: Debian's distribution 2.8 has no referrers API.
-    manifest = skopeo.inspect_raw(f"docker://{repo_ref}@{img.digest}", _insecure())
+    manifest = skopeo.inspect_raw(f"docker://{repo_ref}@{img.manifest.digest}", _insecure())
     media = json.loads(manifest).get("mediaType", oci.OCI_MANIFEST)
-    subject = oci.Descriptor(media, img.digest, len(manifest))
+    subject = oci.Descriptor(media, img.manifest.digest, len(manifest))
     for body, ptype in statements:
         envelope = dsse.sign(private_key, body)
         bundle = formats.bundle_bytes(dsse.sigstore_bundle(envelope, private_key.public_key()))
@@ -209,26 +210,26 @@ def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
     return "pushed"
 
 
-def _groups(images: Sequence[ReleasedImage]) -> Dict[str, List[ReleasedImage]]:
-    by_cap: Dict[str, List[ReleasedImage]] = {}
+def _groups(images: Sequence[VerifiedTarget]) -> Dict[str, List[VerifiedTarget]]:
+    by_cap: Dict[str, List[VerifiedTarget]] = {}
     for img in images:
-        by_cap.setdefault(img.capability, []).append(img)
-    return {cap: imgs for cap, imgs in by_cap.items() if len({i.platform for i in imgs}) > 1}
+        by_cap.setdefault(img.manifest.capability, []).append(img)
+    return {cap: imgs for cap, imgs in by_cap.items() if len({i.manifest.platform for i in imgs}) > 1}
 
 
-def publish_index(opts: PublishOptions, cap: str, imgs: List[ReleasedImage], progress: Progress) -> rec.PublishedIndex:
+def publish_index(opts: PublishOptions, cap: str, imgs: List[VerifiedTarget], progress: Progress) -> rec.PublishedIndex:
     """One tag for a capability built for several platforms: an OCI index in `cc<major><minor>`,
     whose children are copied into that repository first (a registry refuses dangling children)."""
     name = "cc" + cap.replace(".", "")
     repo_ref = opts.destination.ref(name)
     children = []
-    for img in sorted(imgs, key=lambda i: i.platform):
-        skopeo.copy(f"docker://{img.source}", f"docker://{repo_ref}@{img.digest}", label=f"{img.target} into {name}",
+    for m in sorted((t.manifest for t in imgs), key=lambda m: m.platform):
+        skopeo.copy(f"docker://{m.subject}", f"docker://{repo_ref}@{m.digest}", label=f"{m.target} into {name}",
                     progress=progress, insecure_hosts=_insecure())
-        raw = skopeo.inspect_raw(f"docker://{repo_ref}@{img.digest}", _insecure())
+        raw = skopeo.inspect_raw(f"docker://{repo_ref}@{m.digest}", _insecure())
         media = json.loads(raw).get("mediaType") or oci.OCI_MANIFEST
-        os_, arch = img.platform.split("/", 1)
-        children.append(oci.Descriptor(media, img.digest, len(raw), platform=(os_, arch)))
+        os_, arch = m.platform.split("/", 1)
+        children.append(oci.Descriptor(media, m.digest, len(raw), platform=(os_, arch)))
     doc = oci.index(children, {paths.OCI_REF_NAME: opts.tag, paths.LABEL_CAPABILITY: cap})
     dest = f"{repo_ref}:{opts.tag}"
     push_document(doc, dest, f"{name} index", progress, extra=["--multi-arch", "index-only"])
@@ -259,17 +260,17 @@ def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> Publi
     key = cosign_keys.load_private_key(formats._read(opts.key, "private key"), opts.password, what=str(opts.key))
     formats._require_p256(key, str(opts.key))
     release = read_signed_release(opts, key)
-    images = released_images(release)
+    images = list(release.targets)  # every target the signed index lists, nothing else in the folder
     published, copies = [], {}
     for img in images:
         repo_ref = opts.destination.ref(img.target)
-        by_digest, dest_tag = f"{repo_ref}@{img.digest}", f"{repo_ref}:{opts.tag}"
-        progress(f"[publish] {img.target}: {img.source} -> {by_digest}")
+        by_digest, dest_tag = f"{repo_ref}@{img.manifest.digest}", f"{repo_ref}:{opts.tag}"
+        progress(f"[publish] {img.target}: {img.manifest.subject} -> {by_digest}")
         copied = copies[img.target] = _copy_image(img, by_digest, progress)
         att_ref, types, note = attach(opts, release, img, repo_ref, key, progress)
         _copy_image(img, dest_tag, progress, source=by_digest)  # the version tag last: attested before it is named
         published.append(rec.PublishedImage(
-            target=img.target, reference=by_digest, tag=dest_tag, digest=img.digest, source=img.source,
+            target=img.target, reference=by_digest, tag=dest_tag, digest=img.manifest.digest, source=img.manifest.subject,
             attestations=att_ref, predicate_types=tuple(types), referrers=note))
         progress(f"[publish] {img.target}: {by_digest}, tagged {opts.tag} ({copied.seconds:.1f} s, "
                  f"{len(copied.copied)} blobs sent, {len(copied.skipped)} already there)")

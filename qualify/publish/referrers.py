@@ -8,7 +8,6 @@ registry asks for one). Credentials go only into the Authorization header.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -96,8 +95,3 @@ def _token(challenge: str, basic: str, host: str) -> Optional[str]:
         return None
     return body.get("token") or body.get("access_token")
 
-
-def basic_user(host: str) -> str:
-    """The user name in the auth file for `host` (for messages; never the password)."""
-    b = _basic(host)
-    return base64.b64decode(b).decode("utf-8", "replace").split(":", 1)[0] if b else ""

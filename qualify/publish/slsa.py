@@ -6,11 +6,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping
+from typing import Dict, List
 
 from qualify.core.manifest import STATEMENT_TYPE
 from qualify.host import paths
 from qualify.imagebuild import wheelhouse
+from qualify.imagebuild.image import BuildRecord
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://blackwell-qualify.dev/build/image/v1"
@@ -80,13 +81,12 @@ def statement(subject_name: str, subject_digest: str, facts: BuildFacts) -> Dict
             "predicateType": PREDICATE_TYPE, "predicate": predicate(facts)}
 
 
-def facts_from_record(record: Mapping, lock: Path, toolkit_version: str) -> BuildFacts:
-    labels = record.get("labels") or {}
+def facts_from_record(record: BuildRecord, lock: Path, toolkit_version: str) -> BuildFacts:
+    labels = record.labels
     return BuildFacts(
-        target=record["target"], profile=record["profile"], base_kind=record["base_kind"],
-        platform=record["platform"], base_image=record["base_image"], lock=lock,
+        target=record.target, profile=record.profile, base_kind=record.base_kind,
+        platform=record.platform, base_image=record.base_image, lock=lock,
         revision=labels.get(paths.OCI_REVISION, "unknown"),
-        source_url=labels.get(paths.OCI_SOURCE, ""), engine=record.get("engine", ""),
-        builder=record.get("builder", ""), toolkit_version=toolkit_version,
-        build_seconds=float(record.get("build_seconds", 0.0)),
+        source_url=labels.get(paths.OCI_SOURCE, ""), engine=record.engine,
+        builder=record.builder, toolkit_version=toolkit_version, build_seconds=record.build_seconds,
     )

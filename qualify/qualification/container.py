@@ -11,7 +11,6 @@ qualifies what users will run.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 from qualify.config.targets import Target
 from qualify.core import fsutil
 from qualify.core.errors import EngineError
+from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 from qualify.host import paths
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
@@ -180,4 +180,9 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
                 + "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:]),
                 hint=f"the image's python3 ({version}) started the probe, which then stopped: see its output above",
             )
-        return json.loads(result.read_text())
+        # Written by the image: bounded like a manifest, strict JSON, an object.
+        predicate = strict_json(read_small(result, MANIFEST_LIMIT, "probe result", EngineError),
+                                f"the probe's result in {image}", EngineError)
+        if not isinstance(predicate, dict):
+            raise EngineError(f"the probe's result in {image} is not a JSON object")
+        return predicate

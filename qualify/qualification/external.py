@@ -24,16 +24,16 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.config.targets import Target, TargetsFile
 from qualify.core import manifest
-from qualify.core.enums import Profile
+from qualify.core.enums import Origin, Profile
 from qualify.core.errors import ConfigError, EngineError, RegistryError
 from qualify.core.fsutil import write_atomic
 from qualify.host import paths, provenance, skopeo
 from qualify.host.engine import Engine
 from qualify.qualification import container
-from qualify.qualification.stage import validate
+from qualify.qualification.stage import Qualified, validate
 
 EXTERNAL_DIR = paths.HERE.external
-ORIGIN = "external"
+ORIGIN = Origin.EXTERNAL  # what --origin the probe is given and predicate.image.origin says
 _IMAGE_ID = re.compile(r"(?:sha256:)?([0-9a-f]{12,64})")
 # Env names whose values are credentials more often than not: the manifest is meant to be published.
 _SECRET = re.compile(r"(?i)(token|secret|passw(or)?d|credential|api_?key|private_?key|auth)")
@@ -200,7 +200,7 @@ def assemble(img: ExternalImage, predicate: Mapping[str, Any]) -> Dict[str, Any]
 
 
 def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *, profile: Optional[str] = None,
-            gpus: Optional[str] = None, out: Optional[Path] = None) -> Path:
+            gpus: Optional[str] = None, out: Optional[Path] = None) -> Qualified:
     """Resolve, check the platform, probe, write the manifest (atomically) and return its path."""
     target = tf.get(target_name)
     start = time.monotonic()
@@ -220,6 +220,7 @@ def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *
         if img.requested in exc.message:
             raise
         raise EngineError(f"--image {img.requested}: {exc.message}", hint=exc.hint) from None
-    path = write_atomic(out or default_path(target.name, img), manifest.dumps(assemble(img, predicate)))
+    doc = assemble(img, predicate)
+    path = write_atomic(out or default_path(target.name, img), manifest.dumps(doc))
     print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
-    return path
+    return Qualified(path, manifest.Manifest.from_statement(doc, str(path)))

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, TextIO
 
 from qualify.config.targets import REPO_ROOT, TargetsFile
 from qualify.core import manifest
+from qualify.core.enums import Origin, Verdict
 from qualify.core.errors import QualifyError
 from qualify.core.fsutil import write_atomic
 from qualify.host import paths, provenance
@@ -35,7 +37,7 @@ def validate(doc: Dict[str, Any]) -> None:
 def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
     predicate = dict(predicate)
     predicate["image"] = {"reference": record.image_reference, "digest": record.digest, "id": record.image_id,
-                          "tag": record.image_tag, "origin": "built", "labels": record.labels}
+                          "tag": record.image_tag, "origin": Origin.BUILT, "labels": record.labels}
     predicate["base"] = {"kind": record.base_kind, "image": record.base_image}
     predicate["build"] = {"engine": record.engine, "builder": record.builder, "seconds": record.build_seconds}
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "source_revision": provenance.revision(),
@@ -45,28 +47,37 @@ def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, 
     return doc
 
 
+@dataclass(frozen=True)
+class Qualified:
+    """What qualifying gives back: where the manifest is and what it says, parsed once from the bytes written
+    (or, for a reused qualification, the bytes read), so the report does not read the file again."""
+
+    path: Path
+    manifest: manifest.Manifest
+    reused: bool = False
+
+
 def qualified_path(record: image.BuildRecord) -> Path:
     return paths.HERE.qualified(record.target, record.profile, record.base_kind)
 
 
-def already_qualified(record: image.BuildRecord) -> Optional[Path]:
+def already_qualified(record: image.BuildRecord) -> Optional[Qualified]:
     path = qualified_path(record)
     if not path.exists():
         return None
     try:
-        doc = manifest.load(path)
+        found = manifest.Manifest.load(path)
     except QualifyError:
-        return None
-    same_image = manifest.subject_digest(doc) == record.digest
-    same_probe = manifest.predicate(doc).get("toolkit", {}).get("probe_sha256") == probe_sources_digest()
-    return path if same_image and same_probe else None
+        return None  # damaged or from another toolkit: qualify again
+    same = (found.digest, found.probe_sha256) == (record.digest, probe_sources_digest())
+    return Qualified(path, found, reused=True) if same else None
 
 
-def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: bool = False) -> Path:
+def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: bool = False) -> Qualified:
     target = tf.get(record.target)
     existing = None if force else already_qualified(record)
     if existing:
-        print(f"[qualify] {record.image_reference} already qualified by this probe: {existing}", file=sys.stderr)
+        print(f"[qualify] {record.image_reference} already qualified by this probe: {existing.path}", file=sys.stderr)
         return existing
     start = time.monotonic()
     emulated = target.platform != engine.native_platform()
@@ -76,22 +87,18 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
     path = write_atomic(qualified_path(record), data)
     write_atomic(paths.HERE.release_input(record.target), data)
     print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
-    return path
+    return Qualified(path, manifest.Manifest.from_statement(doc, str(path)))  # what was written, not read back
 
 
-def summary_line(path: Path) -> str:
-    doc = manifest.load(path)
-    p = manifest.predicate(doc)
-    counts: Dict[str, int] = {}
-    for c in p["checks"]:
-        counts[c["status"]] = counts.get(c["status"], 0) + 1
-    parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    return f"{p['target']['name']}: verdict {p['verdict']}, support level {p['support_level']} ({parts})"
+def summary_line(m: manifest.Manifest) -> str:
+    parts = ", ".join(f"{n} {s}" for s, n in sorted(m.status_counts().items()))
+    return f"{m.target}: verdict {m.verdict}, support level {m.support_level} ({parts})"
 
 
-def report(path: Path, file: TextIO) -> int:
+def report(done: Qualified, file: TextIO) -> int:
     """Summary for people; exit 1 when the verdict is fail."""
-    print(summary_line(path), file=file)
+    print(summary_line(done.manifest), file=file)
+    path = done.path
     shown = path.resolve().relative_to(REPO_ROOT) if path.resolve().is_relative_to(REPO_ROOT) else path
     print(f"manifest: {shown}", file=file)
-    return 1 if manifest.predicate(manifest.load(path))["verdict"] == "fail" else 0
+    return 1 if done.manifest.verdict == Verdict.FAIL else 0

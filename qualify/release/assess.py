@@ -5,78 +5,76 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from qualify.core import manifest as mf
+from qualify.core.enums import Verdict
 from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
-from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
+from qualify.core.readlimit import MANIFEST_LIMIT, read_small
 from qualify.host import paths
+from qualify.imagebuild import image
 from qualify.release.model import Candidate, ReleasedTarget, ReleaseOptions, Withheld
-from qualify.release.verify import ImageResolver, match_digest, parse_manifest, target_name
+from qualify.release.verify import ImageResolver, match_digest
 
 Progress = Callable[[str], None]
 
 
 def collect(source: Path) -> List[Candidate]:
+    """Every manifest in `source`, read once (bounded) and parsed; each target once."""
     paths = sorted(Path(source).glob("*.json"))
     if not paths:
         raise ReleaseError(f"no manifests in {source}", hint="qualify the targets first: nox -s qualify-<target>")
-    return [Candidate(p.stem, p, read_small(p, MANIFEST_LIMIT, "manifest", ReleaseError)) for p in paths]
+    found = [Candidate.of(p, read_small(p, MANIFEST_LIMIT, "manifest", ReleaseError)) for p in paths]
+    files: Dict[str, List[str]] = {}
+    for c in found:
+        files.setdefault(c.target, []).append(c.path.name)
+    twice = {t: names for t, names in files.items() if len(names) > 1}
+    if twice:
+        raise ReleaseError(f"{source}: more than one manifest for a target (" + "; ".join(
+            f"{t}: {', '.join(names)}" for t, names in sorted(twice.items())) + ")",
+            hint="keep one manifest per target: `qualify TARGET` writes build/manifests/<target>.json")
+    return found
 
 
-def _policy_reason(stmt: Dict[str, Any], target: str, min_level: str) -> Optional[str]:
-    pred = mf.predicate(stmt)
-    named = target_name(stmt)
-    if named and named != target:
-        return f"the manifest is for target {named!r}, not {target!r}"
-    if isinstance(pred.get("image"), dict) and pred["image"].get("origin") == "external":
+def _policy_reason(m: mf.Manifest, min_level: str) -> Optional[str]:
+    if m.external:
         return ("it qualifies an image built elsewhere (origin external): a release holds our own builds only "
                 "(keep external qualifications apart: build/external/)")
-    failing = [str(c.get("id")) for c in mf.failing_checks(stmt)]
-    if failing:
-        return f"failing checks: {', '.join(failing)}"
-    if pred.get("verdict") == "fail":
+    if m.failing:
+        return f"failing checks: {', '.join(m.failing)}"
+    if m.verdict == Verdict.FAIL:
         return "verdict is fail"
-    problems = mf.value_problems(stmt)
-    if problems:
-        return "damaged manifest: " + "; ".join(problems)
-    level = pred.get("support_level")
-    if mf.LEVEL_RANK[level] < mf.LEVEL_RANK[min_level]:
-        return f"support level {level} is below --min-level {min_level}"
+    if m.problems:
+        return "damaged manifest: " + "; ".join(m.problems)
+    if mf.LEVEL_RANK[m.support_level] < mf.LEVEL_RANK[min_level]:
+        return f"support level {m.support_level} is below --min-level {min_level}"
     return None
 
 
-def _recorded_build_digest(repo: Path, stmt: Mapping[str, Any], target: str) -> Optional[Tuple[str, str]]:
+def _recorded_build_digest(repo: Path, m: mf.Manifest) -> Optional[Tuple[str, str]]:
     """(record file, digest) of the build this checkout last recorded for the manifest's target/profile/base."""
-    labels = (mf.predicate(stmt).get("image") or {}).get("labels") or {}
-    profile = labels.get(paths.LABEL_PROFILE)
-    base_kind = labels.get(paths.LABEL_BASE_KIND)
-    if not (isinstance(profile, str) and isinstance(base_kind, str)):
+    if not (m.profile and m.base_kind):
         return None
-    record = paths.Checkout(repo).build_record(target, profile, base_kind)
-    if not record.is_file():
+    path = paths.Checkout(repo).build_record(m.target, m.profile, m.base_kind)
+    if not path.is_file():
         return None
-    doc = strict_json(read_small(record, MANIFEST_LIMIT, "build record", ReleaseError), str(record), ReleaseError)
-    reference = doc.get("image_reference") if isinstance(doc, dict) else None
-    if not isinstance(reference, str) or "@" not in reference:
-        raise ReleaseError(f"{record}: build record has no image_reference by digest", hint="rebuild the target")
-    return str(record.relative_to(repo)), reference.split("@", 1)[1]
+    return str(path.relative_to(repo)), image.read_record(path, ReleaseError).digest
 
 
 def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[Path] = None) -> Union[ReleasedTarget, Withheld]:
+    if c.problem:
+        return Withheld(c.target, c.problem)
     try:
-        stmt = parse_manifest(c.data, str(c.path))
-        mf.subject_digest(stmt)
+        m = c.manifest or mf.Manifest.parse(c.data, str(c.path))
     except VerificationError as exc:
         return Withheld(c.target, exc.message)
-    reason = _policy_reason(stmt, c.target, min_level)
+    reason = _policy_reason(m, min_level)
     if reason:
         return Withheld(c.target, reason)
-    pred = mf.predicate(stmt)
-    reference = (pred.get("image") or {}).get("reference")
-    if not isinstance(reference, str) or "@sha256:" not in reference:
+    reference = m.reference
+    if "@sha256:" not in reference:
         return Withheld(c.target, "the manifest records no image reference by digest")
-    recorded = _recorded_build_digest(repo, stmt, c.target) if repo is not None else None
+    recorded = _recorded_build_digest(repo, m) if repo is not None else None
     if recorded and recorded[1] != reference.split("@", 1)[1]:
         return Withheld(c.target, f"image digest check failed: the build recorded {recorded[1]} ({recorded[0]}), "
                         f"the manifest is for {reference.split('@', 1)[1]}; re-qualify the target")
@@ -90,10 +88,9 @@ def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[
     if served is None:
         return Withheld(c.target, f"image digest check failed: the registry no longer serves {reference}")
     try:
-        match_digest(stmt, reference, served)
+        match_digest(m, reference, served)
     except VerificationError as exc:
         return Withheld(c.target, f"{exc.message} (the registry serves {served} for {reference})")
-    m = mf.Manifest.from_statement(stmt, str(c.path))
     return ReleasedTarget(c.target, reference, served, hashlib.sha256(c.data).hexdigest(), m.support_level,
                           m.verdict, m.source_revision, m.capability, m.platform, m.profile)
 
@@ -108,7 +105,7 @@ def assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: Image
             progress(f"  withheld {c.target}: {result.reason}")
         else:
             entries.append(result)
-            progress(f"  {c.target}: {result.image_digest}, level {result.support_level}")
+            progress(f"  {c.target}: {result.digest}, level {result.support_level}")
     why = "; ".join(f"{w.target}: {w.reason}" for w in withheld)
     if not entries:
         raise ReleaseError(f"nothing to release: every target is withheld ({why})")

@@ -38,14 +38,14 @@ def changelog(opts, entries: Sequence[Any], manifests: Mapping[str, bytes], prev
     for e in entries:
         before = old.pop(e.target, None)
         if before is None:
-            lines.append(f"  + {e.target}: new ({e.image_digest}, {e.support_level}, {e.verdict})")
+            lines.append(f"  + {e.target}: new ({e.digest}, {e.support_level}, {e.verdict})")
             continue
         was = (before.digest, before.support_level, before.verdict)
-        if was == (e.image_digest, e.support_level, e.verdict) and before.manifest_sha256 == e.manifest_sha256:
+        if was == (e.digest, e.support_level, e.verdict) and before.manifest_sha256 == e.manifest_sha256:
             lines.append(f"  = {e.target}: unchanged")
             continue
         parts = [f"{what} {a} -> {b}" for what, a, b in zip(("digest", "level", "verdict"), was,
-                                                           (e.image_digest, e.support_level, e.verdict)) if a != b]
+                                                           (e.digest, e.support_level, e.verdict)) if a != b]
         lines.append(f"  ~ {e.target}: " + ("; ".join(parts) or "manifest changed"))
         old_stmt = _old_manifest(opts, previous, e.target)
         if old_stmt is not None:

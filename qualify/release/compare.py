@@ -41,17 +41,14 @@ class Column:
 
     @classmethod
     def read(cls, path: Path) -> Column:
-        m = manifest.Manifest.parse(manifest.read(path), str(path))
-        p = manifest.predicate(m.statement)
-        image = p.get("image") if isinstance(p.get("image"), dict) else {}
-        packages = ((p.get("versions") or {}).get("packages") or {}) if isinstance(p.get("versions"), dict) else {}
+        m = manifest.Manifest.load(path)
         return cls(
             path=str(path), target=m.target, capability=m.capability, platform=m.platform,
-            subject=f"{m.subject_name}@{m.digest}", origin=str(image.get("origin") or "built"),
-            profile=m.profile or ABSENT, verdict=m.verdict, support_level=m.support_level,
-            packages={k: str(packages[k]) for k in KEY_PACKAGES if isinstance(packages, dict) and k in packages},
+            subject=m.subject, origin=m.origin, profile=m.profile or ABSENT, verdict=m.verdict,
+            support_level=m.support_level, packages={k: m.packages[k] for k in KEY_PACKAGES if k in m.packages},
             checks={c.id: c.status for c in m.checks},
-            providers=_providers(p.get("providers")), libraries=_libraries(p.get("census")))
+            # Providers and the census are shown, never decided on: read as written.
+            providers=_providers(m.predicate.get("providers")), libraries=_libraries(m.predicate.get("census")))
 
     @property
     def label(self) -> str:

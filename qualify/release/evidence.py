@@ -334,22 +334,21 @@ def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidenc
         validate(dict(stmt))
     except QualifyError as exc:
         raise EvidenceError(f"{where}: {exc.message}", hint="hand in the manifest the probe wrote, unchanged") from None
-    pred = mf.predicate(stmt)
-    target = pred.get("target") or {}
-    capability = str(target.get("capability") or "")
-    probe = (pred.get("toolkit") or {}).get("probe_sha256")
-    if not isinstance(probe, str) or not DIGEST.fullmatch(probe):
+    try:
+        m = mf.Manifest.from_statement(stmt, where)
+    except QualifyError as exc:
+        raise EvidenceError(exc.message, hint="hand in the manifest the probe wrote, unchanged") from None
+    pred, capability, probe = m.predicate, m.capability, m.probe_sha256
+    if not DIGEST.fullmatch(probe):
         raise EvidenceError(f"{where}: the probe manifest does not name its probe's sources digest "
                             "(predicate.toolkit.probe_sha256)", hint="re-run the GPU checks with this toolkit's probe")
     devices = [d for d in (pred.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
     device = devices[0] if devices else {}
     outcome = probe_outcome(pred, capability)
-    digest = mf.subject_digest(stmt)
     host = str((pred.get("host") or {}).get("hostname") or "")
     run_id = pred.get("run_id", "")
     return Evidence(
-        release=release, target=str(target.get("name") or ""), capability=capability,
-        image_reference=f"{stmt['subject'][0].get('name')}@{digest}", image_digest=digest,
+        release=release, target=m.target, capability=capability, image_reference=m.subject, image_digest=m.digest,
         probe_sources_digest=probe,
         gpu=Gpu(name=str(device.get("name") or NO_GPU), capability=str(device.get("compute_cap") or NO_GPU),
                 uuid_sha256=hashed(str(device.get("uuid") or "")), driver=str(device.get("driver_version") or "")),

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from qualify.core.errors import QualifyError
+from qualify.core.readlimit import SIGNATURE_LIMIT
 from qualify.release import records as rec
-from qualify.release.folder import TrustedKey, sha256, verify_blob
+from qualify.release.folder import RECORD_LIMIT, TrustedKey, sha256, verify_blob
 from qualify.release.order import ReleaseOrder, tag_problem
 from qualify.signing import formats
 
@@ -42,7 +43,7 @@ def tagged_release(repo: Path, root: str, tag: str, key: TrustedKey) -> Optional
     path = f"{root}/{tag}/{rec.INDEX_FILE}"
     data = _git_bytes(repo, "show", f"refs/tags/{tag}:{path}")
     signature = _git_bytes(repo, "show", f"refs/tags/{tag}:{path}{formats.SIGNATURE_SUFFIX}")
-    if data is None or signature is None or len(data) > 16 << 20 or len(signature) > 64 << 10:
+    if data is None or signature is None or len(data) > RECORD_LIMIT or len(signature) > SIGNATURE_LIMIT:
         return None
     try:
         verify_blob(key, data, signature, None, f"{tag}:{path}")

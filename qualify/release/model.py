@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from qualify.core import manifest as mf
+from qualify.core.errors import VerificationError
 from qualify.release import records as rec
 from qualify.signing import formats
 
@@ -42,9 +44,21 @@ class ReleaseOptions:
 
 @dataclass(frozen=True)
 class Candidate:
-    target: str
+    """A qualified manifest offered for release: its bytes, read once, and what they say."""
+
+    target: str  # the manifest's own target; the file's name only where the manifest cannot be read
     path: Path
     data: bytes
+    manifest: Optional[mf.Manifest] = None
+    problem: str = ""  # why the bytes are not a manifest ("" when they are, or were not parsed yet)
+
+    @classmethod
+    def of(cls, path: Path, data: bytes) -> Candidate:
+        try:
+            m = mf.Manifest.parse(data, str(path))
+        except VerificationError as exc:
+            return cls(path.stem, path, data, None, exc.message)
+        return cls(m.target, path, data, m)
 
 
 @dataclass(frozen=True)
@@ -57,7 +71,7 @@ class Withheld:
 class ReleasedTarget:
     target: str
     reference: str
-    image_digest: str
+    digest: str  # sha256:<hex>, as release.json names it
     manifest_sha256: str
     support_level: str
     verdict: str
@@ -69,7 +83,7 @@ class ReleasedTarget:
     def entry(self) -> rec.ReleasedEntry:
         """As release.json lists it."""
         return rec.ReleasedEntry(self.target, self.capability, self.platform, self.profile, self.reference,
-                                 self.image_digest, self.manifest_sha256, self.support_level, self.verdict)
+                                 self.digest, self.manifest_sha256, self.support_level, self.verdict)
 
     @property
     def manifest_file(self) -> str:

@@ -51,12 +51,12 @@ from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import MANIFEST_LIMIT, read_small
+from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.host import cmd
 from qualify.release import changelog, history
 from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
-from qualify.release.folder import TrustedKey, removable_by_force, sha256, verify_blob
+from qualify.release.folder import RECORD_LIMIT, TrustedKey, removable_by_force, sha256, verify_blob
 from qualify.release.gitops import (
     create_tag,
     existing_tag,
@@ -90,9 +90,6 @@ SignerFactory = Callable[[], Tuple[Any, Any]]  # -> (signer with sign_file, publ
 
 def stderr_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# --- git ----------------------------------------------------------------------
 
 
 # --- 1. tag -------------------------------------------------------------------
@@ -203,9 +200,6 @@ def check_tree(opts: ReleaseOptions) -> List[str]:
     return dirty
 
 
-# --- 4. manifests -------------------------------------------------------------
-
-
 # --- 5. source ----------------------------------------------------------------
 
 
@@ -243,8 +237,8 @@ def _reuse_signature(dest: Path, name: str, data: bytes, key: TrustedKey, stagin
     try:
         if read_small(old, MANIFEST_LIMIT, "release file", VerificationError) != data:
             return False
-        signature = read_small(old_sig, 64 * 1024, "signature", VerificationError)
-        bundle = read_small(old_bundle, 1 << 20, "bundle", VerificationError)
+        signature = read_small(old_sig, SIGNATURE_LIMIT, "signature", VerificationError)
+        bundle = read_small(old_bundle, BUNDLE_LIMIT, "bundle", VerificationError)
         verify_blob(key, data, signature, bundle, str(old))
     except QualifyError:
         return False
@@ -307,8 +301,8 @@ def verified_index(dest: Path, key: TrustedKey) -> Optional[rec.ReleaseIndex]:
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        data = read_small(path, 16 << 20, "release index", VerificationError)
-        verify_blob(key, data, read_small(formats.signature_path(path), 64 * 1024, "signature", VerificationError),
+        data = read_small(path, RECORD_LIMIT, "release index", VerificationError)
+        verify_blob(key, data, read_small(formats.signature_path(path), SIGNATURE_LIMIT, "signature", VerificationError),
                     None, str(path))
         return rec.ReleaseIndex.parse(data, str(path))
     except QualifyError as exc:
@@ -372,11 +366,6 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
     return moving
 
 
-# --- 8. commit ----------------------------------------------------------------
-
-
-
-
 # --- 9. tag -------------------------------------------------------------------
 
 
@@ -384,7 +373,7 @@ def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: L
                 index_sha256: str, changes: Sequence[str] = ()) -> str:
     rel = opts.folder
     lines = [f"Qualification release {opts.tag}", "", "Released targets (image digest, manifest sha256, level):"]
-    lines += [f"  {e.target}  {e.image_digest}  manifest sha256:{e.manifest_sha256}  {e.support_level}"
+    lines += [f"  {e.target}  {e.digest}  manifest sha256:{e.manifest_sha256}  {e.support_level}"
               for e in entries]
     if withheld:
         lines += ["", "Withheld (--allow-partial):"] + [f"  {w.target}: {w.reason}" for w in withheld]
@@ -394,8 +383,6 @@ def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: L
     lines += ["", f"Signing key: {key} ({rel}/{PUBLIC_KEY_FILE})",
               f"Index: {rel}/{INDEX_FILE} sha256:{index_sha256}"]
     return "\n".join(lines) + "\n"
-
-
 
 
 # --- orchestration ------------------------------------------------------------
@@ -597,7 +584,7 @@ def dry_run_lines(o: ReleaseResult, opts: ReleaseOptions) -> List[str]:
              "or uploaded)", f"It would be sequence {o.sequence}" + (f", after {o.predecessor}" if o.predecessor else
                                                                        ", the first release of this key"),
              "", "Would sign:"]
-    lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.image_digest}, {e.support_level})"
+    lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.digest}, {e.support_level})"
               for e in o.released]
     lines += ["", f"Would write {opts.folder}/:"] + [f"  {n}" for n in o.files]
     lines += ["", f"Would commit them on top of {o.source_revision} and tag it {o.tag}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
@@ -99,18 +99,6 @@ class VerifyResult:
         return asdict(self)
 
 
-def parse_manifest(data: bytes, where: str) -> Dict[str, Any]:
-    """The statement in `data`, checked as manifest.load checks a file (strict JSON)."""
-    return mf.parse(data, where)
-
-
-def target_name(stmt: Mapping[str, Any]) -> Optional[str]:
-    target = mf.predicate(stmt).get("target")
-    if isinstance(target, dict):
-        return target.get("name")
-    return target if isinstance(target, str) else None
-
-
 def _signature_and_bundle(opts: VerifyOptions) -> tuple:
     """(the `.sig` bytes or None, the bundle bytes or None): both are read when both are there."""
     sig_file = opts.signature or formats.signature_path(opts.manifest)
@@ -166,21 +154,11 @@ def _check_keyless(opts: VerifyOptions, data: bytes) -> str:
     return f"{how}, identity {opts.identity} from {opts.issuer}"
 
 
-def check_subject(stmt: Mapping[str, Any]) -> str:
-    """The subject digest, after checking the predicate records the same one."""
-    subject = mf.subject_digest(stmt)
-    recorded = (mf.predicate(stmt).get("image") or {}).get("digest")
-    if recorded and recorded != subject:
-        raise VerificationError(f"image digest check failed: manifest is inconsistent: subject {subject}, "
-                                f"predicate image digest {recorded}")
-    return subject
-
-
-def match_digest(stmt: Mapping[str, Any], image: str, actual: str) -> str:
-    subject = check_subject(stmt)
-    if actual != subject:
-        raise VerificationError(f"image digest check failed: the manifest is for {subject}, but {image} is {actual}",
-                                hint="deploy the image the manifest was qualified for, or qualify this one")
+def match_digest(manifest: mf.Manifest, image: str, actual: str) -> str:
+    """`actual` (the digest `image` has), when it is the manifest's subject."""
+    if actual != manifest.digest:
+        raise VerificationError(f"image digest check failed: the manifest is for {manifest.digest}, but {image} is "
+                                f"{actual}", hint="deploy the image the manifest was qualified for, or qualify this one")
     return actual
 
 
@@ -195,10 +173,7 @@ def check_image(manifest: mf.Manifest, image: Optional[str], resolve: ImageResol
         except ExternalCommandError as exc:
             raise VerificationError(f"image digest check failed: cannot resolve {image}: {exc.message}",
                                     hint="pull or build the image first, or pass it as name@sha256:...") from None
-    if actual != manifest.digest:
-        raise VerificationError(f"image digest check failed: the manifest is for {manifest.digest}, but {image} is "
-                                f"{actual}", hint="deploy the image the manifest was qualified for, or qualify this one")
-    return actual
+    return match_digest(manifest, image, actual)
 
 
 def check_verdict(manifest: mf.Manifest, require_pass: bool) -> List[str]:

@@ -1,7 +1,7 @@
 """What a bake run needs on disk, and what it leaves for the next stages.
 
 `stage` lays out the build context the same way `nox -s build-<target>` does
-(image.stage_context: Dockerfile, lock, hash-locked wheelhouse) and links it
+(image.stage_context: Dockerfile, per payload layer its wheels and lock slice) and links it
 at the fixed path the bake file names; `stage_probe` does the same for the
 probe bundle. `record` turns bake's --metadata-file into the build record
 `python -m qualify qualify` reads, so CPU qualification after a bake is the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping
 
@@ -37,7 +36,7 @@ def stage(tf: TargetsFile, bt: BakeTarget) -> Path:
     lock = target.lock_path(bt.profile, target.base.python)
     wheelhouse.parse_lock(lock)
     wheels = wheelhouse.prepare(lock, target.platform, target.base.python)
-    ctx = image.stage_context(f"{bt.name}-{BASE_KIND}-bake", lock, wheels)
+    ctx = image.stage_context(f"{bt.name}-{BASE_KIND}-bake", lock, wheels, tf.build)  # the layers nox builds use
     return _link(ctx, bt.name)
 
 
@@ -94,5 +93,5 @@ def record(tf: TargetsFile, bt: BakeTarget, metadata_file: Path, values: Mapping
         build_seconds=0.0,
     )
     path = image.record_path(rec.target, rec.profile, rec.base_kind)
-    write_json(path, asdict(rec))
+    write_json(path, rec.to_json())
     return path

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from qualify.core import manifest
-from qualify.core.errors import ConfigError, QualifyError
+from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import read_small, strict_json
+from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
 from qualify.release import evidence as ev
 
-MAX_BYTES = 64 << 20  # a manifest is tens of kB; a pod log a few MB at most
+MAX_BYTES = MANIFEST_LIMIT  # a probe manifest, or a pod log of a few of them
 HOST_PREFIX = "host:"
 
 
@@ -85,26 +85,26 @@ def _statement(data: bytes, where: str) -> Dict[str, Any]:
     return doc
 
 
-def _run_identity(doc: Dict[str, Any], where: str) -> str:
-    pred = manifest.predicate(doc)
+def _run_identity(m: manifest.Manifest, where: str) -> str:
+    """The run's identity as promote computes it (evidence.identity), from the manifest's run facts; a probe
+    digest may be missing here (evidence from before it was recorded): promote, not merge, refuses that."""
+    pred = m.predicate
     devices = [d for d in (pred.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
     device = devices[0] if devices else {}
     host = str((pred.get("host") or {}).get("hostname") or "")
     try:
-        return ev.identity(manifest.subject_digest(doc), str((pred.get("toolkit") or {}).get("probe_sha256") or ""),
-                           ev.hashed(str(device.get("uuid") or "")), f"unsigned:{ev.hashed(host)}",
-                           str(pred.get("run_id") or ""), pred.get("created"))
+        return ev.identity(m.digest, m.probe_sha256, ev.hashed(str(device.get("uuid") or "")),
+                           f"unsigned:{ev.hashed(host)}", str(pred.get("run_id") or ""), pred.get("created"))
     except ev.EvidenceError as exc:
         raise MergeError(f"{where}: {exc.message}") from None
 
 
 def _evidence(path: Path, data: bytes, where: str, signature=None, bundle=None) -> EvidenceFile:
-    doc = _statement(data, where)
-    target = manifest.predicate(doc).get("target", {}).get("name")
-    if not isinstance(target, str) or not target:
-        raise MergeError(f"{where}: predicate.target.name is missing")
-    return EvidenceFile(path, target, manifest.subject_name(doc), manifest.subject_digest(doc),
-                        _run_identity(doc, where), data, signature, bundle)
+    try:
+        m = manifest.Manifest.from_statement(_statement(data, where), where)
+    except VerificationError as exc:
+        raise MergeError(exc.message) from None
+    return EvidenceFile(path, m.target, m.subject_name, m.digest, _run_identity(m, where), data, signature, bundle)
 
 
 def parse(path: Path) -> List[EvidenceFile]:
@@ -125,8 +125,8 @@ def parse(path: Path) -> List[EvidenceFile]:
                 hint="a pod log is about one target and one image; collect each Job's log on its own")
         return found
     sig_path, bundle_path = formats.signature_path(path), formats.bundle_path(path)
-    signature = read_small(sig_path, 64 << 10, "signature", MergeError) if sig_path.exists() else None
-    bundle = read_small(bundle_path, 1 << 20, "bundle", MergeError) if bundle_path.exists() else None
+    signature = read_small(sig_path, SIGNATURE_LIMIT, "signature", MergeError) if sig_path.exists() else None
+    bundle = read_small(bundle_path, BUNDLE_LIMIT, "bundle", MergeError) if bundle_path.exists() else None
     return [_evidence(path, data, str(path), signature, bundle)]
 
 
