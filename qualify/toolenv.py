@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import sys
 import venv
 from pathlib import Path
+
+from qualify.core.report import Reporter
+
+REPORT = Reporter("toolkit")
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".venv"
@@ -39,9 +42,9 @@ def ensure(extras: str = "") -> Path:
     if stamp.exists() and stamp.read_text() == want and python().exists():
         return python()
     if not python().exists():
-        print(f"[toolkit] creating {VENV}", file=sys.stderr, flush=True)
+        REPORT.say(f"creating {VENV}")
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    print(f"[toolkit] installing {spec} into {VENV}", file=sys.stderr, flush=True)
+    REPORT.say(f"installing {spec} into {VENV}")
     subprocess.run(
         [str(python()), "-m", "pip", "install", "-q", "-e", spec, "--config-settings", f"editable_mode={EDITABLE_MODE}"],
         cwd=REPO, check=True,

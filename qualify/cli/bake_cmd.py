@@ -14,7 +14,10 @@ from pathlib import Path
 from qualify.config import targets
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
+from qualify.core.report import Reporter
 from qualify.scaleout import bake
+
+REPORT = Reporter("bake")
 
 
 def configure_parser(parser) -> None:
@@ -52,12 +55,12 @@ def execute(args) -> int:
 
         path = bakestage.record(tf, _bake_target(tf, args.record, args.profile), args.metadata, bake.current_variables())
         print(image.load_record(args.record, args.profile, bake.BASE_KIND).image_reference)
-        print(f"[bake] build record {path}", file=sys.stderr)
+        REPORT.say(f"build record {path}")
         return 0
     if args.check:
         bake.check(args.out, tf)
         print(f"{args.out}: matches {tf.path}", file=sys.stderr)
         return 0
     write_atomic(args.out, bake.dumps(bake.generate(tf)))
-    print(f"[bake] wrote {args.out}", file=sys.stderr)
+    REPORT.say(f"wrote {args.out}")
     return 0

@@ -7,10 +7,12 @@ Prints the files written, one a line: `qualify promote TAG --evidence $(cat list
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from qualify.core.report import Reporter
 from qualify.scaleout import merge
+
+REPORT = Reporter("merge")
 
 
 def configure_parser(parser) -> None:
@@ -21,7 +23,7 @@ def configure_parser(parser) -> None:
 def execute(args) -> int:
     merged = merge.merge(args.paths)
     for dropped, kept in merged.duplicates:
-        print(f"[merge] {dropped}: the same evidence as {kept}; counted once", file=sys.stderr)
+        REPORT.say(f"{dropped}: the same evidence as {kept}; counted once")
     for path in merge.write(merged, args.out):
         print(path)
     by_target = {}
@@ -29,6 +31,5 @@ def execute(args) -> int:
         by_target.setdefault(e.target, []).append(e)
     for target, evs in sorted(by_target.items()):
         images = sorted({e.digest for e in evs if not e.is_host})
-        print(f"[merge] {target}: {len(evs)} evidence file(s); image {images[0] if images else '(host evidence only)'}",
-              file=sys.stderr)
+        REPORT.say(f"{target}: {len(evs)} evidence file(s); image {images[0] if images else '(host evidence only)'}")
     return 0

@@ -14,9 +14,12 @@ from pathlib import Path
 from qualify.cli.build_cmd import add_image_options
 from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.core.report import Reporter
 from qualify.host.engine import Engine
 from qualify.imagebuild import image
 from qualify.qualification import stage as qualification
+
+REPORT = Reporter("qualify")
 
 
 def configure_parser(parser) -> None:
@@ -59,8 +62,7 @@ def execute(args) -> int:
     record = image.load_record(opts.target, opts.profile, opts.base)
     engine = Engine(opts.engine).check()
     if record is None or not engine.exists(record.image_reference):
-        print(f"[qualify] no built {opts.profile} image of {opts.target} on the {opts.base} base: building it first",
-              file=sys.stderr, flush=True)
+        REPORT.say(f"no built {opts.profile} image of {opts.target} on the {opts.base} base: building it first")
         built = image.build(tf, opts, engine)
         if not isinstance(built, image.BuildRecord):
             raise ConfigError("nothing was built (dry run?)")

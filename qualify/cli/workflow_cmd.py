@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 from qualify.config import targets
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
+from qualify.core.report import Reporter
 from qualify.scaleout import workflow
+
+REPORT = Reporter("workflow")
 
 
 def configure_parser(parser) -> None:
@@ -26,5 +27,5 @@ def execute(args) -> int:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text)
-        print(f"[workflow] wrote {path}", file=sys.stderr)
+        REPORT.say(f"wrote {path}")
     return 0

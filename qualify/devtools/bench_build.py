@@ -37,10 +37,13 @@ from typing import Iterator, List, Optional
 
 from qualify.config import targets
 from qualify.core.errors import QualifyError
+from qualify.core.report import Reporter
 from qualify.host import cacheledger, cmd, paths, provenance, skopeo, tables
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import buildcache, image, wheelhouse
+
+REPORT = Reporter("bench-build")
 
 SUFFIX = "bench"
 DOCKERD = "/usr/bin/dockerd"
@@ -57,7 +60,7 @@ class Row:
 
 
 def say(text: str) -> None:
-    print(f"[bench-build] {text}", file=sys.stderr, flush=True)
+    REPORT.say(f"{text}")
 
 
 def build(tf, target: str, profile: str, engine: Engine, registry: Registry, no_cache: bool) -> image.BuildRecord:

@@ -80,7 +80,10 @@ from typing import Dict, List, Optional, Set, Tuple
 from qualify.core import census, fatbin_model, workers
 from qualify.core.arch import ArchError, CodeKind, CodeTarget
 from qualify.core.errors import ExternalCommandError, QualifyError
+from qualify.core.report import Reporter
 from qualify.host.tables import table
+
+REPORT = Reporter("bench")
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".cache" / "bench-venv"
@@ -121,10 +124,10 @@ def ensure_venv(path: Path) -> Path:
     stamp = path / ".bench-requirements"
     wanted = "\n".join(REQUIREMENTS)
     if not python.exists():
-        print(f"[bench] creating {path}", file=sys.stderr, flush=True)
+        REPORT.say(f"creating {path}")
         venv.EnvBuilder(with_pip=True, clear=True).create(str(path))
     if not stamp.exists() or stamp.read_text() != wanted:
-        print(f"[bench] pip install {' '.join(REQUIREMENTS)} (about 5 GB, once)", file=sys.stderr, flush=True)
+        REPORT.say(f"pip install {' '.join(REQUIREMENTS)} (about 5 GB, once)")
         proc = subprocess.run([str(python), "-m", "pip", "install", "-q", *REQUIREMENTS])
         if proc.returncode != 0:
             raise ExternalCommandError(

@@ -20,11 +20,14 @@ from typing import Dict, List, Optional
 
 from qualify.config import targets
 from qualify.core.errors import ConfigError, QualifyError
+from qualify.core.report import Reporter
 from qualify.host import tables
 from qualify.host.engine import Engine
 from qualify.imagebuild.image import load_record
 from qualify.probe.providers import observed_name, rules
 from qualify.qualification import container
+
+REPORT = Reporter("vllm-rules")
 
 # A STAND-IN for the NVIDIA driver (none on a build host): enough symbols for vLLM to import.
 _STUB = " ".join(f"int {name}(void){{return 100;}}" for name in (
@@ -76,7 +79,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         engine = Engine("docker").check()
         rows, mismatches = [], 0
         for cap, expected in sorted(data.selections.items()):
-            print(f"[vllm-rules] evaluating vLLM's selectors for {cap} in {image}", file=sys.stderr, flush=True)
+            REPORT.say(f"evaluating vLLM's selectors for {cap} in {image}")
             got = evaluate(engine, image, t.platform, cap, data.observed_names)
             for key, want in sorted(expected.items()):
                 ok = got.get(key) == want

@@ -44,7 +44,10 @@ from python_on_whales.exceptions import DockerException, NoSuchImage
 
 from qualify.config.imageref import ImageRef
 from qualify.core.errors import BaseImageError, BuildError, EngineError
+from qualify.core.report import Reporter
 from qualify.host.progress import PushProgress
+
+REPORT = Reporter("build")
 
 ENGINES = ("docker", "podman")
 BUILDERS = {"docker": ("buildx", "buildkit", "classic"), "podman": ("podman",)}
@@ -216,8 +219,8 @@ class Engine:
         iidfile = req.context / ".iidfile"
         iidfile.unlink(missing_ok=True)
         argv, env = self.build_command(req, iidfile)
-        print(f"[build] {self.describe()}", file=sys.stderr, flush=True)
-        print("[build] + " + " ".join(argv), file=sys.stderr, flush=True)
+        REPORT.say(f"{self.describe()}")
+        REPORT.say("+ " + " ".join(argv))
         recent: deque = deque(maxlen=40)
         steps = _StepTimes()
         proc = subprocess.Popen(

@@ -8,11 +8,14 @@ the heartbeat alone says the push goes on.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, Optional
+
+from qualify.core.report import Reporter
+
+REPORT = Reporter("push")
 
 _DONE = ("Pushed", "Layer already exists")
 
@@ -81,7 +84,7 @@ class PushProgress:
         with self._lock:
             text = self.status(now) if self.layers else "starting"
         lead = "still pushing: " if still else ""
-        print(f"[push] {self.ref}: {lead}{text}, {now - self.start:.0f} s", file=sys.stderr, flush=True)
+        REPORT.say(f"{self.ref}: {lead}{text}, {now - self.start:.0f} s")
 
     def status(self, now: Optional[float] = None) -> str:
         now = time.monotonic() if now is None else now
@@ -122,7 +125,7 @@ class PushProgress:
         sent = self.sent()
         moved = f", {_gb(sent)} GB sent at {sent / seconds / 1e6:.0f} MB/s" if sent else ""
         counts = f": {self._counts()}" if self.layers else ""
-        print(f"[push] {self.ref}: done in {seconds:.1f} s{counts}{moved}{size}", file=sys.stderr, flush=True)
+        REPORT.say(f"{self.ref}: done in {seconds:.1f} s{counts}{moved}{size}")
 
 
 def _gb(n: float) -> str:

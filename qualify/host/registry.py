@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +21,10 @@ from typing import List, Optional
 
 from qualify.core.errors import RegistryError
 from qualify.core.fsutil import file_lock
+from qualify.core.report import Reporter
 from qualify.host import paths
+
+REPORT = Reporter("registry")
 
 DEFAULT_ADDRESS = "127.0.0.1:5555"
 MANIFEST_TYPES = ", ".join(
@@ -160,6 +162,6 @@ def repair_storage(data: Path) -> List[str]:
         except OSError:
             continue
     if removed:
-        print(f"[registry] removed {len(removed)} empty link file(s) a full disk left in {root} (e.g. {removed[0]}); "
-              "the next push sends those blobs again", file=sys.stderr, flush=True)
+        REPORT.say(f"removed {len(removed)} empty link file(s) a full disk left in {root} (e.g. {removed[0]}); "
+              "the next push sends those blobs again")
     return removed

@@ -24,14 +24,14 @@ import subprocess
 import termios
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from qualify.core.errors import ExternalCommandError, RegistryError
+from qualify.core.report import Progress
 
 SKOPEO = "/usr/bin/skopeo"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # the OCI distribution spec lets registries refuse > 4 MiB
 MAX_OUTPUT_BYTES = 1024 * 1024
-Progress = Callable[[str], None]
 
 _BLOB_PROGRESS = re.compile(r"Copying (blob|config) ([0-9a-f]{10,12}) (?:\[[^\]]*\] )?([\d.]+\s*[KMGT]?i?B|[\d.]+b) / "
                             r"([\d.]+\s*[KMGT]?i?B|[\d.]+b)")

@@ -13,13 +13,15 @@ classic builder are still removed after each build (their cache is not bounded h
 from __future__ import annotations
 
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional
 
+from qualify.core.report import Reporter
 from qualify.host import cacheledger
 from qualify.host.engine import CacheEntry, Engine
+
+REPORT = Reporter("build")
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def over_budget(older: List[CacheEntry], budget: int) -> List[CacheEntry]:
 
 
 def report(cache: CacheReport) -> None:
-    print(f"[build] {cache.line()}", file=sys.stderr, flush=True)
+    REPORT.say(f"{cache.line()}")
 
 
 def _free(root: Path) -> int:

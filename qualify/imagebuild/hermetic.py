@@ -13,7 +13,6 @@ import hashlib
 import io
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -23,10 +22,13 @@ from typing import Iterable
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, Target, TargetsFile
 from qualify.core import fsutil
+from qualify.core.report import Reporter
 from qualify.host import paths
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import locks, rootfs, wheelhouse
+
+REPORT = Reporter("hermetic")
 
 DOCKERFILE = REPO_ROOT / "images" / "hermetic" / "Dockerfile"
 # What the base needs beyond minbase: Python for the payload, a host compiler
@@ -124,7 +126,7 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
     repository = ref.name.split("/", 1)[1]
     digest = registry.manifest_digest(repository, ref.tag)
     if digest:
-        print(f"[hermetic] {tag} is in the registry ({digest[:19]}...)", file=sys.stderr, flush=True)
+        REPORT.say(f"{tag} is in the registry ({digest[:19]}...)")
         return ref.with_digest(digest)
     lock = locks.hermetic_lock_path(target.platform)
     wheels_dir = wheelhouse.prepare(lock, target.platform, None)
@@ -134,7 +136,7 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
         ctx = Path(tmp)
         shutil.copy2(DOCKERFILE, ctx / "Dockerfile")
         os.link(rootfs_tar, ctx / "rootfs.tar")
-        print("[hermetic] unpacking the CUDA wheels into the /usr/local/cuda layout", file=sys.stderr, flush=True)
+        REPORT.say("unpacking the CUDA wheels into the /usr/local/cuda layout")
         cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
         labels = {
             paths.OCI_TITLE: "blackwell-qualify hermetic CUDA base",
@@ -147,7 +149,7 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
         engine.build(BuildRequest(context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
                                   labels=labels, source_date_epoch=str(epoch)))
     digest = engine.push(tag)
-    print(f"[hermetic] pushed {tag} as {digest}", file=sys.stderr, flush=True)
+    REPORT.say(f"pushed {tag} as {digest}")
     return ref.with_digest(digest)
 
 

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -27,10 +26,13 @@ from qualify.core import arch, fsutil
 from qualify.core.errors import BuildError, ConfigError, QualifyError
 from qualify.core.fsutil import write_json
 from qualify.core.readlimit import read_small, strict_json
+from qualify.core.report import Reporter
 from qualify.host import ledger, paths, provenance
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import buildcache, hermetic, wheelhouse
+
+REPORT = Reporter("build")
 
 IMAGES_DIR = REPO_ROOT / "images"
 # Files of images/ that go into every build context.
@@ -308,8 +310,8 @@ def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) 
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"[build] {stable.name} is in use by another build of this checkout: staging a context of this "
-                  "build's own (sent to the builder whole)", file=sys.stderr, flush=True)
+            REPORT.say(f"{stable.name} is in use by another build of this checkout: staging a context of this "
+                  "build's own (sent to the builder whole)")
             ctx = stage_context(name, lock, wheels, settings)
             try:
                 yield ctx
@@ -328,7 +330,7 @@ def _remove_stale_contexts(parent: Path, name: str) -> None:
         pid = stale.name[len(name) + 1:].split("-", 1)[0]
         if stale.is_dir() and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-            print(f"[build] removed {stale.name}, the context of a build that was killed", file=sys.stderr, flush=True)
+            REPORT.say(f"removed {stale.name}, the context of a build that was killed")
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -397,8 +399,8 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     engine = (engine or Engine(opts.engine)).check()
     registry = (registry or Registry.from_env()).ensure()
     start = time.monotonic()
-    print(f"[build] {target.name} ({target.description}), profile {opts.profile}, {opts.base} base, "
-          f"{target.platform}", file=sys.stderr, flush=True)
+    REPORT.say(f"{target.name} ({target.description}), profile {opts.profile}, {opts.base} base, "
+          f"{target.platform}")
     steps: Dict[str, float] = {}
     clock = time.monotonic()
 
@@ -445,7 +447,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     )
     if not opts.tag_suffix:
         write_json(record_path(target.name, opts.profile, opts.base), record.to_json())
-    print(f"[build] {record.image_reference}  ({record.build_seconds:.1f} s)", file=sys.stderr, flush=True)
+    REPORT.say(f"{record.image_reference}  ({record.build_seconds:.1f} s)")
     return record
 
 
@@ -459,8 +461,7 @@ def _drop_previous(engine: Engine, previous: str, image_id: str) -> None:
         return  # gone already, or still named (another tag, another checkout): not ours to take
     error = engine.remove_created([previous])
     note = f"; it stays: {error}" if error else ""
-    print(f"[build] removed the previous image of this tag ({previous[:19]}), now unnamed{note}", file=sys.stderr,
-          flush=True)
+    REPORT.say(f"removed the previous image of this tag ({previous[:19]}), now unnamed{note}")
 
 
 def _check_platform(engine: Engine, ref: str, target: Target) -> None:

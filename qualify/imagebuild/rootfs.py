@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from qualify.config.targets import REPO_ROOT
+from qualify.core.report import Reporter
 from qualify.host import cmd, paths
+
+REPORT = Reporter("rootfs")
 
 SCRIPT = REPO_ROOT / "scripts" / "debian-rootfs.sh"
 # Fixed so that two hosts make the same tarball from the same mirror state.
@@ -30,8 +32,7 @@ def debian_rootfs(arch: str, suite: str, mirror: str, packages: Sequence[str], c
     out = paths.rootfs_cache(cache_dir) / f"debian-{suite}-{arch}-{key}.tar"
     if out.exists():
         return out
-    print(f"[rootfs] debootstrap {suite} {arch} (+{len(packages)} packages); about 1 min, more under qemu",
-          file=sys.stderr, flush=True)
+    REPORT.say(f"debootstrap {suite} {arch} (+{len(packages)} packages); about 1 min, more under qemu")
     start = time.monotonic()
     cmd.call(
         ["bash", str(SCRIPT), "--arch", arch, "--suite", suite, "--mirror", mirror, "--out", str(out),
@@ -39,5 +40,5 @@ def debian_rootfs(arch: str, suite: str, mirror: str, packages: Sequence[str], c
         env={"SOURCE_DATE_EPOCH": source_date_epoch()},
         timeout=1800,
     )
-    print(f"[rootfs] {out.name} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+    REPORT.say(f"{out.name} in {time.monotonic() - start:.0f} s")
     return out

@@ -19,7 +19,10 @@ from typing import Dict, List, Optional, Set
 
 from qualify.core import fsutil
 from qualify.core.errors import LockError
+from qualify.core.report import Reporter
 from qualify.host import cmd, paths
+
+REPORT = Reporter("wheelhouse")
 
 PYPI = "https://pypi.org/simple"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -103,7 +106,7 @@ def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Pa
     if python:
         argv += ["--python-version", python, "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
                  "--abi", "abi3", "--abi", "none"]
-    print(f"[wheelhouse] {lock.name} for {platform}: downloading {len(pins)} wheels into {dest}", file=sys.stderr, flush=True)
+    REPORT.say(f"{lock.name} for {platform}: downloading {len(pins)} wheels into {dest}")
     start = time.monotonic()
     try:
         cmd.call(argv, timeout=3600)
@@ -111,8 +114,7 @@ def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Pa
         raise LockError(f"{lock}: wheels for {platform} could not be fetched or did not match their hashes:\n{exc}") from None
     verify(dest, pins, lock)
     size = sum(p.stat().st_size for p in dest.glob("*.whl"))
-    print(f"[wheelhouse] {len(pins)} wheels, {size / 1e6:.0f} MB, verified in {time.monotonic() - start:.0f} s",
-          file=sys.stderr, flush=True)
+    REPORT.say(f"{len(pins)} wheels, {size / 1e6:.0f} MB, verified in {time.monotonic() - start:.0f} s")
     _write_stamp(stamp, dest)
     return dest
 

@@ -21,7 +21,10 @@ from typing import List, Optional
 from qualify.core import fsutil, manifest
 from qualify.core.enums import Profile, Verdict
 from qualify.core.errors import QualifyError
+from qualify.core.report import Reporter
 from qualify.probe import runner, staged
+
+REPORT = Reporter("probe")
 
 EXIT = {Verdict.PASS: 0, Verdict.WARN: 0, Verdict.FAIL: 1, Verdict.INCOMPLETE: 3}
 
@@ -69,7 +72,7 @@ def execute(args, target: runner.ProbeTarget) -> int:
         doc = manifest.statement(name, digest, predicate)
     if args.out:
         fsutil.write_json(args.out, doc)
-        print(f"[probe] wrote {args.out}", file=sys.stderr)
+        REPORT.say(f"wrote {args.out}")
     else:
         sys.stdout.write(fsutil.canonical_json(doc).decode())
     print(json.dumps({"verdict": predicate["verdict"], "support_level": predicate["support_level"]}), file=sys.stderr)

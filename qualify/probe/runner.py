@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 from qualify import __version__
 from qualify.core import arch, manifest
 from qualify.core.enums import CheckStatus, Profile, SupportLevel
+from qualify.core.report import Reporter
 from qualify.probe import (
     census_check,
     environment,
@@ -32,6 +33,8 @@ from qualify.probe import (
     versions,
 )
 from qualify.probe.model import CheckResult
+
+REPORT = Reporter("probe")
 
 SCOPES = ("all", "static", "gpu")
 # Who built the image: "built" (this toolkit: its wiring is expected) or "external" (judged by what it holds).
@@ -84,7 +87,7 @@ class ProbeTarget:
 
 
 def _progress(msg: str) -> None:
-    print(f"[probe] {msg}", file=sys.stderr, flush=True)
+    REPORT.say(f"{msg}")
 
 
 def _record(results: List[CheckResult], items: List[CheckResult]) -> None:

@@ -15,6 +15,10 @@ import base64
 import sys
 from typing import List, Optional
 
+from qualify.core.report import Reporter
+
+REPORT = Reporter("probe")
+
 MAX_KEY_BYTES = 64 * 1024
 
 
@@ -56,7 +60,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     with open(args.file + ".sig", "wb") as fh:
         fh.write(signature)
-    print(f"[probe] signed {args.file} ({args.file}.sig)", file=sys.stderr)
+    REPORT.say(f"signed {args.file} ({args.file}.sig)")
     return 0
 
 

@@ -24,13 +24,14 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from qualify import __version__
 from qualify.config.targets import lock_path
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
+from qualify.core.report import Progress
 from qualify.host import paths, skopeo
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
@@ -41,7 +42,6 @@ from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, Verif
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
-Progress = Callable[[str], None]
 # host[:port]/namespace[/more]: lower case, as registries require.
 _DEST = re.compile(r"(?P<host>[a-z0-9.-]+(?::\d{1,5})?)(?P<ns>(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+)")
 DESTINATION_ENV = "QUALIFY_PUBLISH_TO"

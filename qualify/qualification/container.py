@@ -21,9 +21,12 @@ from qualify.config.targets import Target
 from qualify.core import fsutil
 from qualify.core.errors import EngineError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
+from qualify.core.report import Reporter
 from qualify.host import paths
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
+
+REPORT = Reporter("qualify")
 
 if TYPE_CHECKING:  # the engine (python-on-whales) is not needed to describe a target on a GPU host
     from qualify.host.engine import Engine
@@ -146,8 +149,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
     tag, version = interpreter(engine, image, target.platform)
     staged_dir = staging.stage(tag)
     if staged_dir is None:
-        print(f"[qualify] no decoder wheels for {tag} (python {version}): compressed containers stay unknown",
-              file=sys.stderr, flush=True)
+        REPORT.say(f"no decoder wheels for {tag} (python {version}): compressed containers stay unknown")
     mounts = [(str(mount), CONTAINER_ROOT, "ro")]
     env = {"PYTHONPATH": CONTAINER_ROOT, "PYTHONDONTWRITEBYTECODE": "1"}
     if staged_dir is not None:
@@ -157,8 +159,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
         out_dir = Path(out)
         out_dir.chmod(0o777)
         where = f"with GPUs {gpus}" if gpus else "no GPU"
-        print(f"[qualify] probing {image} in a container (no network, {where}, checks: {scope})",
-              file=sys.stderr, flush=True)
+        REPORT.say(f"probing {image} in a container (no network, {where}, checks: {scope})")
         proc = engine.run_container(
             image,
             ["python3", "-m", "qualify.probe", "--target-json", target.to_json(),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +26,13 @@ from qualify.core import manifest
 from qualify.core.enums import Origin, Profile
 from qualify.core.errors import ConfigError, EngineError, RegistryError
 from qualify.core.fsutil import write_atomic
+from qualify.core.report import Reporter
 from qualify.host import paths, provenance, skopeo
 from qualify.host.engine import Engine
 from qualify.qualification import container
 from qualify.qualification.stage import Qualified, validate
+
+REPORT = Reporter("qualify")
 
 EXTERNAL_DIR = paths.HERE.external
 ORIGIN = Origin.EXTERNAL  # what --origin the probe is given and predicate.image.origin says
@@ -206,13 +208,12 @@ def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *
     start = time.monotonic()
     img = resolve(engine, requested, target.platform)
     check_platform(img, target)
-    print(f"[qualify] {requested} is {img.reference} ({img.platform}, resolved by {img.resolved_by})",
-          file=sys.stderr, flush=True)
+    REPORT.say(f"{requested} is {img.reference} ({img.platform}, resolved by {img.resolved_by})")
     try:
         chosen = Profile(profile) if profile else detect_profile(engine, img)
         if not profile:
-            print(f"[qualify] profile {chosen} (detected: {'vLLM is' if chosen == Profile.VLLM else 'no vLLM'} "
-                  "installed)", file=sys.stderr, flush=True)
+            REPORT.say(f"profile {chosen} (detected: {'vLLM is' if chosen == Profile.VLLM else 'no vLLM'} "
+                  "installed)")
         emulated = target.platform != engine.native_platform()
         predicate = container.run_probe(engine, img.reference, container.probe_target(target, chosen.value, emulated),
                                         gpus=gpus, origin=ORIGIN)
@@ -222,5 +223,5 @@ def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *
         raise EngineError(f"--image {img.requested}: {exc.message}", hint=exc.hint) from None
     doc = assemble(img, predicate)
     path = write_atomic(out or default_path(target.name, img), manifest.dumps(doc))
-    print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
+    REPORT.say(f"{path} ({time.monotonic() - start:.1f} s)")
     return Qualified(path, manifest.Manifest.from_statement(doc, str(path)))

@@ -6,7 +6,6 @@ once, atomically. Building is not this stage's business: the CLI composes.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +16,13 @@ from qualify.core import manifest
 from qualify.core.enums import Origin, Verdict
 from qualify.core.errors import QualifyError
 from qualify.core.fsutil import write_atomic
+from qualify.core.report import Reporter
 from qualify.host import paths, provenance
 from qualify.host.engine import Engine
 from qualify.imagebuild import image
 from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
+
+REPORT = Reporter("qualify")
 
 
 def validate(doc: Dict[str, Any]) -> None:
@@ -77,7 +79,7 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
     target = tf.get(record.target)
     existing = None if force else already_qualified(record)
     if existing:
-        print(f"[qualify] {record.image_reference} already qualified by this probe: {existing.path}", file=sys.stderr)
+        REPORT.say(f"{record.image_reference} already qualified by this probe: {existing.path}")
         return existing
     start = time.monotonic()
     emulated = target.platform != engine.native_platform()
@@ -86,7 +88,7 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
     data = manifest.dumps(doc)
     path = write_atomic(qualified_path(record), data)
     write_atomic(paths.HERE.release_input(record.target), data)
-    print(f"[qualify] {path} ({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
+    REPORT.say(f"{path} ({time.monotonic() - start:.1f} s)")
     return Qualified(path, manifest.Manifest.from_statement(doc, str(path)))  # what was written, not read back
 
 

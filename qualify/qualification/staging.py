@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -28,9 +27,12 @@ from typing import Optional
 
 from qualify.core import fsutil
 from qualify.core.errors import LockError
+from qualify.core.report import Reporter
 from qualify.host import paths
 from qualify.imagebuild import wheelhouse
 from qualify.probe import staged
+
+REPORT = Reporter("qualify")
 
 _HERE = Path(staged.__file__).parent
 # (lock, the Python minor versions it has wheels for)
@@ -81,7 +83,7 @@ def stage(tag: str) -> Optional[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"[qualify] decoders (and signing) for {tag}: staged in {dest}", file=sys.stderr, flush=True)
+    REPORT.say(f"decoders (and signing) for {tag}: staged in {dest}")
     return dest
 
 

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from qualify.core import manifest as mf
 from qualify.core.enums import Verdict
 from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small
+from qualify.core.report import Progress
 from qualify.host import paths
 from qualify.imagebuild import image
 from qualify.release.model import Candidate, ReleasedTarget, ReleaseOptions, Withheld
 from qualify.release.verify import ImageResolver, match_digest
-
-Progress = Callable[[str], None]
 
 
 def collect(source: Path) -> List[Candidate]:

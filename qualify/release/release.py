@@ -52,6 +52,7 @@ from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
+from qualify.core.report import Progress
 from qualify.host import cmd
 from qualify.release import changelog, history
 from qualify.release import records as rec
@@ -84,7 +85,6 @@ INDEX_FILE = rec.INDEX_FILE
 PUBLIC_KEY_FILE = rec.PUBLIC_KEY_FILE
 _DIRTY = "-dirty"
 
-Progress = Callable[[str], None]
 SignerFactory = Callable[[], Tuple[Any, Any]]  # -> (signer with sign_file, public key)
 
 

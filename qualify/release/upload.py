@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 from qualify.core.errors import ExternalCommandError, ReleaseError
+from qualify.core.report import Progress
 from qualify.host import cmd
 
 INDEX_FILE = "release.json"
-Progress = Callable[[str], None]
 
 
 def push_command(opts) -> List[str]:

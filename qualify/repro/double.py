@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,11 +18,14 @@ from typing import Callable, List, Optional, Sequence, Set, Tuple
 from qualify.config.targets import TargetsFile
 from qualify.core.errors import EngineError, RegistryError
 from qualify.core.fsutil import sha256_file
+from qualify.core.report import Reporter
 from qualify.host import paths, provenance
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import hermetic, image, rootfs
 from qualify.repro.compare import Comparison, compare_archives, compare_tarballs, comparison_json, render
+
+REPORT = Reporter("repro")
 
 SCRATCH_SUFFIX = "repro"
 
@@ -61,7 +63,7 @@ class ReproResult:
 
 
 def say(message: str) -> None:
-    print(f"[repro] {message}", file=sys.stderr, flush=True)
+    REPORT.say(f"{message}")
 
 
 
