@@ -136,8 +136,8 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
         ctx = Path(tmp)
         shutil.copy2(DOCKERFILE, ctx / "Dockerfile")
         os.link(rootfs_tar, ctx / "rootfs.tar")
-        REPORT.say("unpacking the CUDA wheels into the /usr/local/cuda layout")
-        cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
+        with REPORT.step("unpacking the CUDA wheels into the /usr/local/cuda layout"):
+            cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
         labels = {
             paths.OCI_TITLE: "blackwell-qualify hermetic CUDA base",
             paths.OCI_CREATED: _iso(epoch),
