@@ -9,7 +9,6 @@ RELEASE_TAG it stops the deploy, since passing over it could mean deploying an o
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -18,6 +17,7 @@ from qualify.config.imageref import ImageRef, ImageRefError, parse_pinned
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError
 from qualify.deploy.errors import DeployError, NoReleaseError
+from qualify.host import cmd
 from qualify.release.folder import KeyAnchor, VerifiedRelease, list_releases, read_release
 from qualify.release.order import tag_problem
 
@@ -36,13 +36,10 @@ def fetch_release(manifests_dir: Path, tag: str, github_repo: str = "") -> Optio
     manifests_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{tag}.download-", dir=manifests_dir))  # not a release until whole
     argv = [gh, "release", "download", tag, "--dir", str(tmp)] + (["--repo", github_repo] if github_repo else [])
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        proc = None
-    if proc is None or proc.returncode != 0:
+    proc = cmd.ask(argv, timeout=600)
+    if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        said = (proc.stderr or proc.stdout).strip()[-300:] if proc else "timed out after 600 s"
+        said = (proc.stderr or proc.stdout).strip()[-300:]
         raise DeployError(f"gh release download {tag} failed: {said}",
                           hint="check `gh auth status` and RELEASE_GITHUB_REPO, or check the release tag out")
     tmp.rename(dest)

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
+import sys
 from typing import List
 
 from qualify.deploy import api, preflight
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, Stop, Ui
+from qualify.host import cmd
 
 LABEL = "com.docker.compose.project"
 
 
-def _compose(engine: preflight.EngineChoice, s: Settings, *args: str) -> subprocess.CompletedProcess:
-    argv = [*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), *args]
-    return subprocess.run(argv, text=True, timeout=900, stdin=subprocess.DEVNULL, stdout=2)
+def _compose(engine: preflight.EngineChoice, s: Settings, *args: str) -> cmd.Result:
+    return cmd.watched([*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), *args])
+
+
+def _show(result: cmd.Result) -> None:
+    """What a tool answered, on the streams it used (status prints it for people)."""
+    print(result.stdout, end="", flush=True)
+    if result.stderr:
+        print(result.stderr, end="", file=sys.stderr, flush=True)
 
 
 def _section(title: str) -> None:
@@ -23,7 +30,7 @@ def _section(title: str) -> None:
 
 
 def _ids(engine: preflight.EngineChoice, *argv: str) -> List[str]:
-    return subprocess.run([engine.cli, *argv], capture_output=True, text=True, timeout=60).stdout.split()
+    return cmd.ask([engine.cli, *argv]).stdout.split()
 
 
 def status(s: Settings, ui: Ui) -> int:
@@ -31,7 +38,7 @@ def status(s: Settings, ui: Ui) -> int:
     url = api.api_url(s.bind_address, s.api_port)
     _section(f"containers (project {s.compose_project})")
     if s.compose_file.is_file():
-        subprocess.run([*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), "ps"], timeout=120)
+        _show(cmd.ask([*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), "ps"], timeout=120))
     else:
         print(f"no deployment: {s.compose_file} does not exist (./start.sh makes it)")
     _section(f"API {url}")
@@ -42,16 +49,15 @@ def status(s: Settings, ui: Ui) -> int:
         print(f"models: {'ok' if routed.ok else 'FAILED'}: {routed.detail}", flush=True)
     _section(f"GPU {s.gpu_device}")
     if shutil.which("nvidia-smi"):
-        subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
-                        "memory.total", "--format=csv", "-i", s.gpu_device], timeout=30)
+        _show(cmd.ask(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
+                       "memory.total", "--format=csv", "-i", s.gpu_device], timeout=30))
     else:
         print("nvidia-smi not found")
     _section("caches (named volumes)")
     volumes = _ids(engine, "volume", "ls", "-q", "--filter", f"label={LABEL}={s.compose_project}")
     for vol in volumes:
-        mount = subprocess.run([engine.cli, "volume", "inspect", "--format", "{{.Mountpoint}}", vol],
-                               capture_output=True, text=True, timeout=60).stdout.strip()
-        size = subprocess.run(["du", "-sh", mount], capture_output=True, text=True, timeout=120).stdout.split("\t")[0]
+        mount = cmd.ask([engine.cli, "volume", "inspect", "--format", "{{.Mountpoint}}", vol]).stdout.strip()
+        size = cmd.ask(["du", "-sh", mount], timeout=120).stdout.split("\t")[0] if mount else ""
         print(f"{vol:<40} {size.strip() or 'size unknown'}")
     if not volumes:
         print("none (removed, or never started)")
@@ -73,7 +79,7 @@ def stop(s: Settings, ui: Ui, purge: bool) -> int:
                 ((["volume", "ls", "-q"], ["volume", "rm"]),) if purge else ()):
             ids = _ids(engine, *ls, "--filter", f"label={LABEL}={project}")
             if ids:
-                subprocess.run([engine.cli, *rm, *ids], capture_output=True, timeout=300)
+                cmd.ask([engine.cli, *rm, *ids], timeout=300)
     ui.say(f"stopped {project} and removed its caches" if purge else
            f"stopped {project} (caches kept; --purge-cache removes them)")
     return 0

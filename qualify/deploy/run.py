@@ -6,8 +6,6 @@ start.sh only finds a Python and hands over. Exit codes: 0 serving,
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +17,7 @@ from qualify.deploy import api, choice, compose, gate, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, EX_USAGE, Stop, Ui
-from qualify.host import paths
+from qualify.host import cmd, paths
 from qualify.release import evidence as ev
 from qualify.release.folder import KeyAnchor, TrustedKey
 from qualify.release.records import PUBLICATION_FILE
@@ -291,15 +289,13 @@ class Deploy:
         except DeployError as exc:
             raise Stop.because(EX_USAGE, "", exc) from None
 
-    def engine_run(self, *args: str, timeout: float = 600, capture: bool = False) -> subprocess.CompletedProcess:
-        return subprocess.run([self.plan.engine.cli, *args], timeout=timeout, stdin=subprocess.DEVNULL, text=True,
-                              capture_output=capture, stdout=None if capture else 2)
+    def engine_run(self, *args: str, timeout: float = 600) -> cmd.Result:
+        return cmd.watched([self.plan.engine.cli, *args], timeout=timeout)
 
-    def compose(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+    def compose(self, *args: str, capture: bool = False) -> cmd.Result:
         argv = [*self.plan.engine.compose, "-p", self.s.compose_project, "-f", str(self.s.compose_file), *args]
-        env = {**os.environ, "HF_TOKEN": self.s.hf_token}  # the compose file refers to ${HF_TOKEN:-}
-        return subprocess.run(argv, env=env, text=True, timeout=900, stdin=subprocess.DEVNULL, capture_output=capture,
-                              stdout=None if capture else 2)
+        env = {"HF_TOKEN": self.s.hf_token}  # the compose file refers to ${HF_TOKEN:-}
+        return (cmd.ask if capture else cmd.watched)(argv, timeout=900, env=env)
 
     def pull(self, image: str) -> None:
         self.ui.say(f"pulling {image}")
@@ -324,14 +320,12 @@ class Deploy:
     def log_tail(self, cid: str) -> None:
         n = self.s.log_tail_lines
         self.ui.say(f"last {n} log lines of {compose.SERVICE}:")
-        proc = subprocess.run([self.plan.engine.cli, "logs", "--tail", str(n), cid], capture_output=True, text=True,
-                              timeout=60)
+        proc = cmd.ask([self.plan.engine.cli, "logs", "--tail", str(n), cid])
         for line in (proc.stdout + proc.stderr).splitlines():
             self.ui.raw(f"  | {line}")
 
     def container_state(self, cid: str) -> Tuple[str, int]:
-        proc = subprocess.run([self.plan.engine.cli, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}", cid],
-                              capture_output=True, text=True, timeout=60)
+        proc = cmd.ask([self.plan.engine.cli, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}", cid])
         parts = proc.stdout.split() if proc.returncode == 0 else []
         return (parts[0], int(parts[1])) if len(parts) == 2 and parts[1].isdigit() else ("missing", 0)
 

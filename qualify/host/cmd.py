@@ -80,14 +80,26 @@ def call(
     return result
 
 
-def ask(args: Sequence[str], *, timeout: float = 60) -> Result:
+def ask(args: Sequence[str], *, timeout: float = 60, env: Optional[Mapping[str, str]] = None) -> Result:
     """A question to a tool whose failure is itself the answer (does Docker answer? is there a runtime?):
     never raises. A missing or unrunnable program is exit 127, a timeout 124, each with a message."""
+    return _run(args, timeout, env, capture=True)
+
+
+def watched(args: Sequence[str], *, timeout: float = 900, env: Optional[Mapping[str, str]] = None) -> Result:
+    """A command whose output the user watches (a pull, compose up): it goes to our stderr, since our stdout
+    is for what a command produces; the exit status is the caller's to judge (never raises)."""
+    return _run(args, timeout, env, capture=False)
+
+
+def _run(args: Sequence[str], timeout: float, env: Optional[Mapping[str, str]], capture: bool) -> Result:
     args = [str(a) for a in args]
+    full_env = None if env is None else {**os.environ, **env}
     try:
-        proc = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(args, stdin=subprocess.DEVNULL, text=True, timeout=timeout, env=full_env,
+                              capture_output=capture, stdout=None if capture else sys.stderr.fileno())
     except subprocess.TimeoutExpired:
-        return Result(args, 124, "", f"{args[0]} did not answer within {timeout:g} s")
+        return Result(args, 124, "", f"{args[0]} did not finish within {timeout:g} s")
     except OSError as exc:
         return Result(args, 127, "", f"{args[0]}: {exc.strerror or exc}")
     return Result(args, proc.returncode, proc.stdout or "", proc.stderr or "")
