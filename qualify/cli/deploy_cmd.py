@@ -9,13 +9,9 @@ no such action: it runs only inside `start`, on the release it read once.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from qualify.config import targets
-from qualify.core.errors import ConfigError
-from qualify.deploy import api, compose, memory, netcheck, ops, run, settings
-from qualify.deploy.errors import DeployError
+from qualify.deploy import api, ops, run, settings
 from qualify.deploy.ui import EX_USAGE, Stop, Ui
 
 CHECKS = {
@@ -48,91 +44,11 @@ def configure_parser(parser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     _script_parsers(sub)
 
-    mem = sub.add_parser("memory", help="does the server fit this GPU, and with which memory fraction")
-    mem.add_argument("--target", required=True)
-    mem.add_argument("--memory-total", required=True, help="nvidia-smi's memory.total, e.g. '32607 MiB' or '[N/A]'")
-    mem.add_argument("--meminfo", type=Path, default=Path("/proc/meminfo"))
-    mem.add_argument("--fraction", type=float, help="GPU_MEMORY_UTILIZATION from .env (default: the target's)")
-    mem.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
-
-    port = sub.add_parser("port", help="exit 0 when ADDRESS:PORT is free")
-    port.add_argument("--address", required=True)
-    port.add_argument("--port", type=int, required=True)
-
-    comp = sub.add_parser("compose", help="print the compose project as JSON")
-    comp.add_argument("--image", required=True)
-    comp.add_argument("--target", required=True)
-    comp.add_argument("--model", required=True)
-    comp.add_argument("--revision", required=True)
-    comp.add_argument("--served-model-name", required=True)
-    comp.add_argument("--gpu-memory-utilization", type=float, required=True)
-    comp.add_argument("--max-model-len", type=int, required=True)
-    comp.add_argument("--gpu-runtime", choices=compose.GPU_RUNTIMES, required=True)
-    comp.add_argument("--gpu-device", default="0")
-    comp.add_argument("--selinux-label-disable", action="store_true")
-    comp.add_argument("--bind-address", default="127.0.0.1")
-    comp.add_argument("--port", type=int, default=8000)
-    comp.add_argument("--shm-size", default="8g")
-    comp.add_argument("--tool-call-parser", default="")
-    comp.add_argument("--extra-arg", action="append", default=[], help="one more server argument (repeatable)")
-    comp.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="container variable")
-    comp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="container label")
-    comp.add_argument("--health-start-period", type=int, default=1800)
-
-    url = sub.add_parser("url", help="where this host reaches the API")
-    url.add_argument("--bind-address", required=True)
-    url.add_argument("--port", type=int, required=True)
-
     for name in CHECKS:
         chk = sub.add_parser(name, help=f"API check: {name}")
         chk.add_argument("--base-url", required=True)
         chk.add_argument("--model", default="")
         chk.add_argument("--quiet", action="store_true", help="no output, exit status only")
-
-
-def _pairs(items, what: str):
-    out = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{what} {item!r}: write KEY=VALUE")
-        out.append((key, value))
-    return tuple(out)
-
-
-def _memory(args) -> int:
-    target = targets.load(args.file).get(args.target)
-    meminfo = args.meminfo.read_text() if args.meminfo.is_file() else None
-    fit = memory.memory_fit(target.runtime, args.memory_total, meminfo, args.fraction)
-    for note in fit.notes:
-        print(f"note: {note}", file=sys.stderr)
-    print(f"gpu_memory_utilization={fit.gpu_memory_utilization:g}")
-    print(f"pool_gib={fit.pool_gib:g}")
-    print(f"unified={'true' if fit.unified else 'false'}")
-    print(f"source={fit.source}")
-    return 0
-
-
-def _port(args) -> int:
-    problem = netcheck.port_problem(args.address, args.port)
-    if problem:
-        raise DeployError(problem, hint=f"see what holds it: ss -ltnp 'sport = :{args.port}'; "
-                                 "or set API_PORT (and BIND_ADDRESS) in .env")
-    return 0
-
-
-def _compose(args) -> int:
-    spec = compose.ComposeSpec(
-        image=args.image, target=args.target, model=args.model, revision=args.revision,
-        served_model_name=args.served_model_name, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_model_len=args.max_model_len, gpu_runtime=args.gpu_runtime, gpu_device=args.gpu_device,
-        selinux_label_disable=args.selinux_label_disable, bind_address=args.bind_address,
-        port=args.port, shm_size=args.shm_size, tool_call_parser=args.tool_call_parser,
-        extra_args=tuple(args.extra_arg), extra_env=_pairs(args.env, "--env"),
-        health_start_period_s=args.health_start_period, labels=_pairs(args.label, "--label"),
-    )
-    sys.stdout.write(compose.compose_json(spec))
-    return 0
 
 
 def _check(args) -> int:
@@ -171,8 +87,4 @@ def execute(args) -> int:
         return _script(args)
     if args.action in CHECKS:
         return _check(args)
-    if args.action == "url":
-        print(api.api_url(args.bind_address, args.port))
-        return 0
-    actions = {"memory": _memory, "port": _port, "compose": _compose}
-    return actions[args.action](args)
+    raise AssertionError(f"deploy {args.action}")  # argparse admits only the actions above
