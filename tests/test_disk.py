@@ -270,18 +270,28 @@ def test_a_killed_builds_context_is_removed_by_the_next_build_of_it(tmp_path, mo
     assert "removed sm120-smoke-hermetic-999999-abc, the context of a build that was killed" in capfd.readouterr().err
 
 
-def test_a_rebuild_removes_the_image_its_tag_named_before(docker_engine, capfd):
-    """Issue 30, item 11: a rebuild left the previous 1.66 GB image dangling in the engine."""
+def test_a_rebuild_removes_the_image_its_tag_named_before(docker_engine, capfd, tmp_path, monkeypatch):
+    """Issue 30, item 11: a rebuild left the previous 1.66 GB image dangling in the engine. Only an image this
+    checkout made (its ledger) is taken: another checkout that built the same tag keeps its image (two
+    checkouts testing at once on one host lost their sm120 image this way)."""
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path)
     engine = Engine("docker")
     tag = f"qualify-test/rebuilt:{uuid.uuid4().hex[:8]}"
     first = engine.image_id(_tiny_image(docker_engine, tag))
+    ledger.record(first, f"{tag}@sha256:{'1' * 64}")
     second = engine.image_id(_tiny_image(docker_engine, tag))  # the tag moves: `first` is nameless now
     kept = engine.image_id(_tiny_image(docker_engine, f"qualify-test/kept:{uuid.uuid4().hex[:8]}"))
+    ledger.record(kept, f"qualify-test/kept@sha256:{'2' * 64}")
+    theirs_tag = f"qualify-test/theirs:{uuid.uuid4().hex[:8]}"
+    theirs = engine.image_id(_tiny_image(docker_engine, theirs_tag))  # another checkout's build of a tag ...
+    their_second = engine.image_id(_tiny_image(docker_engine, theirs_tag))  # ... rebuilt: nameless, not ours
     try:
         image._drop_previous(engine, first, second)
         assert first not in engine.image_ids() and second in engine.image_ids()
         assert "removed the previous image of this tag" in capfd.readouterr().err
         image._drop_previous(engine, kept, second)  # still named elsewhere: not taken
         assert kept in engine.image_ids()
+        image._drop_previous(engine, theirs, second)  # another checkout's: not taken
+        assert theirs in engine.image_ids() and "is another checkout's: kept" in capfd.readouterr().err
     finally:
-        engine.remove_created([i for i in (first, second, kept) if i in engine.image_ids()])
+        engine.remove_created([i for i in (first, second, kept, theirs, their_second) if i in engine.image_ids()])

@@ -453,8 +453,12 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
 
 def _drop_previous(engine: Engine, previous: str, image_id: str) -> None:
     """The image this tag named before a rebuild, now nameless: removed (its digest stays in the registry,
-    where a release names it), so rebuilds do not leave gigabytes of dangling images behind."""
+    where a release names it), so rebuilds do not leave gigabytes of dangling images behind. Only an image
+    this checkout made (its ledger): another checkout that built the same tag keeps its image."""
     if not previous or previous == image_id:
+        return
+    if previous not in {m.image_id for m in ledger.made()}:
+        REPORT.say(f"the previous image of this tag ({previous[:19]}) is another checkout's: kept")
         return
     info = next(iter(engine.inspect_existing([previous])), None)
     if info is None or [t for t in info.get("RepoTags") or [] if not t.endswith(":<none>")]:
