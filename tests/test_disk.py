@@ -80,6 +80,7 @@ def test_a_build_keeps_what_its_newest_build_uses_and_prunes_older_cache_to_the_
     made = []
     try:
         made.append(build("12.0").image_id)  # ext-builder's nvcc step for -gencode ...sm_120 only
+        first_used = set(cacheledger.load().latest[key])
         foreign = _foreign_cache_record(docker_engine, debian_python_image, tmp_path)
         capfd.readouterr()
         second = build("12.0a")  # another arch list: a step of its own; the payload is shared
@@ -96,9 +97,12 @@ def test_a_build_keeps_what_its_newest_build_uses_and_prunes_older_cache_to_the_
         again = build("12.0a")
         seconds = time.monotonic() - start
         assert again.image_id == second.image_id and not ran(capfd.readouterr().err), "the unchanged rebuild ran steps"
-        # The first build's own step is older than the budget allows: building it again runs it again.
+        # The first build's own step is older than the budget allows: building it again runs it again, unless
+        # another checkout's newest build on this host uses the same record (never pruned: not ours alone).
+        own_to_first = first_used - set(cacheledger.load().latest[key])
+        shared = own_to_first & buildcache.with_ancestors(cacheledger.kept_by_others(), engine.build_cache())
         made.append(build("12.0").image_id)
-        assert [stage for _, stage in ran(capfd.readouterr().err)] == ["ext-builder 2/2"]
+        assert [stage for _, stage in ran(capfd.readouterr().err)] == ([] if shared else ["ext-builder 2/2"]), shared
         with capfd.disabled():
             print(f"\n[report] unchanged rebuild of the smoke variant: {seconds:.1f} s")
     finally:
@@ -295,3 +299,17 @@ def test_a_rebuild_removes_the_image_its_tag_named_before(docker_engine, capfd, 
         assert theirs in engine.image_ids() and "is another checkout's: kept" in capfd.readouterr().err
     finally:
         engine.remove_created([i for i in (first, second, kept, theirs, their_second) if i in engine.image_ids()])
+
+
+def test_a_checkout_that_is_gone_keeps_no_build_cache(tmp_path):
+    """A removed clone's newest builds are never rebuilt: its ledger must not keep cache records past every
+    budget (the clean-clone suite found its own records kept by the ledgers of deleted test clones)."""
+    state = tmp_path / "state"
+    here, alive, removed = tmp_path / "here", tmp_path / "alive", tmp_path / "removed"
+    for checkout in (here, alive, removed):
+        checkout.mkdir()
+    cacheledger.save(cacheledger.CacheLedger(["a"], {"k": ["a"]}), state, alive)
+    cacheledger.save(cacheledger.CacheLedger(["b"], {"k": ["b"]}), state, removed)
+    assert cacheledger.kept_by_others(state, here) == {"a", "b"}
+    removed.rmdir()
+    assert cacheledger.kept_by_others(state, here) == {"a"}

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
 from qualify.core.errors import ExternalCommandError
 
@@ -103,3 +103,32 @@ def _run(args: Sequence[str], timeout: float, env: Optional[Mapping[str, str]], 
     except OSError as exc:
         return Result(args, 127, "", f"{args[0]}: {exc.strerror or exc}")
     return Result(args, proc.returncode, proc.stdout or "", proc.stderr or "")
+
+
+def streamed(argv: List[str], timeout: float, on_line: Callable[[str], None]) -> subprocess.CompletedProcess:
+    """subprocess.run with stderr handed to `on_line` line by line while the command runs."""
+    import threading
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, bufsize=1)
+    err_lines: List[str] = []
+    out_chunks: List[str] = []
+
+    def pump_err() -> None:
+        for line in proc.stderr:
+            err_lines.append(line)
+            on_line(line.rstrip("\n"))
+
+    threads = [threading.Thread(target=pump_err, daemon=True),
+               threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    for t in threads:
+        t.join(timeout=10)
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out_chunks), "".join(err_lines))

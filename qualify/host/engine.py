@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ from python_on_whales.exceptions import DockerException, NoSuchImage
 from qualify.config.imageref import ImageRef
 from qualify.core.errors import BaseImageError, BuildError, EngineError
 from qualify.core.report import Reporter
-from qualify.host.progress import PushProgress
+from qualify.host import cmd
+from qualify.host.progress import BuildSteps, PushProgress
 
 REPORT = Reporter("build")
 
@@ -222,7 +224,7 @@ class Engine:
         REPORT.say(f"{self.describe()}")
         REPORT.say("+ " + " ".join(argv))
         recent: deque = deque(maxlen=40)
-        steps = _StepTimes()
+        steps = BuildSteps()
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **env}, text=True, errors="replace",
@@ -271,7 +273,8 @@ class Engine:
         info = self.inspect(ref)
         progress = PushProgress(ref, info.size if info else 0)
         if self.name == "podman":
-            with _TempFile() as digestfile:
+            with tempfile.TemporaryDirectory(prefix="qualify-push-") as tmp:
+                digestfile = Path(tmp) / "digest"
                 self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref], timeout=1800)
                 progress.done()
                 return digestfile.read_text().strip()
@@ -510,7 +513,7 @@ class Engine:
         argv += [image, *command]
         try:
             if on_stderr_line is not None:
-                return _run_streaming(argv, timeout, on_stderr_line)
+                return cmd.streamed(argv, timeout, on_stderr_line)
             return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             if name:
@@ -565,69 +568,6 @@ class Engine:
         if parsed.digest and parsed.digest in own:
             return parsed.digest
         return own[0] if own else raw["Id"]
-
-
-class _StepTimes:
-    """Seconds of BuildKit's named steps from its plain progress ('#12 exporting to image' ... '#12 DONE 4.1s'),
-    so a build can say how long its export took apart from its RUN steps."""
-
-    def __init__(self) -> None:
-        self.names: Dict[str, str] = {}
-        self.seconds: Dict[str, float] = {}
-
-    def feed(self, line: str) -> None:
-        number, _, rest = line.partition(" ")
-        if not number.startswith("#") or not number[1:].isdigit():
-            return
-        if rest.startswith("DONE ") and rest.endswith("s") and number in self.names:
-            try:
-                self.seconds[self.names[number]] = self.seconds.get(self.names[number], 0.0) + float(rest[5:-1])
-            except ValueError:
-                pass
-        elif number not in self.names and rest and not rest[:1].isdigit() and not rest.startswith("sha256:"):
-            self.names[number] = rest
-
-
-def _run_streaming(argv: List[str], timeout: float, on_line: Callable[[str], None]) -> subprocess.CompletedProcess:
-    """subprocess.run with stderr handed to `on_line` line by line while the command runs."""
-    import threading
-
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, bufsize=1)
-    err_lines: List[str] = []
-    out_chunks: List[str] = []
-
-    def pump_err() -> None:
-        for line in proc.stderr:
-            err_lines.append(line)
-            on_line(line.rstrip("\n"))
-
-    threads = [threading.Thread(target=pump_err, daemon=True),
-               threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)]
-    for t in threads:
-        t.start()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-    for t in threads:
-        t.join(timeout=10)
-    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out_chunks), "".join(err_lines))
-
-
-class _TempFile:
-    def __enter__(self) -> Path:
-        import tempfile
-
-        fd, name = tempfile.mkstemp(prefix="qualify-")
-        os.close(fd)
-        self.path = Path(name)
-        return self.path
-
-    def __exit__(self, *exc) -> None:
-        self.path.unlink(missing_ok=True)
 
 
 _DISK_USAGE_BUSY = "a disk usage operation is already running"

@@ -135,3 +135,24 @@ def _gb(n: float) -> str:
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
+
+class BuildSteps:
+    """Seconds of BuildKit's named steps from its plain progress ('#12 exporting to image' ... '#12 DONE 4.1s'),
+    so a build can say how long its export took apart from its RUN steps."""
+
+    def __init__(self) -> None:
+        self.names: Dict[str, str] = {}
+        self.seconds: Dict[str, float] = {}
+
+    def feed(self, line: str) -> None:
+        number, _, rest = line.partition(" ")
+        if not number.startswith("#") or not number[1:].isdigit():
+            return
+        if rest.startswith("DONE ") and rest.endswith("s") and number in self.names:
+            try:
+                self.seconds[self.names[number]] = self.seconds.get(self.names[number], 0.0) + float(rest[5:-1])
+            except ValueError:
+                pass
+        elif number not in self.names and rest and not rest[:1].isdigit() and not rest.startswith("sha256:"):
+            self.names[number] = rest
