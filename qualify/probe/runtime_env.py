@@ -100,7 +100,8 @@ def libcuda(environ: Optional[Mapping[str, str]] = None, conf: str = LD_SO_CONF)
             if m and not os.path.islink(p):
                 compat.append({"path": p, "version": m.group(1)})
     first = None
-    for entry in loader_path(environ, conf):
+    searched = loader_path(environ, conf)
+    for entry in searched:
         candidate = os.path.join(entry["dir"], "libcuda.so.1")
         if os.path.exists(candidate):
             real = os.path.realpath(candidate)
@@ -110,7 +111,7 @@ def libcuda(environ: Optional[Mapping[str, str]] = None, conf: str = LD_SO_CONF)
                      "version": m.group(1) if m else None}
             break
     return {"compat": compat, "first": first,
-            "loader_path": [e["dir"] for e in loader_path(environ, conf) if e["from"] != "default"]}
+            "loader_path": [e["dir"] for e in searched if e["from"] != "default"]}
 
 
 def image_cuda(pkgs: Mapping[str, str], toolkit: Mapping[str, Any], torch_view: Mapping[str, Any]) -> Dict[str, Any]:
