@@ -132,13 +132,13 @@ def test_a_build_keeps_what_its_newest_build_uses_and_prunes_older_cache_to_the_
 
 
 def engine_size(entry: dict) -> int:
-    from qualify.host.engine import parse_size
+    from qualify.host.buildkit import parse_size
 
     return parse_size(entry.get("Size", "0B"))
 
 
 def test_over_budget_takes_the_least_recently_used_first_and_keeps_ancestors():
-    from qualify.host.engine import CacheEntry
+    from qualify.host.buildkit import CacheEntry
 
     cache = {c.id: c for c in [
         CacheEntry("a", 5, False, "", last_used="2026-12-01 10:00:00 +0000 UTC"),

@@ -5,8 +5,9 @@ fatbins. Nothing large is copied: the file is mmapped and container headers,
 entry headers and (for uncompressed cubins) the ELF header of the payload
 are read. Whether a container holds a kernel is decided in kernels.py (just
 enough decompression; `unknown` without a decoder), the ELF structure is read
-in elf.py, and the types given back are in fatbin_model.py. Every size taken
-from the file is checked against the bytes really there before it is used,
+in elf.py, static archives are counted in arfile.py, and the types given back
+are in fatbin_model.py. Every size taken from the file is checked against the
+bytes really there before it is used,
 and every loop advances by at least one header, so a truncated, bit-flipped
 or hostile file gives error strings in `FileScan.errors`, never an exception
 and never a hang.
@@ -59,7 +60,7 @@ import stat
 import struct
 from typing import Iterator, List, Optional, Tuple
 
-from qualify.core import cubin
+from qualify.core import arfile, cubin
 from qualify.core.arch import Variant
 from qualify.core.elf import (
     ELF_MAGIC,
@@ -225,45 +226,10 @@ def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool, decoders: Decode
             _read_elf(mm, elf, scan, embedded, decoders)
     elif mm[:len(AR_MAGIC)] == AR_MAGIC:
         scan.format = "archive"
-        _read_archive(mm, scan)
+        scan.archive, errors = arfile.count_members(mm)
+        scan.errors.extend(errors)
     else:
         scan.errors.append("neither an ELF file, a fatbin nor a static archive (unknown magic)")
-
-
-AR_HEADER = 60
-MAX_ARCHIVE_MEMBERS = 100_000
-_DEVICE_CODE_SECTIONS = (b".nv_fatbin", SECTION_RELOCATABLE.encode())
-
-
-def _read_archive(mm: mmap.mmap, scan: FileScan) -> None:
-    """A static archive (`ar`): its members are objects that are linked into other binaries, never loaded,
-    so its device code is not judged. Counted: members, and members that are ELF objects naming a
-    device-code section (so a report can say what the archive would bring into a link)."""
-    pos, members, with_code = len(AR_MAGIC), 0, 0
-    while pos + AR_HEADER <= len(mm):
-        header = mm[pos:pos + AR_HEADER]
-        if header[58:60] != b"`\n":
-            scan.errors.append(f"static archive: bad member header at offset {pos}")
-            break
-        try:
-            size = int(header[48:58].decode("ascii").strip() or "0")
-        except (UnicodeDecodeError, ValueError):
-            scan.errors.append(f"static archive: bad member size at offset {pos}")
-            break
-        start, end = pos + AR_HEADER, pos + AR_HEADER + size
-        if end > len(mm):
-            scan.errors.append(f"static archive: member at offset {pos} runs past the end of the file")
-            break
-        name = header[:16].rstrip()
-        if name not in (b"/", b"//", b"/SYM64/"):  # the symbol table and the long-name table are no members
-            members += 1
-            if mm[start:start + 4] == ELF_MAGIC and any(mm.find(n, start, end) >= 0 for n in _DEVICE_CODE_SECTIONS):
-                with_code += 1
-        if members > MAX_ARCHIVE_MEMBERS:
-            scan.errors.append(f"static archive: more than {MAX_ARCHIVE_MEMBERS} members; not counted further")
-            break
-        pos = end + (size & 1)  # members are 2-byte aligned
-    scan.archive = (members, with_code)
 
 
 def _read_elf(mm: mmap.mmap, elf: ElfHeader, scan: FileScan, embedded: bool, decoders: Decoders) -> None:

@@ -46,7 +46,7 @@ from python_on_whales.exceptions import DockerException, NoSuchImage
 from qualify.config.imageref import ImageRef
 from qualify.core.errors import BaseImageError, BuildError, EngineError
 from qualify.core.report import Reporter
-from qualify.host import cmd
+from qualify.host import buildkit, cmd
 from qualify.host.progress import BuildSteps, PushProgress
 
 REPORT = Reporter("build")
@@ -67,19 +67,6 @@ class BuildRequest:
     no_cache: bool = False
     source_date_epoch: Optional[str] = None
     insecure_registry: bool = True  # our registry is plain HTTP on loopback
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """One BuildKit build-cache record (what `docker system df -v` lists)."""
-
-    id: str
-    size: int
-    in_use: bool
-    description: str
-    last_used: str = ""  # as `system df` prints it ('2026-12-01 10:48:19.43 +0000 UTC'); sorts by time
-    shared: bool = False  # its snapshot is also an image layer: removing it frees less than its size
-    parent: str = ""  # the record it builds on ('' for none); a parent cannot go before its children
 
 
 @dataclass(frozen=True)
@@ -358,19 +345,13 @@ class Engine:
 
     # --- what one build made, and removing exactly that ------------------------------
 
-    def build_cache(self) -> Dict[str, CacheEntry]:
+    def build_cache(self) -> Dict[str, buildkit.CacheEntry]:
         """BuildKit's cache records by id ({} where the builder keeps none apart from images).
         `system df -v` is the only listing with ids (python-on-whales' disk_free has totals only)."""
         if self.name != "docker" or self.builder == "classic":
             return {}
-        raw = json.loads(self._disk_usage([self.binary, "system", "df", "-v", "--format", "{{json .BuildCache}}"]) or "[]")
-        entries = [CacheEntry(id=e["ID"].rstrip("*"), size=parse_size(e.get("Size", "0B")),
-                              in_use=str(e.get("InUse")).lower() == "true", description=e.get("Description", ""),
-                              last_used=str(e.get("LastUsedAt") or e.get("CreatedAt") or ""),
-                              shared=str(e.get("Shared")).lower() == "true",
-                              parent=str(e.get("Parent") or "").rstrip("*"))
-                   for e in raw or []]
-        return {e.id: e for e in entries}
+        return buildkit.parse_listing(self._disk_usage([self.binary, "system", "df", "-v", "--format",
+                                                        "{{json .BuildCache}}"]))
 
     def _disk_usage(self, argv: List[str]) -> str:
         """`system df`'s stdout. The daemon runs one disk-usage operation at a time and
@@ -394,7 +375,7 @@ class Engine:
             for cache_id in sorted(remaining):  # BuildKit takes one value per filter key
                 out = self._run([self.binary, "builder", "prune", "--all", "--force", "--filter", f"id={cache_id}"])
                 total = [line for line in out.splitlines() if line.startswith("Total reclaimed space:")]
-                reclaimed += parse_size(total[-1].split(":", 1)[1].strip()) if total else 0
+                reclaimed += buildkit.parse_size(total[-1].split(":", 1)[1].strip()) if total else 0
             left = remaining & set(self.build_cache())
             if not left or left == remaining:  # all gone, or no progress (in use by another build)
                 break
@@ -572,21 +553,6 @@ class Engine:
 
 _DISK_USAGE_BUSY = "a disk usage operation is already running"
 _DISK_USAGE_RETRIES = (0.25, 0.5, 1, 2, 4, 8, 8, 8)  # seconds between attempts
-
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from the engine's human sizes ('17B', '226MB', '1.2GB'); 0 when unreadable."""
-    text = text.strip().upper().replace(" ", "")
-    for unit in sorted(_UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            try:
-                return int(float(text[: -len(unit)]) * _UNITS[unit])
-            except ValueError:
-                return 0
-    return 0
-
 
 def _tail(exc: DockerException, chars: int = 300) -> str:
     """What the engine said, briefly (python-on-whales keeps its stderr)."""

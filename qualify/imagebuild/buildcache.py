@@ -19,7 +19,8 @@ from typing import Dict, FrozenSet, List, Optional
 
 from qualify.core.report import Reporter
 from qualify.host import cacheledger
-from qualify.host.engine import CacheEntry, Engine
+from qualify.host.buildkit import CacheEntry
+from qualify.host.engine import Engine
 
 REPORT = Reporter("build")
 
