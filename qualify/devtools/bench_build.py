@@ -46,7 +46,7 @@ from qualify.imagebuild import buildcache, image, wheelhouse
 REPORT = Reporter("bench-build")
 
 SUFFIX = "bench"
-DOCKERD = "/usr/bin/dockerd"
+DOCKERD = "/usr/sbin/dockerd"  # where Debian's docker.io puts it (the client is /usr/bin/docker)
 
 
 @dataclass(frozen=True)
