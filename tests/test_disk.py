@@ -129,6 +129,11 @@ def test_a_build_keeps_what_its_newest_build_uses_and_prunes_older_cache_to_the_
             cacheledger.save(book)
         engine.remove_created([i for i in made if i in engine.image_ids()])
         subprocess.run(["/usr/bin/docker", "rmi", str(ImageRef(base.name, base.tag))], capture_output=True)
+        # Nothing of this variant stays behind on the shared host: its record, its tags in the registry.
+        image.record_path(name, "smoke", "hermetic").unlink(missing_ok=True)
+        own_tag = f"{loopback_registry.ref(image.image_repository(dataclasses.replace(tf.get('sm120'), name=name)))}"
+        for ref in (f"{own_tag}:smoke-hermetic", str(ImageRef(base.name, base.tag))):
+            loopback_registry.delete_tag(ref)
 
 
 def engine_size(entry: dict) -> int:

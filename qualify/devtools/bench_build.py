@@ -46,6 +46,7 @@ from qualify.imagebuild import buildcache, image, wheelhouse
 REPORT = Reporter("bench-build")
 
 SUFFIX = "bench"
+BRIDGE_ADDRESS = "169.254.213.1/30"  # link-local: no route to or from anything; the pull needs none
 DOCKERD = "/usr/sbin/dockerd"  # where Debian's docker.io puts it (the client is /usr/bin/docker)
 
 
@@ -120,11 +121,17 @@ def scratch_engine() -> Iterator[str]:
     run = Path(tempfile.mkdtemp(prefix="qualify-bench-engine-", dir="/run" if os.access("/run", os.W_OK) else None))
     sock = f"unix://{run}/docker.sock"
     log = open(run / "dockerd.log", "w")
-    proc = subprocess.Popen([DOCKERD, "--data-root", str(root / "data"), "--exec-root", str(run / "exec"),
-                             "--pidfile", str(run / "docker.pid"), "--host", sock, "--bridge", "none",
-                             "--iptables=false", "--ip-masq=false", "--storage-driver", "overlay2"],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    # A bridge of its own: with `--bridge none` dockerd deletes the host's docker0 at start (the host's own
+    # engine then fails every RUN step: "could not find bridge docker0"), so the bench never passes it.
+    bridge = f"qbench{os.getpid() % 10**6}"
+    cmd.call(["ip", "link", "add", bridge, "type", "bridge"], timeout=30)
+    proc = None
     try:
+        cmd.call(["ip", "addr", "add", BRIDGE_ADDRESS, "dev", bridge], timeout=30)
+        proc = subprocess.Popen([DOCKERD, "--data-root", str(root / "data"), "--exec-root", str(run / "exec"),
+                                 "--pidfile", str(run / "docker.pid"), "--host", sock, "--bridge", bridge,
+                                 "--iptables=false", "--ip-masq=false", "--storage-driver", "overlay2"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while cmd.call(["/usr/bin/docker", "-H", sock, "info"], check=False, timeout=30).returncode != 0:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -132,12 +139,14 @@ def scratch_engine() -> Iterator[str]:
             time.sleep(0.5)
         yield sock
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        cmd.call(["ip", "link", "del", bridge], check=False, timeout=30)
         log.close()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(run, ignore_errors=True)
