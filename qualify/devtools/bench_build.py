@@ -1,7 +1,7 @@
 """Benchmark the image build (`nox -s bench-build`, by hand, not in CI): where the time of a build goes.
 
     python -m qualify.devtools.bench_build [--target sm120] [--second sm100] [--profile smoke|vllm|all]
-                                           [--skip-download] [--skip-pull] [--keep]
+                                           [--skip-download] [--skip-pull] [--keep] [--engine docker|podman]
 
 Rows, each measured here, on the hermetic base (made first when missing, untimed):
 1. smoke, first build (`--no-cache`: every step runs; base and wheelhouse present) and its push;
@@ -84,7 +84,7 @@ def cold_and_rebuild(tf, target: str, profile: str, engine: Engine, registry: Re
 def build_rows(name: str, record: image.BuildRecord) -> List[Row]:
     s = record.steps
     return [Row(f"{name}: whole build", record.build_seconds),
-            Row(f"{name}:   image build (docker build)", s.get("build"), f"of which export {s.get('export', 0):.1f} s"),
+            Row(f"{name}:   image build (the engine's build)", s.get("build"), f"of which export {s.get('export', 0):.1f} s"),
             Row(f"{name}:   cache bookkeeping", s.get("cache")),
             Row(f"{name}:   push to the loopback registry", s.get("push"))]
 
@@ -164,8 +164,8 @@ def pull_row(record: image.BuildRecord, size: int) -> Row:
     return Row("pull into a clean engine (second dockerd)", seconds, record.image_reference.rsplit("/", 1)[-1][:40])
 
 
-def image_size(record: image.BuildRecord) -> int:
-    info = Engine("docker").inspect(record.image_reference)
+def image_size(engine: Engine, record: image.BuildRecord) -> int:
+    info = engine.inspect(record.image_reference)
     return info.size if info else 0
 
 
@@ -203,9 +203,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--skip-download", action="store_true", help="do not time the vLLM wheel download")
     parser.add_argument("--skip-pull", action="store_true", help="do not time the pull into a clean engine")
     parser.add_argument("--keep", action="store_true", help="leave the bench's images and manifests")
+    parser.add_argument("--engine", choices=("docker", "podman"), default="docker",
+                        help="the engine that builds and pushes (podman pushes through containers/image's gzip)")
     args = parser.parse_args(argv)
     tf = targets.load()
-    engine, registry = Engine("docker").check(), Registry.from_env().ensure()
+    engine, registry = Engine(args.engine).check(), Registry.from_env().ensure()
     first, second = tf.get(args.target), tf.get(args.second)
     if first.platform != second.platform:
         raise QualifyError(f"--second {second.name} is {second.platform}, {first.name} {first.platform}",
@@ -227,9 +229,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             made.append(other)
             rows += build_rows(f"vllm {second.name} after {first.name}", other)
             rows += image_rows(cold, registry)
-            size = image_size(cold)
+            size = image_size(engine, cold)
             rows.append(Row("image: size in the engine", None, f"{size / 1e9:.2f} GB"))
-            if not args.skip_pull:
+            if not args.skip_pull and engine.name == "docker":
                 drop_images_and_cache(engine, made)  # the disk the pull needs
                 say("vllm: pull into a clean engine")
                 rows.append(pull_row(cold, size))
