@@ -1,5 +1,5 @@
 """BuildKit's build-cache records as `docker system df -v` lists them, and the engine's human sizes: the
-parsing half of Engine.build_cache (host/engine.py), with no engine in it, so it is tested on its own."""
+parsing half of Engine.build_cache (host/engine.py), which asks the engine; nothing here does."""
 
 from __future__ import annotations
 
