@@ -131,7 +131,7 @@ def test_a_build_keeps_what_its_newest_build_uses_and_prunes_older_cache_to_the_
         subprocess.run(["/usr/bin/docker", "rmi", str(ImageRef(base.name, base.tag))], capture_output=True)
         # Nothing of this variant stays behind on the shared host: its record, its tags in the registry.
         image.record_path(name, "smoke", "hermetic").unlink(missing_ok=True)
-        own_tag = f"{loopback_registry.ref(image.image_repository(dataclasses.replace(tf.get('sm120'), name=name)))}"
+        own_tag = loopback_registry.ref(image.image_repository(dataclasses.replace(tf.get("sm120"), name=name)))
         for ref in (f"{own_tag}:smoke-hermetic", str(ImageRef(base.name, base.tag))):
             loopback_registry.delete_tag(ref)
 

@@ -124,9 +124,9 @@ def scratch_engine() -> Iterator[str]:
     # A bridge of its own: with `--bridge none` dockerd deletes the host's docker0 at start (the host's own
     # engine then fails every RUN step: "could not find bridge docker0"), so the bench never passes it.
     bridge = f"qbench{os.getpid() % 10**6}"
-    cmd.call(["ip", "link", "add", bridge, "type", "bridge"], timeout=30)
     proc = None
     try:
+        cmd.call(["ip", "link", "add", bridge, "type", "bridge"], timeout=30)
         cmd.call(["ip", "addr", "add", BRIDGE_ADDRESS, "dev", bridge], timeout=30)
         proc = subprocess.Popen([DOCKERD, "--data-root", str(root / "data"), "--exec-root", str(run / "exec"),
                                  "--pidfile", str(run / "docker.pid"), "--host", sock, "--bridge", bridge,

@@ -42,10 +42,9 @@ def load(state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> CacheL
 
 def save(book: CacheLedger, state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> None:
     where = path(state_dir, checkout)
-    where.parent.mkdir(parents=True, exist_ok=True)
-    (where.parent / "checkout").write_text(str(Path(checkout).resolve()) + "\n")  # whose it is (_gone)
+    ledger.mark_owner(where, checkout)
     write_json(where, {"owned": sorted(set(book.owned)),
-                                            "latest": {k: sorted(set(v)) for k, v in sorted(book.latest.items())}})
+                       "latest": {k: sorted(set(v)) for k, v in sorted(book.latest.items())}})
 
 
 def locked(state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT):
@@ -60,19 +59,9 @@ def kept_by_others(state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT)
     mine = path(state_dir, checkout)
     found: set = set()
     for other in ledgers(state_dir):
-        if other != mine and not _gone(other):
+        if other != mine and not ledger.owner_gone(other):
             found |= read(other).kept()
     return frozenset(found)
-
-
-def _gone(ledger_file: Path) -> bool:
-    """The checkout a ledger belongs to, as ledger.record wrote it beside, no longer exists."""
-    named = ledger_file.parent / "checkout"
-    try:
-        where = named.read_text(encoding="utf-8", errors="replace")[:4096].strip()
-    except OSError:
-        return False  # not known: kept, as before
-    return bool(where) and not Path(where).is_dir()
 
 
 def ledgers(state_dir: Optional[Path] = None) -> Iterator[Path]:

@@ -31,10 +31,27 @@ def path(state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> Path:
     return paths.ledger(checkout, state_dir)
 
 
+OWNER = "checkout"  # beside a checkout's ledgers: the checkout's path, so a ledger of a gone one is told
+
+
+def mark_owner(ledger: Path, checkout: Path) -> None:
+    """The ledger's folder, made, with the path of the checkout it belongs to beside it (`owner_gone`)."""
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    (ledger.parent / OWNER).write_text(str(Path(checkout).resolve()) + "\n")
+
+
+def owner_gone(ledger: Path) -> bool:
+    """The checkout a ledger belongs to, as `mark_owner` wrote it, no longer exists (unknown: not gone)."""
+    try:
+        where = (ledger.parent / OWNER).read_text(encoding="utf-8", errors="replace")[:4096].strip()
+    except OSError:
+        return False
+    return bool(where) and not Path(where).is_dir()
+
+
 def record(image_id: str, reference: str, state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> None:
     ledger = path(state_dir, checkout)
-    ledger.parent.mkdir(parents=True, exist_ok=True)
-    (ledger.parent / "checkout").write_text(str(Path(checkout).resolve()) + "\n")
+    mark_owner(ledger, checkout)
     with file_lock(ledger.with_suffix(".lock")):
         with open(ledger, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"image_id": image_id, "reference": reference}, sort_keys=True) + "\n")
