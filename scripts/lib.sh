@@ -4,7 +4,8 @@
 # work in one process. Sourced, never run.
 #
 # Exit codes: 2 usage or settings, 3 preflight, 4 trust gate, 5 deploy or
-# health, 6 API checks.
+# health, 6 API checks, 12 the host refused (a full disk: the message names
+# the path), 130 interrupted.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO

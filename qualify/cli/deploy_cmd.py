@@ -9,10 +9,11 @@ no such action: it runs only inside `start`, on the release it read once.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 from qualify.deploy import api, ops, run, settings
-from qualify.deploy.ui import EX_USAGE, Stop, Ui
+from qualify.deploy.ui import EX_HOST, EX_USAGE, Stop, Ui
 
 CHECKS = {
     "health": lambda url, model: api.health(url),
@@ -61,6 +62,7 @@ def _check(args) -> int:
 def _script(args) -> int:
     """One of the user's commands, in this process; a Stop prints its message and fixes and sets the exit code."""
     ui = Ui(args.prog)
+    s = None
     try:
         if args.action == "start":
             settings.first_run(args.env_file, ui)
@@ -80,6 +82,34 @@ def _script(args) -> int:
         return ops.verify(s, ui, args.level)
     except Stop as stop:
         return ui.error(stop)
+    except OSError as exc:  # the host said no: which file, and what to do on a deploy host
+        if exc.errno not in HOST_REFUSALS:
+            raise
+        return ui.error(host_refused(exc, s, args))
+
+
+HOST_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS})
+
+
+def host_refused(exc: OSError, s, args) -> Stop:
+    """A full disk, a permission or a read-only file system met while deploying: the path, and the fixes of a
+    deploy host (the build host's `nox -s clean` has nothing to free here)."""
+    where = Path(exc.filename) if exc.filename else (s.deploy_dir if s is not None else args.env_file.parent)
+    folder = where if where.is_dir() else where.parent
+    again = f"then run ./{'start.sh' if args.action == 'start' else f'scripts/{args.action}.sh'} again: it picks up " \
+            "from what is already done"
+    stop_hint = s.hint("stop") if s is not None else "scripts/stop.sh"
+    fixes = {
+        errno.ENOSPC: (f"free space on the file system holding {folder} (df -h {folder}); the deploy's own files are "
+                       "small: `docker system df` shows what the engine's images, containers and volumes hold, and "
+                       f"`{stop_hint} --purge-cache` removes this deploy's model cache", again),
+        errno.EDQUOT: (f"free space within your disk quota on {folder}", again),
+        errno.EACCES: (f"run as a user who may write {folder}, or set DEPLOY_DIR in {args.env_file} to a folder you "
+                       "may write", again),
+        errno.EROFS: (f"{folder} is on a read-only file system: set DEPLOY_DIR in {args.env_file} to a writable "
+                      "folder", again),
+    }.get(exc.errno, ("see the message above", again))
+    return Stop(EX_HOST, f"{exc.strerror or exc}: {where}", *fixes)
 
 
 def execute(args) -> int:

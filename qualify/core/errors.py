@@ -94,6 +94,12 @@ class ParseError(QualifyError):
     exit_code = 11
 
 
+class HostError(QualifyError):
+    """The host refused: a full disk, a permission, a read-only file system (the message names the path)."""
+
+    exit_code = 12
+
+
 def internal_error(exc: BaseException) -> str:
     """A file's error row for a bug in the code reading it (the census goes on)."""
     return f"internal error while reading ({type(exc).__name__}: {exc})"
@@ -128,9 +134,11 @@ EXIT_CODES: Tuple[ExitCode, ...] = (
     ExitCode(9, "verification: signature, image digest or verdict", "", "VerificationError"),
     ExitCode(10, "release policy or repository state", "", "ReleaseError"),
     ExitCode(11, "unparseable binary", "", "ParseError"),
-    ExitCode(12, "the host refused: a full disk, a permission, a read-only file system", ""),
+    ExitCode(12, "the host refused: a full disk, a permission, a read-only file system",
+             "the host refused: a full disk, a permission, a read-only file system (the message names the path)",
+             "HostError", "EX_HOST"),
     ExitCode(20, "`deploy` helpers: no released manifest for the target", ""),
-    ExitCode(130, "interrupted (Ctrl-C)", "interrupted"),
+    ExitCode(130, "interrupted (Ctrl-C)", "interrupted", shell_name="EX_INTERRUPTED"),
 )
 
 

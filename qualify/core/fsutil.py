@@ -41,11 +41,14 @@ def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> 
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and not exc.filename:
+            # ENOSPC from write() or fsync() names no file: name the one being written.
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     return path
 

@@ -11,6 +11,9 @@ def port_problem(address: str, port: int) -> Optional[str]:
     """None when `address:port` can be bound now, else what is wrong."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As the server will bind (docker's proxy and uvicorn set it): connections of a server stopped a moment
+        # ago linger in TIME-WAIT for a minute and do not keep the port from being bound; a listener still does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((address, port))
         except OSError as exc:

@@ -16,7 +16,7 @@ from qualify.core.errors import QualifyError, VerificationError
 from qualify.deploy import api, choice, compose, gate, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
-from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_TRUST, EX_USAGE, Stop, Ui
+from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import cmd, paths
 from qualify.release import evidence as ev
 from qualify.release.folder import KeyAnchor, TrustedKey
@@ -330,6 +330,18 @@ class Deploy:
         return (parts[0], int(parts[1])) if len(parts) == 2 and parts[1].isdigit() else ("missing", 0)
 
     def wait_healthy(self, cid: str, url: str) -> None:
+        try:
+            self._wait_healthy(cid, url)
+        except KeyboardInterrupt:
+            # Ctrl-C stops this wait, not the server: the container goes on starting.
+            raise Stop(EX_INTERRUPTED, f"interrupted while waiting for {url}/health; the server container "
+                       f"{cid[:12]} (compose project {self.s.compose_project}) is still running and starting",
+                       f"{self.s.hint('stop')} stops it",
+                       f"or let it start: {self.s.hint('status')} says when it is healthy; ./start.sh again runs "
+                       "its checks and waits for /health again (compose keeps the container when nothing changed)"
+                       ) from None
+
+    def _wait_healthy(self, cid: str, url: str) -> None:
         limit = self.s.health_timeout_s
         self.ui.say(f"waiting up to {limit} s for {url}/health (a first start downloads the model)")
         start = time.monotonic()

@@ -13,8 +13,9 @@ from typing import Sequence
 from qualify.core.errors import EXIT_CODES, QualifyError, printable, shell_code
 
 # The codes users rely on, from the one table in qualify/core/errors.py.
-EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK = (
-    shell_code(n) for n in ("EX_USAGE", "EX_PREFLIGHT", "EX_TRUST", "EX_DEPLOY", "EX_CHECK"))
+EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK, EX_HOST, EX_INTERRUPTED = (
+    shell_code(n) for n in ("EX_USAGE", "EX_PREFLIGHT", "EX_TRUST", "EX_DEPLOY", "EX_CHECK", "EX_HOST",
+                            "EX_INTERRUPTED"))
 RULE = "#" * 80
 
 
