@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from qualify.release import compare
+from qualify.signing import formats
 
 
 def configure_parser(parser) -> None:
@@ -27,7 +29,11 @@ def configure_parser(parser) -> None:
 
 
 def execute(args) -> int:
-    result = compare.compare(args.manifests, args.target)
+    manifests, skipped = formats.beside_their_files(args.manifests)
+    if skipped:  # the README's `build/external/sm120-*.json` matches the bundles beside the manifests too
+        print(f"compare: skipped {len(skipped)} signature or bundle file(s) given beside their manifests: "
+              + ", ".join(str(p) for p in skipped), file=sys.stderr)
+    result = compare.compare(manifests, args.target)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     elif args.markdown:

@@ -11,6 +11,7 @@ from qualify.host import paths
 from qualify.release import folder, promote
 from qualify.release.order import tag_problem
 from qualify.release.records import HOSTS_FILE
+from qualify.signing import formats
 
 
 def configure_parser(parser) -> None:
@@ -49,7 +50,11 @@ def execute(args) -> int:
     if args.allow_unsigned_evidence:
         print("promote: WARNING: --allow-unsigned-evidence: evidence that no enrolled host signed counts; the "
               "promotion record says so", file=sys.stderr)
-    done = promote.promote(release_dir, args.tag, args.evidence, tf, sign, public, hosts,
+    evidence, skipped = formats.beside_their_files(args.evidence)
+    if skipped:  # the README's `--evidence sm120.gpu-evidence.*.json` matches each record's bundle too
+        print(f"promote: skipped {len(skipped)} signature or bundle file(s) given beside their evidence records "
+              "(each record's own are read with it): " + ", ".join(str(p) for p in skipped), file=sys.stderr)
+    done = promote.promote(release_dir, args.tag, evidence, tf, sign, public, hosts,
                            args.allow_unsigned_evidence, progress=lambda m: print(m, file=sys.stderr))
     for p in done:
         print("\n".join(promote.summary_lines(p, args.allow_unsigned_evidence)))

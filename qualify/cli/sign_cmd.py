@@ -60,11 +60,21 @@ def generate_key(args) -> int:
     print(f"Private key written to {key_file} (keep it secret)")
     print(f"Public key written to {pub_file} ({fingerprint})")
     _warn_if_tracked(key_file)
+    if key_file.name != RELEASE_KEY:
+        # Not the release key (`release` and `promote` read cosign.key): e.g. a GPU host's own evidence key.
+        print(f"Next, if this is a GPU host's key: set EVIDENCE_SIGNING_KEY={key_file.resolve()} in that host's .env "
+              f"(start.sh signs its GPU evidence with it), and on the build host enroll the public key:\n"
+              f"  python -m qualify hosts add NAME --key {pub_file} --release-key cosign.key\n"
+              f"(Releases are signed with {RELEASE_KEY} unless `release` and `promote` are given --key.)")
+        return 0
     print(f"Next: commit the public key, which every release copies into its folder and checks its key against:\n"
           f"  git add {pub_file} && git commit -m 'release key {fingerprint[:19]}...'\n"
           f"Deploy hosts pin it in their .env (announce it with the release):\n"
           f"  RELEASE_KEY_FINGERPRINT={fingerprint}")
     return 0
+
+
+RELEASE_KEY = "cosign.key"  # what `release` and `promote` sign with by default
 
 
 def _write_pair(key_file: Path, pub_file: Path, pair, replace: bool) -> None:

@@ -22,6 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import List, Sequence, Tuple
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -60,6 +61,20 @@ def signature_path(blob: Path) -> Path:
 
 def bundle_path(blob: Path) -> Path:
     return blob.with_name(blob.name + BUNDLE_SUFFIX)
+
+
+def beside_their_files(given: Sequence[Path]) -> Tuple[List[Path], List[Path]]:
+    """(inputs, skipped): a `.sig` or `.sigstore.json` given together with the file it signs is no input of its
+    own (a glob such as `sm120-*.json` matches `sm120-x.json.sigstore.json` too); one given alone stays an
+    input, and its reader says what it is."""
+    names = {os.path.normpath(str(p)) for p in given}
+    inputs: List[Path] = []
+    skipped: List[Path] = []
+    for path in given:
+        name = os.path.normpath(str(path))
+        signs = next((name[:-len(s)] for s in (SIGNATURE_SUFFIX, BUNDLE_SUFFIX) if name.endswith(s)), None)
+        (skipped if signs in names else inputs).append(path)
+    return inputs, skipped
 
 
 # --- password ---------------------------------------------------------------
