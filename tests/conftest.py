@@ -95,6 +95,14 @@ def loopback_registry(docker_engine):
     return Registry.from_env().ensure()
 
 
+@pytest.fixture
+def own_registry(tmp_path, docker_engine):
+    """(registry, state folder, environment) of this test alone (tests/clean_helpers.py)."""
+    from clean_helpers import own_registry_for
+
+    yield from own_registry_for(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def signing_key(tmp_path_factory) -> Path:
     """A release key made by `qualify sign generate-key` (tests/deploy_host.py): PREFIX.key and PREFIX.pub."""

@@ -4,39 +4,29 @@ frees what it reports, and leaves everything else alone. Real engine, real regis
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import tarfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from clean_helpers import du as _du
+from clean_helpers import tiny_image as _tiny_image
 from conftest import REPO
 
 from qualify.config import targets
 from qualify.config.imageref import ImageRef
 from qualify.core import fsutil, manifest
-from qualify.host import cacheledger, clean, ledger, paths
+from qualify.host import cacheledger, ledger, paths
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import buildcache, hermetic, image
 
 pytestmark = pytest.mark.engine
-
-
-def _du(path: Path) -> int:
-    """Bytes on disk, as du counts them (an independent measure of what clean reports)."""
-    if not path.exists():
-        return 0
-    out = subprocess.run(["du", "-s", "-B1", str(path)], capture_output=True, text=True, check=True).stdout
-    return int(out.split()[0])
 
 
 def _listing():
@@ -161,36 +151,6 @@ def test_over_budget_takes_the_least_recently_used_first_and_keeps_ancestors():
 # --- clean -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tiny_image(docker: str, tag: str) -> str:
-    """A one-file image made with `docker import` (unique content, so a unique digest)."""
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        body = f"{tag} {uuid.uuid4()}\n".encode() * 2000
-        info = tarfile.TarInfo("payload.txt")
-        info.size = len(body)
-        tar.addfile(info, io.BytesIO(body))
-    subprocess.run([docker, "import", "-", tag], input=data.getvalue(), check=True, capture_output=True)
-    return tag
-
-
-@pytest.fixture
-def own_registry(tmp_path, docker_engine):
-    """A registry and state folder of this test alone (clean stops and restarts the registry it collects)."""
-    state = tmp_path / "state"
-    env = {**os.environ, "QUALIFY_REGISTRY": f"127.0.0.1:{_free_port()}", "QUALIFY_STATE_DIR": str(state)}
-    registry = Registry(env["QUALIFY_REGISTRY"])
-    registry.ensure(state)
-    yield registry, state, env
-    for pid in clean._serving(state / f"registry-{registry.address.rsplit(':', 1)[1]}" / "config.yml"):
-        os.kill(pid, signal.SIGTERM)
-
-
 def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_rest(
         tmp_path, docker_engine, own_registry):
     registry, state, env = own_registry
@@ -206,10 +166,14 @@ def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_
     releases = tmp_path / "manifests"
     fsutil.write_json(releases / "v1.0.0" / "sm121.json",
                       manifest.statement(released.rsplit(":", 1)[0], released_digest, {"target": {"name": "sm121"}}))
-    for folder, size in (("contexts/sm120-smoke-hermetic-x", 1 << 20), ("wheelhouse/smoke", 3 << 20)):
+    # This checkout's build context (its ledger names it), a work folder of a killed run (pid 999999 is no
+    # process), and a wheelhouse: shared by every checkout, so it stays (issue 41).
+    ledger.record_context("smoke-linux-amd64-py3.11-x", state_dir=state)
+    for folder, size in (("contexts/smoke-linux-amd64-py3.11-x", 1 << 20), ("work/hermetic.999999.abc", 2 << 20),
+                         ("wheelhouse/smoke", 3 << 20)):
         (state / folder).mkdir(parents=True)
         (state / folder / "blob").write_bytes(os.urandom(size))
-    state_before = _du(state / "contexts") + _du(state / "wheelhouse")
+    state_before = _du(state / "contexts" / "smoke-linux-amd64-py3.11-x") + _du(state / "work" / "hermetic.999999.abc")
     registry_dir = state / f"registry-{registry.address.rsplit(':', 1)[1]}"
     registry_before = _du(registry_dir)
     try:
@@ -224,7 +188,10 @@ def test_clean_removes_toolkit_made_things_reports_what_it_freed_and_spares_the_
         assert report["freed_state_bytes"] == state_before
         registry_freed = registry_before - _du(registry_dir)
         assert registry_freed > 0 and abs(report["freed_registry_bytes"] - registry_freed) <= 64 << 10
-        assert not (state / "contexts").exists() and not (state / "wheelhouse").exists()
+        assert not (state / "contexts" / "smoke-linux-amd64-py3.11-x").exists()
+        assert not (state / "work" / "hermetic.999999.abc").exists()
+        assert (state / "wheelhouse" / "smoke" / "blob").is_file()
+        assert any("wheelhouse" in k and "--all removes it" in k for k in report["kept_state"])
         # What it removed is gone; what was released or not ours is still there.
         assert not engine.exists(ours) and engine.exists(released) and engine.exists(foreign) and engine.exists(theirs)
         assert registry.manifest_digest("blackwell/sm100", theirs_digest) == theirs_digest
@@ -252,10 +219,12 @@ def test_clean_removes_the_build_cache_this_checkout_made_and_no_other(
 
 def test_clean_dry_run_removes_nothing(tmp_path, docker_engine, own_registry):
     registry, state, env = own_registry
+    ledger.record_context("left-by-a-failed-build", state_dir=state)
     (state / "contexts" / "left-by-a-failed-build").mkdir(parents=True)
     proc = subprocess.run([sys.executable, "-m", "qualify", "clean", "--dry-run", "--releases", str(tmp_path)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "would remove" in proc.stdout, proc.stderr
+    assert f"folder {state / 'contexts' / 'left-by-a-failed-build'}" in proc.stdout
     assert (state / "contexts" / "left-by-a-failed-build").is_dir()
 
 
@@ -319,7 +288,8 @@ def test_a_rebuild_removes_the_image_its_tag_named_before(docker_engine, capfd, 
         image._drop_previous(engine, kept, second)  # still named elsewhere: not taken
         assert kept in engine.image_ids()
         image._drop_previous(engine, theirs, second)  # another checkout's: not taken
-        assert theirs in engine.image_ids() and "is another checkout's: kept" in capfd.readouterr().err
+        assert theirs in engine.image_ids() and "not in this checkout's ledger (another checkout built it): kept" \
+            in capfd.readouterr().err
     finally:
         engine.remove_created([i for i in (first, second, kept, theirs, their_second) if i in engine.image_ids()])
 

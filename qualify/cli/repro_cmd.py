@@ -23,9 +23,9 @@ from qualify.repro import double as repro
 
 def configure_parser(parser) -> None:
     add_image_options(parser)
-    parser.add_argument("--builder", choices=("auto", "buildx", "buildkit", "classic"), default="auto",
-                        help="docker only: use this builder instead of the detected one (classic shows what does "
-                             "not reproduce; DOCKER_BUILDKIT=0 selects it too)")
+    parser.add_argument("--builder", choices=("auto", "buildx", "buildkit"), default="auto",
+                        help="docker only: use this builder instead of the detected one (the classic builder, which "
+                             "DOCKER_BUILDKIT=0 selects, cannot build the images and is refused)")
     parser.add_argument("--keep", action="store_true", help="keep the image tarballs (their paths are printed)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--check-base", action="store_true",
@@ -39,6 +39,7 @@ def execute(args) -> int:
     if args.check_base and args.base != "hermetic":
         raise ConfigError("--check-base checks the hermetic base", hint="add --base hermetic")
     engine = Engine(args.engine, builder=None if args.builder == "auto" else args.builder).check()
+    image.check_builder(engine)  # before any build: the second one would fail the same way
     registry = Registry.from_env().ensure()
     repro.say(engine.describe())
     note = repro.cannot_reproduce_note(engine)

@@ -5,7 +5,7 @@ implementations we did not write.
    (rebuilt here from the envelope) must accept the signature, and reject it
    for a changed payload.
 2. sigstore-js (@sigstore/bundle + @sigstore/verify from npm, installed into a
-   scratch folder): bundleFromJSON, toSignedEntity, and Verifier with a public
+   work folder of the state folder, removed on exit): bundleFromJSON, toSignedEntity, and Verifier with a public
    key found through a key finder, transparency-log and timestamp thresholds 0.
 
 Exit 0 only when both ran and agreed; a check that cannot run fails the
@@ -14,16 +14,18 @@ session and says why (it is not a pass).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from qualify.core import manifest as mf
 from qualify.core.fsutil import canonical_json
+from qualify.host import workdirs
 from qualify.publish import dsse
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
@@ -74,23 +76,32 @@ def openssl_check(folder: Path, envelope: dsse.Envelope, pub: Path) -> str:
     return "openssl: PAE signature verified; changed payload rejected"
 
 
-def _sigstore_js_dir() -> Path:
+@contextlib.contextmanager
+def _sigstore_js_dir() -> Iterator[Path]:
+    """sigstore-js installed by npm for this run, in a work folder of the state folder removed when the run
+    ends (a killed run's is removed by the next one); or the installed folder QUALIFY_SIGSTORE_JS_DIR names."""
     given = os.environ.get(SCRATCH_ENV)
     if given and (Path(given) / "node_modules" / "@sigstore" / "verify").is_dir():
-        return Path(given)
+        yield Path(given)
+        return
     if not shutil.which("node") or not shutil.which("npm"):
         raise SystemExit("attest-interop: node/npm are not installed; sigstore-js cannot run (not a pass)")
-    scratch = Path(tempfile.mkdtemp(prefix="qualify-sigstore-js-"))
-    proc = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", *NPM_PACKAGES], cwd=scratch,
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"attest-interop: npm install {' '.join(NPM_PACKAGES)} failed (not a pass):\n"
-                         + proc.stderr[-2000:])
-    return scratch
+    workdirs.sweep(("sigstore-js", "interop"))
+    with workdirs.scratch("sigstore-js") as scratch:
+        proc = subprocess.run(["npm", "install", "--silent", "--no-audit", "--no-fund", *NPM_PACKAGES], cwd=scratch,
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"attest-interop: npm install {' '.join(NPM_PACKAGES)} failed (not a pass):\n"
+                             + proc.stderr[-2000:])
+        yield scratch
 
 
 def sigstore_js_check(folder: Path, envelope: dsse.Envelope, public_key, pub: Path) -> str:
-    scratch = _sigstore_js_dir()
+    with _sigstore_js_dir() as scratch:
+        return _sigstore_js_verify(scratch, folder, envelope, public_key, pub)
+
+
+def _sigstore_js_verify(scratch: Path, folder: Path, envelope: dsse.Envelope, public_key, pub: Path) -> str:
     (scratch / "verify.js").write_text(_VERIFY_JS)
     good, bad = folder / "bundle.json", folder / "tampered.json"
     good.write_bytes(formats.bundle_bytes(dsse.sigstore_bundle(envelope, public_key)))
@@ -112,8 +123,7 @@ def main() -> int:
     pair = cosign_keys.generate_key_pair(b"interop")
     private_key = cosign_keys.load_private_key(pair.private_pem, b"interop")
     envelope = _sample(private_key)
-    with tempfile.TemporaryDirectory(prefix="qualify-interop-") as tmp:
-        folder = Path(tmp)
+    with workdirs.scratch("interop") as folder:
         pub = folder / "cosign.pub"
         pub.write_bytes(pair.public_pem)
         results = [openssl_check(folder, envelope, pub),

@@ -2,14 +2,17 @@
 
 What this checkout made, by construction rather than by guess:
 - images in repositories of its own registry (`<QUALIFY_REGISTRY>/blackwell/...`) that this checkout's
-  builds recorded in its ledger (host/ledger.py): another checkout's images on a shared host, and any
-  image named anywhere else, stay (`--all` takes every toolkit image in the registry's namespace);
+  builds recorded in its ledger (host/ledger.py; an image is recorded when its build gives it, before the
+  push): another checkout's images on a shared host, and any image named anywhere else, stay (`--all`
+  takes every toolkit image in the registry's namespace);
 - of that registry's `blackwell/` manifests, the ones this checkout pushed, and the blobs only they
   referenced (the registry's own garbage collector, run while our registry is stopped, as its
-  documentation asks);
+  documentation asks; only when no other command holds a lease on the registry, and never left stopped:
+  a collection that did not finish, because clean was killed or deferred, is finished by the next clean);
 - the BuildKit cache records this checkout's builds made (host/cacheledger.py), except those the newest
   build of another checkout uses (`--all`: every checkout's); records no toolkit build made stay;
-- the state directory (QUALIFY_STATE_DIR): build contexts, repro scratch, staged probes, wheelhouses.
+- from the state directory (QUALIFY_STATE_DIR), as host/cleanstate.py says: this checkout's build
+  contexts, and work folders whose run is over; shared caches only with --all; some state never.
 
 Released images (digests named by a release's manifests under manifests/<tag>/) and the hermetic base
 stay unless --all; the debootstrap rootfs cache goes only with --all.
@@ -17,23 +20,29 @@ stay unless --all; the debootstrap rootfs cache goes only with --all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Iterator, List, Optional, Set
 
-from qualify.core import manifest
+from qualify.config.targets import REPO_ROOT
+from qualify.core import killpoint, manifest
 from qualify.core.errors import QualifyError, RegistryError
-from qualify.core.fsutil import file_lock
-from qualify.host import paths, skopeo
+from qualify.core.fsutil import file_lock, write_atomic
+from qualify.core.report import Reporter
+from qualify.host import cleanstate, paths, skopeo, workdirs
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
+
+REPORT = Reporter("clean")
 
 NAMESPACE = "blackwell"
 HERMETIC_REPOSITORY = f"{NAMESPACE}/hermetic-cuda"
@@ -51,6 +60,8 @@ class CleanReport:
     cache_records: List[str] = field(default_factory=list)  # BuildKit cache record ids
     cache_bytes: int = 0  # their size as the builder lists it
     directories: List[str] = field(default_factory=list)
+    kept_state: List[str] = field(default_factory=list)  # state-folder entries kept, and why
+    notes: List[str] = field(default_factory=list)  # what clean found and recovered, or left for later
     freed_state_bytes: int = 0
     freed_registry_bytes: int = 0
     freed_engine_bytes: int = 0
@@ -69,6 +80,8 @@ class CleanReport:
         out += [f"  registry {m}" for m in self.registry_manifests]
         out += [f"  folder {d}" for d in self.directories]
         out += [f"  kept (released or hermetic base; --all removes it): {k}" for k in self.kept_images]
+        out += [f"  kept: {k}" for k in self.kept_state]
+        out += [f"  note: {n}" for n in self.notes]
         if self.other_checkouts:
             out.append(f"  kept: {len(self.other_checkouts)} toolkit image(s) this checkout did not make (another "
                        f"checkout's, or built before it kept a ledger; --all removes them): "
@@ -110,21 +123,20 @@ class Mine:
 
 
 def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bool = False, dry_run: bool = False,
-          state_dir: Optional[Path] = None) -> CleanReport:
+          state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> CleanReport:
     from qualify.host import ledger
 
     state_dir = paths.STATE_DIR if state_dir is None else state_dir
     keep = set() if everything else released_digests(releases_dir)
-    made = ledger.made(state_dir)
+    made = ledger.made(state_dir, checkout)
     mine = Mine(None, None) if everything else Mine({m.image_id for m in made},
                                                     {m.reference.split("@", 1)[1] for m in made if "@" in m.reference})
     report = CleanReport(dry_run=dry_run)
     engine_free = _free(engine.storage_root())
     _clean_images(engine, registry, keep, everything, report, mine)
     _clean_build_cache(engine, everything, report, state_dir)
-    if registry.answers():
-        _clean_registry(registry, keep, everything, report, state_dir, mine)
-    _clean_state(state_dir, everything, report)
+    _clean_registry(registry, keep, everything, report, state_dir, mine)
+    _clean_state(state_dir, everything, report, checkout)
     if not dry_run:
         report.freed_engine_bytes = max(0, _free(engine.storage_root()) - engine_free)
     return report
@@ -194,18 +206,27 @@ def _clean_registry(registry: Registry, keep: Set[str], everything: bool, report
                     mine: Mine) -> None:
     data = paths.registry_storage(registry.port, state_dir)
     storage = data / "data" / "docker" / "registry" / "v2" / "repositories"
-    if not storage.is_dir():
+    pending = registry.gc_pending(state_dir).is_file()
+    if not storage.is_dir() and not pending:
         return  # a registry we did not start: its storage is not ours to collect
     for repository, digest in _stored_manifests(storage):
         if not everything and (digest in keep or repository == HERMETIC_REPOSITORY or not mine.manifest(digest)):
             continue
         report.registry_manifests.append(f"{registry.address}/{repository}@{digest}")
-    if report.dry_run or not report.registry_manifests:
+    stopped = not registry.answers()
+    if pending:
+        report.notes.append(f"found a garbage collection of {registry.address} that did not finish (a clean was killed, "
+                            "or it was deferred)" + ("; the registry was left stopped" if stopped else "")
+                            + ("" if report.dry_run else ": collecting now"))
+    if report.dry_run or not (report.registry_manifests or pending):
         return
     before = _size(data)
-    for ref in report.registry_manifests:
-        skopeo.delete(f"docker://{ref}", (registry.address,))
-    _collect_garbage(registry, data, state_dir)
+    if report.registry_manifests:
+        if stopped:
+            registry.ensure(state_dir)  # the deletes go through its API
+        for ref in report.registry_manifests:
+            skopeo.delete(f"docker://{ref}", (registry.address,))
+    _collect_garbage(registry, data, state_dir, report)
     report.freed_registry_bytes = max(0, before - _size(data))
 
 
@@ -219,21 +240,62 @@ def _stored_manifests(storage: Path) -> Iterator[tuple]:
                 yield repository, f"sha256:{rev.name}"
 
 
-def _collect_garbage(registry: Registry, data: Path, state_dir: Path) -> None:
+def _collect_garbage(registry: Registry, data: Path, state_dir: Path, report: CleanReport) -> None:
     """The registry's garbage collector must not run while the registry serves pushes: stop ours, collect,
-    start it again, all under the lock that guards its start-up."""
+    start it again, all under the lock that guards its start-up, and only when no other command holds a lease
+    on it (a build, a push: a registry another command is using is never stopped). The marker written first
+    stays until the registry answers again, so a clean killed midway is finished by the next one; a Ctrl-C or
+    SIGTERM starts the registry again before clean exits."""
     config = data / "config.yml"
-    with file_lock(paths.registry_lock(registry.port, state_dir)):
-        for pid in _serving(config):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        while registry.answers(timeout=0.5) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
-        proc = subprocess.run([binary, "garbage-collect", str(config)], capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise RegistryError(f"registry garbage-collect failed: {proc.stderr.strip()[-300:]}")
-    registry.ensure(state_dir)
+    marker = registry.gc_pending(state_dir)
+    write_atomic(marker, f"{os.getpid()}\n")
+    with registry.alone(state_dir) as alone:
+        if not alone:
+            report.notes.append(f"{registry.address} is in use by another command (a build or a push holds "
+                                f"{paths.registry_users(registry.port, state_dir)}): not stopped; its garbage "
+                                "collection waits for the next clean")
+            return
+        with file_lock(paths.registry_lock(registry.port, state_dir)), _sigterm_unwinds():
+            done = False
+            try:
+                REPORT.say(f"stopping {registry.address} for its garbage collection (the registry's own: "
+                           "docker-registry garbage-collect) ...")
+                for pid in _serving(config):
+                    os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 20
+                while registry.answers(timeout=0.5) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                killpoint.reached("clean:collecting")
+                binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+                proc = subprocess.run([binary, "garbage-collect", str(config)], capture_output=True, text=True,
+                                      timeout=1800)
+                if proc.returncode != 0:
+                    raise RegistryError(f"registry garbage-collect failed: {proc.stderr.strip()[-300:]}",
+                                        hint="the registry was started again; run clean again to retry")
+                done = True
+            finally:
+                if not registry.answers():
+                    registry.start(state_dir)
+                    REPORT.say(f"started {registry.address} again")
+                if done:
+                    marker.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While the registry is stopped, SIGTERM unwinds as an interruption does, so it is started again."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("terminated")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _serving(config: Path) -> List[int]:
@@ -254,33 +316,19 @@ def _serving(config: Path) -> List[int]:
 # --- state directory ------------------------------------------------------------------
 
 
-def _clean_state(state_dir: Path, everything: bool, report: CleanReport) -> None:
-    seen: Set[Tuple[int, int]] = set()  # contexts hard-link into wheelhouses: count each file once
-    for name in paths.STATE_SCRATCH + (paths.STATE_SLOW if everything else ()):
-        folder = state_dir / name
-        if not folder.is_dir():
-            continue
-        size = _size(folder, seen)
-        report.directories.append(f"{folder} ({size / 1e9:.2f} GB)")
-        if not report.dry_run:
-            shutil.rmtree(folder)
-            report.freed_state_bytes += size
+def _clean_state(state_dir: Path, everything: bool, report: CleanReport, checkout: Path) -> None:
+    plan = cleanstate.plan(Path(state_dir), everything, checkout)
+    report.directories = [f"{e.path} ({e.size / 1e9:.2f} GB): {e.why}" for e in plan.removed]
+    report.kept_state = [f"{e.path} ({e.size / 1e9:.2f} GB): {e.why}" for e in plan.kept]
+    if report.dry_run:
+        return
+    freed, failed = cleanstate.apply(plan, Path(state_dir))
+    report.freed_state_bytes = freed
+    report.notes += [f"{e.path} stays: {e.why}" for e in failed]
 
 
-def _size(path: Path, seen: Optional[Set[Tuple[int, int]]] = None) -> int:
-    """Bytes on disk under `path` (folders included, as du counts them), each inode once."""
-    seen = set() if seen is None else seen
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in [root, *(os.path.join(root, f) for f in files)]:
-            try:
-                st = os.lstat(name)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
+def _size(path: Path) -> int:
+    return workdirs.disk_bytes(path)
 
 
 def _free(root: Path) -> int:

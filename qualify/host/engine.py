@@ -44,6 +44,7 @@ from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
 
 from qualify.config.imageref import ImageRef
+from qualify.core import killpoint
 from qualify.core.errors import BaseImageError, BuildError, EngineError
 from qualify.core.report import Reporter
 from qualify.host import buildkit, cmd
@@ -259,16 +260,19 @@ class Engine:
         """Push `name:tag` and return the registry's manifest digest, saying how it goes."""
         info = self.inspect(ref)
         progress = PushProgress(ref, info.size if info else 0)
-        if self.name == "podman":
-            with tempfile.TemporaryDirectory(prefix="qualify-push-") as tmp:
-                digestfile = Path(tmp) / "digest"
-                self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref], timeout=1800)
-                progress.done()
-                return digestfile.read_text().strip()
         try:
-            digest = self._push_by_api(ref, progress)
-        finally:
-            progress.done()
+            if self.name == "podman":
+                with tempfile.TemporaryDirectory(prefix="qualify-push-") as tmp:
+                    digestfile = Path(tmp) / "digest"
+                    self._run([self.binary, "push", "--tls-verify=false", "--digestfile", str(digestfile), ref],
+                              timeout=1800)
+                    digest = digestfile.read_text().strip()
+            else:
+                digest = self._push_by_api(ref, progress)
+        except BaseException:
+            progress.stopped()  # never "done" before the error or "interrupted"
+            raise
+        progress.done()
         return digest
 
     def _push_by_api(self, ref: str, progress: PushProgress) -> str:
@@ -284,6 +288,7 @@ class Engine:
         try:
             api = docker.APIClient(version="auto", **docker.utils.kwargs_from_env())
             for message in api.push(repository, tag=tag, stream=True, decode=True):
+                killpoint.reached("push:streaming")  # the interruption tests: a build killed during its push
                 if message.get("error"):
                     raise EngineError(f"push of {ref} failed: {str(message['error'])[-300:]}")
                 detail = message.get("progressDetail") or {}

@@ -18,10 +18,23 @@ from qualify.config.targets import REPO_ROOT
 
 # The state folder: build contexts, wheelhouses, staged probes, the loopback registry's storage, locks.
 STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify"))
-# What `nox -s clean` removes from it: rebuilt on demand. The root file systems only with --all (debootstrap is
-# slow to repeat); the registry's storage is garbage-collected, never removed.
-STATE_SCRATCH = ("contexts", "repro", "probe", "probe-staged", "bake-probe", "wheelhouse")
+
+# What `nox -s clean` (host/clean.py) may do with each part of the state folder; every checkout on the host
+# shares it, so clean takes only what is this checkout's or nobody's:
+# - per checkout: removed only by the checkout whose ledger (host/ledger.py) names the entry;
+STATE_PER_CHECKOUT = ("contexts",)
+# - work folders of running commands (`<kind>.<pid>.<random>`, host/workdirs.py): removed once their process is
+#   gone, whichever checkout ran it (nobody can use them any more);
+STATE_WORK = ("work", "repro")
+# - shared, content-addressed caches any checkout's next build reuses: only with --all;
+STATE_SHARED = ("wheelhouse", "probe", "probe-staged", "bake-probe")
+# - slow to make again (debootstrap): only with --all;
 STATE_SLOW = ("rootfs",)
+# - never removed, not even with --all: the ledgers that say what each checkout made, the host-wide locks, the
+#   registry's storage (garbage-collected, never removed), and state a later command trusts, such as a
+#   promoter's or a deploy's high-water marks (anti-rollback: removing them would let an older release back
+#   in). A folder added to the state folder for such state is named here.
+STATE_NEVER_REMOVED = ("checkouts", "locks")
 
 
 def state(*parts: str, root: Optional[Path] = None) -> Path:
@@ -50,6 +63,17 @@ def repro_scratch(root: Optional[Path] = None) -> Path:
     return state("repro", root=root)
 
 
+def work_dirs(root: Optional[Path] = None) -> Path:
+    """Work folders of running commands (host/workdirs.py), on the state folder's disk rather than /tmp."""
+    return state("work", root=root)
+
+
+def never_removed(root: Optional[Path] = None) -> tuple:
+    """The paths `clean` never removes, even with --all (STATE_NEVER_REMOVED, and every registry's storage)."""
+    base = Path(root if root is not None else STATE_DIR)
+    return tuple(base / n for n in STATE_NEVER_REMOVED) + tuple(sorted(base.glob("registry-*")))
+
+
 def wheelhouse(name: str, root: Optional[Path] = None) -> Path:
     return state("wheelhouse", name, root=root)
 
@@ -73,6 +97,12 @@ def registry_lock(port: str, root: Optional[Path] = None) -> Path:
     return state(f"registry-{port}.lock", root=root)
 
 
+def registry_users(port: str, root: Optional[Path] = None) -> Path:
+    """Every command that uses our registry holds a shared lock on this file; clean stops the registry for its
+    garbage collector only when it can lock it alone (host/registry.py: `hold`, `alone`)."""
+    return state(f"registry-{port}.users", root=root)
+
+
 def checkouts(root: Optional[Path] = None) -> Path:
     """One folder per checkout that built on this host: its ledgers."""
     return state("checkouts", root=root)
@@ -85,10 +115,10 @@ def ledger(checkout: Path, root: Optional[Path] = None) -> Path:
     return checkouts(root) / key / "made.jsonl"
 
 
-
 def build_record_name(target: str, profile: str, base_kind: str) -> str:
     """A build record's file name in a folder of records (build/images/, or publish's --build-dir)."""
     return f"{target}-{profile}-{base_kind}.json"
+
 
 @dataclass(frozen=True)
 class Checkout:

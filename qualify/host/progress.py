@@ -118,6 +118,15 @@ class PushProgress:
         present = sum(1 for layer in self.layers.values() if layer.state == "Layer already exists")
         return f"{pushed + present}/{len(self.layers)} layers done ({present} already in the registry)"
 
+    def stopped(self) -> None:
+        """The push ended without finishing (Ctrl-C, an error): the heartbeat stops, and the line says so;
+        the error or 'interrupted' follows from the caller."""
+        self._stop.set()
+        sent = self.sent()
+        moved = f", {_gb(sent)} GB sent" if sent else ""
+        REPORT.say(f"{self.ref}: push stopped after {time.monotonic() - self.start:.1f} s{moved}; pushing again "
+                   "sends only the layers the registry lacks")
+
     def done(self) -> None:
         self._stop.set()
         seconds = max(time.monotonic() - self.start, 1e-3)

@@ -7,6 +7,8 @@ our own config, bound to 127.0.0.1 (the engine accepts plain HTTP there).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -17,9 +19,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, Iterator, List, Optional, Set
 
-from qualify.core.errors import RegistryError
+from qualify.core.errors import EngineError, HostError, RegistryError
 from qualify.core.fsutil import file_lock
 from qualify.core.report import Reporter
 from qualify.host import paths
@@ -74,16 +76,90 @@ class Registry:
 
     def ensure(self, state_dir: Optional[Path] = None, wait_s: float = 20.0) -> Registry:
         """Start our registry if nothing answers at the address yet (one starter at a time); first, repair
-        what a full disk left in its storage."""
+        what a full disk left in its storage. The process then holds a lease on it (`hold`)."""
+        self.hold(state_dir)
         repair_storage(paths.registry_storage(self.port, state_dir) / "data")
         if self.answers():
             return self
         if not self.address.startswith("127.0.0.1:"):
             raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
         with file_lock(paths.registry_lock(self.port, state_dir)):
-            return self if self.answers() else self._start(state_dir, wait_s)
+            if self.answers():
+                return self
+            if self.gc_pending(state_dir).exists():
+                REPORT.say(f"{self.address} was stopped for a garbage collection that did not finish (a clean was "
+                           "killed): starting it again; the next `nox -s clean` finishes the collection")
+            return self.start(state_dir, wait_s)
 
-    def _start(self, state_dir: Optional[Path], wait_s: float) -> Registry:
+    # --- who uses it: clean stops it for garbage collection only when nobody does ---------------------
+
+    def hold(self, state_dir: Optional[Path] = None) -> None:
+        """A shared lease on our registry for the rest of this process (a build, a repro, a base build): the
+        garbage collector, which must stop the registry, runs only while nobody holds one (`alone`), and while
+        it runs a new lease waits for it."""
+        path = paths.registry_users(self.port, state_dir)
+        if str(path) in _SHARED:
+            return
+        fd = _lease(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            REPORT.say(f"waiting for the registry's garbage collection (a `clean` holds {path}) ...")
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        _SHARED.add(str(path))
+
+    def release(self, state_dir: Optional[Path] = None) -> None:
+        """Give this process's lease back (a long-lived process done with the registry)."""
+        path = str(paths.registry_users(self.port, state_dir))
+        if path in _SHARED:
+            fcntl.flock(_HELD[path], fcntl.LOCK_UN)
+            _SHARED.discard(path)
+
+    @contextlib.contextmanager
+    def alone(self, state_dir: Optional[Path] = None) -> Iterator[bool]:
+        """True for the block when no other process holds a lease (and none can take one meanwhile)."""
+        path = paths.registry_users(self.port, state_dir)
+        fd, shared = _lease(path), str(path) in _SHARED
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            got = True
+        except BlockingIOError:
+            got = False
+        try:
+            yield got
+        finally:
+            # Back to what this process held (flock converts a lock by dropping it first).
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_UN)
+
+    def gc_pending(self, state_dir: Optional[Path] = None) -> Path:
+        """Present from the moment clean decides to collect until the collection finished and the registry
+        answers again: a clean that was killed or deferred leaves it, and the next clean collects."""
+        return paths.registry_storage(self.port, state_dir) / "gc-pending"
+
+    # --- a full disk ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def storage_checked(self, ref: str, state_dir: Optional[Path] = None) -> Iterator[None]:
+        """A push into our registry: a failure because its storage's disk is full (the registry answers
+        HTTP 500) says so, naming the storage, as the host refusing (exit 12), not as an engine failure."""
+        data = paths.registry_storage(self.port, state_dir) / "data"
+        log = paths.registry_storage(self.port, state_dir) / "registry.log"
+        offset = _size(log)
+        try:
+            yield
+        except EngineError as exc:
+            free = _free(data) if data.is_dir() else None
+            if free is None or not (free < FULL_BELOW or _says_full(log, offset)):
+                raise
+            raise HostError(
+                f"push of {ref} failed: the loopback registry's storage {data} is full ({free / 2**20:.0f} MiB free); "
+                f"the registry answered: {exc.message.splitlines()[-1][-200:]}",
+                hint=f"free space on the file system holding {data} (df -h {data}); `nox -s clean -- --dry-run` lists "
+                     "what this checkout can free, or point QUALIFY_STATE_DIR at a larger disk; then run the same "
+                     "command again: the push sends only what the registry lacks") from None
+
+    def start(self, state_dir: Optional[Path] = None, wait_s: float = 20.0) -> Registry:
+        """Start our registry (the caller holds its lock: `ensure`, or clean after garbage collection)."""
         if not self.address.startswith("127.0.0.1:"):
             raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
         binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
@@ -144,6 +220,43 @@ class Registry:
                 return []
             raise
         return json.loads(raw).get("Tags") or []
+
+
+# Leases this process holds: lock file -> descriptor (os.open: not inherited by the registry it starts).
+_HELD: Dict[str, int] = {}
+_SHARED: Set[str] = set()
+FULL_BELOW = 64 << 20  # a storage with less free than this took no blob
+
+
+def _lease(path: Path) -> int:
+    if str(path) not in _HELD:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _HELD[str(path)] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    return _HELD[str(path)]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _free(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+def _says_full(log: Path, offset: int) -> bool:
+    """The registry's log, since `offset`, reports a full disk (distribution logs the write's errno)."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(offset, _size(log) - (1 << 20)))
+            return b"no space left on device" in fh.read(1 << 20).lower()
+    except OSError:
+        return False
 
 
 def repair_storage(data: Path) -> List[str]:

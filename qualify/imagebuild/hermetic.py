@@ -14,7 +14,6 @@ import io
 import os
 import shutil
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Iterable
@@ -23,7 +22,7 @@ from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, Target, TargetsFile
 from qualify.core import fsutil
 from qualify.core.report import Reporter
-from qualify.host import paths
+from qualify.host import paths, workdirs
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import locks, rootfs, wheelhouse
@@ -118,6 +117,7 @@ def ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regis
     registry.ensure()
     tag = base_tag(tf, target, registry)
     with fsutil.file_lock(paths.host_lock(f"hermetic-{target.arch_tag}")):
+        workdirs.sweep(("hermetic",))  # the build context of a base build that was killed
         return _ensure_base(engine, tf, target, registry, tag)
 
 
@@ -132,8 +132,7 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
     wheels_dir = wheelhouse.prepare(lock, target.platform, None)
     epoch = int(rootfs.source_date_epoch())
     rootfs_tar = rootfs.debian_rootfs(target.arch_tag, tf.hermetic.suite, tf.hermetic.mirror, PACKAGES)
-    with tempfile.TemporaryDirectory(dir=paths.state()) as tmp:
-        ctx = Path(tmp)
+    with workdirs.scratch("hermetic") as ctx:
         shutil.copy2(DOCKERFILE, ctx / "Dockerfile")
         os.link(rootfs_tar, ctx / "rootfs.tar")
         with REPORT.step("unpacking the CUDA wheels into the /usr/local/cuda layout"):
@@ -148,7 +147,8 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
         }
         engine.build(BuildRequest(context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
                                   labels=labels, source_date_epoch=str(epoch)))
-    digest = engine.push(tag)
+    with registry.storage_checked(tag):
+        digest = engine.push(tag)
     REPORT.say(f"pushed {tag} as {digest}")
     return ref.with_digest(digest)
 

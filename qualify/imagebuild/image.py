@@ -246,6 +246,7 @@ def stage_context(name: str, lock: Path, wheels: Path, settings: BuildSettings =
         parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_contexts(parent, name)
         ctx = Path(tempfile.mkdtemp(prefix=f"{name}-{os.getpid()}-", dir=parent))
+        ledger.record_context(ctx.name)  # this checkout's: its `clean` (and only its) may take it
     wanted: Dict[str, Callable[[Path], None]] = {}
     for rel in _CONTEXT_FILES:
         wanted[rel] = functools.partial(_place_copy, IMAGES_DIR / rel)
@@ -305,7 +306,7 @@ def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) 
     share it. When another build of this checkout holds it, a folder of this build's own (sent whole)."""
     parent = paths.build_contexts()
     parent.mkdir(parents=True, exist_ok=True)
-    stable = parent / f"{lock.stem}-{ledger.path().parent.name}"
+    stable = parent / f"{lock.stem}-{ledger.key()}"
     with open(parent / f"{stable.name}.lock", "a") as fh:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -318,6 +319,7 @@ def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) 
             finally:
                 shutil.rmtree(ctx, ignore_errors=True)
             return
+        ledger.record_context(stable.name)
         stable.mkdir(exist_ok=True)
         yield stage_context(name, lock, wheels, settings, ctx=stable)
 
@@ -397,6 +399,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     lock = _checked_lock(tf, target, opts)
     python = target.python_for(opts.base, tf.hermetic)
     engine = (engine or Engine(opts.engine)).check()
+    check_builder(engine)
     registry = (registry or Registry.from_env()).ensure()
     start = time.monotonic()
     REPORT.say(f"{target.name} ({target.description}), profile {opts.profile}, {opts.base} base, "
@@ -435,7 +438,11 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
                                         budget=None if opts.keep_cache else budget))
     _check_platform(engine, tag, target)
     lap("cache")
-    digest = engine.push(tag)
+    # This checkout's from now on, pushed or not: a build killed during its push leaves an image that its
+    # re-run and its `clean` must know as this checkout's.
+    ledger.record(image_id, tag)
+    with registry.storage_checked(tag):
+        digest = engine.push(tag)
     lap("push")
     ledger.record(image_id, f"{tag.rsplit(':', 1)[0]}@{digest}")
     _drop_previous(engine, previous, image_id)
@@ -458,7 +465,8 @@ def _drop_previous(engine: Engine, previous: str, image_id: str) -> None:
     if not previous or previous == image_id:
         return
     if previous not in {m.image_id for m in ledger.made()}:
-        REPORT.say(f"the previous image of this tag ({previous[:19]}) is another checkout's: kept")
+        REPORT.say(f"the previous image of this tag ({previous[:19]}) is not in this checkout's ledger (another "
+                   "checkout built it): kept")
         return
     info = next(iter(engine.inspect_existing([previous])), None)
     if info is None or [t for t in info.get("RepoTags") or [] if not t.endswith(":<none>")]:
@@ -466,6 +474,15 @@ def _drop_previous(engine: Engine, previous: str, image_id: str) -> None:
     error = engine.remove_created([previous])
     note = f"; it stays: {error}" if error else ""
     REPORT.say(f"removed the previous image of this tag ({previous[:19]}), now unnamed{note}")
+
+
+def check_builder(engine: Engine) -> None:
+    """Refused before anything is built: the classic docker builder cannot build images/Dockerfile."""
+    if engine.builder == "classic":
+        raise ConfigError("the classic docker builder (DOCKER_BUILDKIT=0) cannot build these images: images/Dockerfile "
+                          "installs each payload slice through a bind mount (RUN --mount, which only BuildKit has), so "
+                          "that the wheels never become a layer of their own",
+                          hint="unset DOCKER_BUILDKIT (or set it to 1) to build with BuildKit, or use --engine podman")
 
 
 def _check_platform(engine: Engine, ref: str, target: Target) -> None:

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from qualify.config.targets import REPO_ROOT
 from qualify.core.report import Reporter
-from qualify.host import cmd, paths
+from qualify.host import cmd, paths, workdirs
 
 REPORT = Reporter("rootfs")
 
@@ -32,11 +32,12 @@ def debian_rootfs(arch: str, suite: str, mirror: str, packages: Sequence[str], c
     out = paths.rootfs_cache(cache_dir) / f"debian-{suite}-{arch}-{key}.tar"
     if out.exists():
         return out
+    workdirs.sweep(("rootfs",), root=cache_dir)  # what a killed debootstrap left (its proc mount too)
     REPORT.say(f"debootstrap {suite} {arch} (+{len(packages)} packages); about 1 min, more under qemu")
     start = time.monotonic()
     cmd.call(
         ["bash", str(SCRIPT), "--arch", arch, "--suite", suite, "--mirror", mirror, "--out", str(out),
-         "--include", ",".join(sorted(packages))],
+         "--include", ",".join(sorted(packages)), "--work-dir", str(paths.work_dirs(cache_dir))],
         env={"SOURCE_DATE_EPOCH": source_date_epoch()},
         timeout=1800,
     )

@@ -22,7 +22,7 @@ from qualify.core import fsutil
 from qualify.core.errors import EngineError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 from qualify.core.report import Reporter
-from qualify.host import paths
+from qualify.host import paths, workdirs
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
 
@@ -66,8 +66,7 @@ def stage_probe(digest: str) -> Path:
     if (dest / "qualify" / "probe" / "__main__.py").exists():
         # A stage made before images ran as a non-root user was 0700: made readable once.
         return dest if fsutil.others_can_read(dest) else fsutil.readable_by_all(dest)
-    paths.state().mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="probe-", dir=paths.state()))
+    tmp = workdirs.make("probe")  # a kill before the rename leaves it to `clean` (host/workdirs.py)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     (tmp / "qualify").mkdir()
     for name in IMAGE_SIDE:

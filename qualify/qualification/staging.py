@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Optional
@@ -28,7 +27,7 @@ from typing import Optional
 from qualify.core import fsutil
 from qualify.core.errors import LockError
 from qualify.core.report import Reporter
-from qualify.host import paths
+from qualify.host import paths, workdirs
 from qualify.imagebuild import wheelhouse
 from qualify.probe import staged
 
@@ -71,7 +70,7 @@ def stage(tag: str) -> Optional[Path]:
     folders = [wheelhouse.prepare_into(lock, MACHINES[machine], python, root() / "wheels" / f"{tag}-{lock.stem}")
                for lock, minors in LOCKS if _minor(tag) in minors]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=dest.parent))
+    tmp = workdirs.make("decoders")  # a kill before the rename leaves it to `clean` (host/workdirs.py)
     try:
         for wheel in sorted(w for folder in folders for w in folder.glob("*.whl")):
             _unpack(wheel, tmp)

@@ -7,6 +7,7 @@ compare.py. `diffoci` is used for the file report when it is on PATH.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 import tempfile
@@ -318,10 +319,12 @@ def _check_space(engine: Engine, image_id: str, workdir: Path) -> None:
 
 
 def scratch_dir() -> Path:
-    """Tarballs go beside the engine's storage (same disk, /var/lib), not into a small /tmp."""
+    """Tarballs go beside the engine's storage (same disk, /var/lib), not into a small /tmp. Named by this
+    process (`run.<pid>.<random>`, as host/workdirs.py names work folders): `clean` removes the folders whose
+    run is over (a killed run's, and those --keep kept)."""
     root = paths.repro_scratch()
     root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+    return Path(tempfile.mkdtemp(prefix=f"run.{os.getpid()}.", dir=root))
 
 
 

@@ -48,9 +48,8 @@ def stage_probe() -> Path:
     """The probe bundle: the staged probe, and the decoders for the interpreters of the targets' images on
     both platforms (the bundle serves images of either; probe/staged.py picks the one that fits)."""
     import shutil
-    import tempfile
 
-    from qualify.host import paths
+    from qualify.host import paths, workdirs
     from qualify.qualification import staging
     from qualify.qualification.container import probe_sources_digest
     from qualify.qualification.container import stage_probe as staged
@@ -59,7 +58,7 @@ def stage_probe() -> Path:
     bundle = paths.bake_probe(f"{probe.name}-{staging.root().name}")
     if not (bundle / ".complete").exists():
         bundle.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=bundle.parent))
+        tmp = workdirs.make("bake-probe")  # a kill before the rename leaves it to `clean` (host/workdirs.py)
         shutil.copytree(probe, tmp / "bundle")
         for platform in staging.MACHINES.values():
             staging.stage_all(platform, BUNDLE_PYTHONS)
