@@ -4,6 +4,7 @@ against independent implementations (openssl, sigstore-js) where one exists."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -52,12 +53,18 @@ def test_openssl_verifies_our_pae_signature(key, tmp_path):
     assert attest_interop.openssl_check(tmp_path, dsse.sign(private, b'{"a":1}'), tmp_path / "k.pub").startswith("openssl")
 
 
-def test_attest_interop_session_runs_sigstore_js():
+def test_attest_interop_session_runs_sigstore_js(tmp_path):
+    """And leaves nothing behind (issue 41: /tmp/qualify-sigstore-js-* on every run): its work folders are in
+    the state folder and removed on exit."""
     require(shutil.which("node") is not None and shutil.which("npm") is not None, "node and npm are needed")
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "QUALIFY_STATE_DIR": str(tmp_path / "state")}
+    env.pop("QUALIFY_SIGSTORE_JS_DIR", None)
     out = subprocess.run([sys.executable, "-m", "qualify.devtools.attest_interop"], capture_output=True, text=True,
-                         timeout=900)
+                         timeout=900, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "sigstore-js: DSSE bundle v0.3 verified" in out.stdout and "openssl: PAE signature verified" in out.stdout
+    assert list((tmp_path / "tmp").iterdir()) == [] and list((tmp_path / "state" / "work").iterdir()) == []
 
 
 def test_attestation_image_layout():

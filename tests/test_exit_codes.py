@@ -42,3 +42,12 @@ def test_readme_exit_code_section_is_generated_from_the_table():
     begin, end = "<!-- exit-codes:begin -->\n", "\n<!-- exit-codes:end -->"
     assert readme.count("## Exit codes") == 1
     assert readme[readme.index(begin) + len(begin):readme.index(end)] == errors.exit_codes_markdown()
+
+
+def test_start_sh_help_lists_every_code_the_deploy_exits_with():
+    """Issue 41: 12 (a full DEPLOY_DIR) was missing from start.sh's exit codes."""
+    text = (REPO / "start.sh").read_text()
+    listed = text[text.index("Exit status:"):].split("\n\n", 1)[0].split("USAGE", 1)[0]
+    codes = {int(c) for c in re.findall(r"\b(\d+) [a-z]", listed)}
+    wanted = {e.code for e in errors.EXIT_CODES if e.start_sh and e.code not in (0, 1)}
+    assert wanted <= codes | {0}, f"start.sh --help does not list {sorted(wanted - codes)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,81 @@ def test_after_the_set_up_every_readme_command_answers_help(clone):
         if done.returncode != 0 or "Traceback" in done.stderr or "usage:" not in done.stdout:
             failed[command] = (done.returncode, done.stderr[-500:])
     assert not failed, failed
+
+
+# --- the README's globs, run by a shell as written (issue 41) ------------------------------------------
+
+
+def readme_line(needle: str) -> str:
+    """The README's command line holding `needle`, without its trailing comment."""
+    lines = [ln for ln in (REPO / "README.md").read_text().splitlines() if needle in ln and "-m qualify" in ln]
+    assert lines, f"the README no longer shows a command with {needle!r}"
+    return lines[0].split("   #", 1)[0].strip()
+
+
+def shell(command: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`command` through bash in `cwd` (the shell expands the globs), `python` being the toolkit's."""
+    bin_dir = cwd / ".bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "python").exists():
+        (bin_dir / "python").symlink_to(sys.executable)
+    full = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=full, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_the_readme_promote_glob_skips_the_bundles_beside_the_evidence(tmp_path):
+    """`--evidence sm120.gpu-evidence.*.json` also matches each record's `.json.sigstore.json` (exit 2 before).
+    Evidence written and signed as start.sh writes and signs it (release/evidence.py), in the folder the
+    command runs in; the release is elsewhere in this test, so `--manifests` names it."""
+    from evidence_helpers import TAG, Lab
+    from signing_helpers import PASSWORD
+
+    lab = Lab(tmp_path / "lab")
+    here = tmp_path / "handed-in"
+    records = lab.write([lab.record(i) for i in range(1, 8)], where=here)
+    shutil.copy(lab.release_key, here / "cosign.key")
+    command = readme_line("--evidence sm120.gpu-evidence.*.json").replace("COSIGN_PASSWORD=... ", "")
+    assert command.startswith(f"python -m qualify promote {TAG} --key cosign.key --evidence "), command
+    done = shell(f"{command} --manifests {lab.manifests}", here, COSIGN_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    assert f"skipped {len(records)} signature or bundle file(s)" in done.stderr and ".json.sigstore.json" in done.stderr
+    assert "sm120: baseline (7 of 7 consecutive passes; 7 records, 7 new)" in done.stdout
+
+
+def test_the_readme_compare_glob_skips_bundles_and_still_needs_two_manifests(tmp_path):
+    """`compare ... build/external/sm120-*.json` also matches the `.json.sigstore.json` that `sign` writes
+    beside each manifest (exit 9 before). Manifests made by the tests' manifest helper, signed by the real
+    `qualify sign`; the command runs as the README writes it."""
+    from signing_helpers import DIGEST_A, DIGEST_B, DIGEST_C, PASSWORD, make_key_pair, write_manifest
+
+    key, _ = make_key_pair(tmp_path)
+    write_manifest(tmp_path / "build" / "qualified" / "sm120-smoke-hermetic.json", "sm120", DIGEST_A)
+    for digest in (DIGEST_B, DIGEST_C):
+        path = write_manifest(tmp_path / "build" / "external" / f"sm120-{digest[7:19]}.json", "sm120", digest)
+        signed = shell(f"python -m qualify sign {path} --key {key}", tmp_path, COSIGN_PASSWORD=PASSWORD)
+        assert signed.returncode == 0, signed.stderr
+    command = readme_line("compare build/qualified/sm120-smoke-hermetic.json build/external/sm120-*.json --markdown")
+    done = shell(command, tmp_path)
+    assert done.returncode == 0, done.stderr  # these three agree on their verdicts
+    assert "compare: skipped 2 signature or bundle file(s)" in done.stderr and done.stdout.count("`sm120@") == 3
+    for left in (tmp_path / "build" / "external").glob(f"sm120-{DIGEST_C[7:19]}.json*"):
+        left.unlink()
+    # One manifest and its bundle: after the skip, one manifest is not a comparison.
+    fewer = shell(command.replace("build/qualified/sm120-smoke-hermetic.json ", ""), tmp_path)
+    assert fewer.returncode == 2 and "skipped 1 signature" in fewer.stderr, fewer.stderr
+    assert "compare needs at least two manifests" in fewer.stderr
+
+
+def test_a_host_key_made_as_the_readme_says_gets_no_release_key_advice(tmp_path):
+    """`sign generate-key --output-key-prefix host` printed 'commit the public key' and RELEASE_KEY_FINGERPRINT."""
+    command = re.search(r"python -m qualify sign generate-key --output-key-prefix host", README_TEXT).group(0)
+    host = shell(command, tmp_path, COSIGN_PASSWORD="x")
+    assert host.returncode == 0, host.stderr
+    assert "RELEASE_KEY_FINGERPRINT" not in host.stdout and "git add" not in host.stdout
+    assert f"EVIDENCE_SIGNING_KEY={tmp_path / 'host.key'}" in host.stdout and "hosts add NAME --key host.pub" in host.stdout
+    release = shell("python -m qualify sign generate-key", tmp_path, COSIGN_PASSWORD="x")
+    assert release.returncode == 0 and "RELEASE_KEY_FINGERPRINT=" in release.stdout, release.stderr
+
+
+README_TEXT = (REPO / "README.md").read_text()

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Iterator, List, Optional, Set, Tuple
 
 from qualify.config.targets import REPO_ROOT
-from qualify.core.fsutil import pid_alive
 from qualify.host import ledger, paths, workdirs
 
 
@@ -173,7 +172,7 @@ def _in_use(ctx: Path) -> Optional[str]:
         except OSError:
             pass
     parts = ctx.name.rsplit("-", 2)
-    if len(parts) == 3 and parts[1].isdigit() and pid_alive(int(parts[1])):
+    if len(parts) == 3 and parts[1].isdigit() and workdirs.running(int(parts[1])):
         return f"in use by a running build (pid {parts[1]})"
     return None
 

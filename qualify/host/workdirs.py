@@ -51,9 +51,20 @@ def owner(folder: Path) -> Optional[int]:
 
 
 def abandoned(folder: Path) -> bool:
-    """No live process owns it: its pid is gone, or it has none (a name no run of ours gives)."""
+    """No live process owns it: its pid is gone (or a zombie: killed, not yet reaped), or it has none (a name
+    no run of ours gives)."""
     pid = owner(folder)
-    return pid is None or not pid_alive(pid)
+    return pid is None or not running(pid)
+
+
+def running(pid: int) -> bool:
+    if not pid_alive(pid):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True  # no /proc to ask: alive, as far as we can tell
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def mounts_under(folder: Path) -> List[str]:
