@@ -1,5 +1,9 @@
 """The census on a corpus like the kernel packages users inspect, and its start-up (`nox -s bench-inventory`).
 
+    python -m qualify.devtools.bench_corpus [bench_inventory's options] [--corpus-only | --no-corpus]
+
+runs bench_inventory's large libraries first (unless --corpus-only), then this (unless --no-corpus).
+
 A review measured the census on an unseen corpus of five kernel packages (34 libraries, 1.98 GB, mostly
 uncompressed cubins) at 23-28x cuobjdump, start-up being most of it. This is that case, built here:
 
@@ -284,3 +288,29 @@ def _per_file(libraries: List[Path], out: Path, runs: int) -> inv.Measurement:
     if any(code != 0 for r in results for code in r.returncodes):
         raise ExternalCommandError("python -m qualify inspect FILE --json failed on a corpus library")
     return inv.median_measurement(results)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = inv.make_parser("nox -s bench-inventory --")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--corpus-only", action="store_true", help="only the kernel-package corpus and the start-up")
+    which.add_argument("--no-corpus", action="store_true", help="only the large libraries")
+    args = parser.parse_args(argv)
+    if args.measure:
+        return inv._measure_helper(args.measure)
+    runs, cuobjdump_runs, page_cache = max(1, args.runs), max(1, args.cuobjdump_runs), inv.PageCache(args.page_cache)
+    try:
+        code = 0
+        if not args.corpus_only:
+            code = inv.run(Path(args.venv), args.cuobjdump, runs, args.site, cuobjdump_runs, page_cache)
+        if not args.no_corpus:
+            site = None if args.corpus_only or args.site else inv.ensure_venv(Path(args.venv))
+            code = max(code, run(args.cuobjdump, site, runs, cuobjdump_runs, page_cache))
+        return code
+    except QualifyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,10 +1,10 @@
 """Benchmark the fatbin census against NVIDIA cuobjdump (`nox -s bench-inventory`).
 
     python -m qualify.devtools.bench_inventory [--venv DIR] [--cuobjdump PATH] [--runs N] [--cuobjdump-runs N]
-                                               [--page-cache fresh|as-found] [--corpus-only | --no-corpus]
+                                               [--page-cache fresh|as-found]
 
-After the large libraries, the kernel-package corpus and the census's start-up (bench_corpus.py;
-`--corpus-only` runs just that, without the 5 GB torch venv).
+`nox -s bench-inventory` runs bench_corpus.py: this, then the kernel-package corpus and the census's
+start-up (`--corpus-only`: just that, without the 5 GB torch venv; `--no-corpus`: just this).
 
 1. Makes (or reuses) a scratch venv, `.cache/bench-venv`, holding
    torch==2.14.1 (a CUDA 13 build: ~5 GB of nvidia-* wheels) and the
@@ -521,8 +521,8 @@ def run(
     return 0 if all(c.agree for c in rows) else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qualify.devtools.bench_inventory", description=__doc__.splitlines()[0])
+def make_parser(prog: str = "python -m qualify.devtools.bench_inventory") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--venv", default=str(DEFAULT_VENV), help=f"scratch venv (default {DEFAULT_VENV})")
     parser.add_argument("--cuobjdump", help="cuobjdump binary (default: the one pip put in the venv)")
     parser.add_argument("--site", help="an existing site-packages to census instead of the scratch venv")
@@ -536,24 +536,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         default=PageCache.FRESH.value,
         help="; ".join(f"{m.value}: {m.meaning}" for m in PageCache) + " (default: fresh)",
     )
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--corpus-only", action="store_true", help="only the kernel-package corpus and the start-up")
-    which.add_argument("--no-corpus", action="store_true", help="only the large libraries")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the measuring helper
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The large libraries only (`nox -s bench-inventory` runs bench_corpus.main: these, then the corpus)."""
+    args = make_parser().parse_args(argv)
     if args.measure:
         return _measure_helper(args.measure)
-    from qualify.devtools import bench_corpus
-
-    runs, cuobjdump_runs, page_cache = max(1, args.runs), max(1, args.cuobjdump_runs), PageCache(args.page_cache)
     try:
-        code = 0
-        if not args.corpus_only:
-            code = run(Path(args.venv), args.cuobjdump, runs, args.site, cuobjdump_runs, page_cache)
-        if not args.no_corpus:
-            site = None if args.corpus_only or args.site else ensure_venv(Path(args.venv))
-            code = max(code, bench_corpus.run(args.cuobjdump, site, runs, cuobjdump_runs, page_cache))
-        return code
+        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs),
+                   PageCache(args.page_cache))
     except QualifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
