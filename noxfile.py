@@ -119,8 +119,8 @@ def merge(session: nox.Session) -> None:
 
 @nox.session(name="bench-inventory", python=False)
 def bench_inventory(session: nox.Session) -> None:
-    """Benchmark the fatbin census against cuobjdump over torch 2.14.1's CUDA 13 install."""
-    _module(session, "qualify.devtools.bench_inventory")
+    """Benchmark the census against cuobjdump: torch 2.14.1's CUDA 13 install, then a kernel-package corpus and start-up."""
+    _module(session, "qualify.devtools.bench_corpus")
 
 
 @nox.session(name="bench-build", python=False)

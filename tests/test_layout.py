@@ -31,7 +31,7 @@ def _modules(folder: Path):
 # package root is staged with it), and `qualify inspect`, which runs on such an interpreter too.
 PY39_SOURCES = sorted({*(p for d in IMAGE_SIDE_DIRS for p in _modules(PACKAGE / d)),
                        *(p for p in _modules(PACKAGE) if p.name in ("__init__.py", "__main__.py")),
-                       PACKAGE / "cli" / "inspect_cmd.py"})
+                       PACKAGE / "cli" / "inspect_cmd.py", PACKAGE / "cli" / "simple_args.py"})
 
 
 @pytest.mark.parametrize("path", PY39_SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))

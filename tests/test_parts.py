@@ -19,7 +19,7 @@ from cuda_fixtures import build_embedded
 from qualify.core import census, fatbin, parts
 from qualify.core.fatbin_model import CONTAINER_PREFIX
 
-JOBS = parts.MIN_JOBS  # parts are cut from this many workers on
+JOBS = census.CUT_FROM_JOBS  # parts are cut from this many workers on
 
 
 @pytest.fixture()
@@ -153,14 +153,14 @@ def test_small_files_and_few_workers_are_not_cut(fx, monkeypatch, joins):
 def test_fuzz_checks_parts_against_the_whole_file(fx, monkeypatch):
     """`nox -s fuzz` reads every mutant in parts too: agreeing parts are ok,
     parts that join into another summary are a `mismatch`."""
-    import dataclasses
     import resource
 
+    from qualify.core import record
     from qualify.devtools import fuzz
 
     path = str(fx.lib("plain", "zstd"))
     memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + (1 << 20)
     assert fuzz._run_once(lambda: fuzz._one(path), 60, memory) == "ok"
     join = parts.join
-    monkeypatch.setattr(parts, "join", lambda *a: dataclasses.replace(join(*a), containers=join(*a).containers + 1))
+    monkeypatch.setattr(parts, "join", lambda *a: record.replace(join(*a), containers=join(*a).containers + 1))
     assert fuzz._run_once(lambda: fuzz._one(path), 60, memory) == "mismatch"

@@ -6,12 +6,14 @@ Lazy imports keep the in-image probe free of host-only dependencies.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
-from typing import List, Optional
 
 from qualify.core.errors import QualifyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import List, Optional
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -53,6 +55,8 @@ def _load(name: str):
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:  # the list of commands is built only when it is shown
+        import argparse
+
         parser = argparse.ArgumentParser(prog="python -m qualify", description=__doc__.splitlines()[0])
         sub = parser.add_subparsers(dest="command", metavar="COMMAND")
         for name, (_, help_text) in COMMANDS.items():
@@ -67,9 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         module = _load(argv[0])
     except ModuleNotFoundError as exc:
         return _missing_dependency(exc.name or "a dependency", argv)
-    cmd_parser = argparse.ArgumentParser(prog=f"python -m qualify {argv[0]}", description=COMMANDS[argv[0]][1])
-    module.configure_parser(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
+    args = _arguments(argv[0], module, argv[1:])
     try:
         return int(module.execute(args) or 0)
     except QualifyError as exc:
@@ -89,6 +91,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 141
     except OSError as exc:  # the host said no (a full disk, a permission): what, where, and what to do
         return _host_error(exc)
+
+
+def _arguments(name: str, module, argv: List[str]):
+    """The command's parsed arguments: its plain forms without argparse where the command asks for it
+    (`SIMPLE_ARGV`: cli/simple_args.py says why), argparse for everything else."""
+    if getattr(module, "SIMPLE_ARGV", False):
+        from qualify.cli import simple_args
+
+        args = simple_args.parse(module.configure_parser, argv)
+        if args is not None:
+            return args
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m qualify {name}", description=COMMANDS[name][1])
+    module.configure_parser(parser)
+    return parser.parse_args(argv)
 
 
 # Commands that need only the standard library (and what is staged beside it): inside images, and for `sums`

@@ -15,15 +15,20 @@ given): the census is then incomplete, and says which paths it is missing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from typing import List, Optional, Sequence
 
 from qualify.core import arch, census, workers
 from qualify.core.errors import ConfigError, ParseError
-from qualify.host.tables import table
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (start-up)
+    from typing import List, Optional, Sequence
+
+# The plain forms (`inspect FILE --json`) are parsed without argparse: scripts run this once per library, and
+# argparse cost more of its start-up than reading a small library does (cli/simple_args.py).
+SIMPLE_ARGV = True
 
 _MAX_NO_CODE_LISTED = 10
 
@@ -78,6 +83,8 @@ def _jobs(text: str) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= 256:
+        import argparse
+
         raise argparse.ArgumentTypeError(f"--jobs {text!r}: give a whole number of processes from 1 to 256")
     return value
 
@@ -128,6 +135,8 @@ def _row(lib: census.LibraryCensus) -> List[str]:
 
 def render(report: census.CensusReport) -> str:
     """A readable table, then the containers without code and the files with errors."""
+    from qualify.host.tables import table  # only for people: `--json` (scripts, one run per file) never needs it
+
     lines: List[str] = []
     header = ["LIBRARY", "CONTAINERS", "SASS (sm_)", "PTX (compute_)", "LINK-ONLY (never loaded)"]
     if report.target is not None:

@@ -15,16 +15,20 @@ Compatibility rules (ARCHITECTURE.md, "CUDA architecture rules"):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, List, Optional, Tuple
+
+from qualify.core.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Iterable, List, Optional, Tuple
 
 
 class ArchError(ValueError):
     """A string that is not a CUDA architecture name we understand."""
 
 
-@dataclass(frozen=True, order=True)
+@record(frozen=True, order=True)
 class Capability:
     """A device compute capability such as 12.1."""
 
@@ -107,7 +111,7 @@ def best(classes: Iterable[Compat]) -> Compat:
     return min(found, key=lambda c: c.rank) if found else Compat.NONE
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CodeTarget:
     """One compiled code object: SASS `sm_XY[a|f]` or PTX `compute_XY[a|f]`."""
 
@@ -183,7 +187,7 @@ def is_cross_generation(code: CodeTarget, device: Capability) -> bool:
 # --- families and recognised capabilities ---------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Family:
     name: str
     major: int
@@ -230,7 +234,7 @@ def describe(cap: Capability) -> str:
 # --- TORCH_CUDA_ARCH_LIST ---------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TorchArch:
     """One entry of TORCH_CUDA_ARCH_LIST: `12.0`, `12.0a`, `12.0+PTX`."""
 

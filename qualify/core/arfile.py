@@ -6,10 +6,13 @@ the format is a 60-byte header per member, every bound of which is checked below
 from __future__ import annotations
 
 import mmap
-from typing import List, Tuple
 
 from qualify.core.elf import ELF_MAGIC
 from qualify.core.fatbin_model import AR_MAGIC, SECTION_RELOCATABLE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import List, Tuple
 
 AR_HEADER = 60
 MAX_ARCHIVE_MEMBERS = 100_000

@@ -84,10 +84,8 @@ import contextlib
 import gc
 import os
 import stat
-from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from qualify.core import fatbin, fatbin_model, kernels, parts, summary, workers
+from qualify.core import fatbin, fatbin_model, kernels, summary
 from qualify.core.arch import (
     Capability,
     CodeKind,
@@ -96,8 +94,19 @@ from qualify.core.arch import (
     compatibility,
     is_cross_generation,
 )
+from qualify.core.errors import internal_error
+from qualify.core.record import field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 SCHEMA_VERSION = 1
+
+# With two or three workers whole files already keep them busy, and cutting
+# costs ~5% more CPU (each part maps the file, searches for its first
+# container, and keeps its own remembered answers): cut from four on.
+CUT_FROM_JOBS = 4
 
 # Re-exported: the JSON's section roles and the units judged live with the summary.
 ROLE_REGISTERED = summary.ROLE_REGISTERED
@@ -111,7 +120,7 @@ _CLASSES = [Compat.NATIVE, Compat.COMPATIBLE, Compat.PTX_JIT, Compat.UNKNOWN, Co
 # --- judging ------------------------------------------------------------------
 
 
-@dataclass
+@record
 class TargetVerdict:
     target: Capability
     klass: Optional[Compat]  # the worst unit: what the library as a whole can promise
@@ -189,7 +198,7 @@ def judge(file: summary.FileSummary, target: Capability) -> TargetVerdict:
 # --- per library ---------------------------------------------------------------
 
 
-@dataclass
+@record
 class LibraryCensus:
     summary: summary.FileSummary
     verdict: Optional[TargetVerdict] = None
@@ -238,7 +247,7 @@ class LibraryCensus:
         return out
 
 
-@dataclass
+@record
 class CensusReport:
     paths: List[str]
     target: Optional[Capability]
@@ -281,7 +290,7 @@ class CensusReport:
 # --- walking -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Unreadable:
     """A path the walk could not read: a directory it could not list, or a
     file (or directory entry) it could not open or stat."""
@@ -357,7 +366,7 @@ def _walk(root: str, unreadable: List[Unreadable]) -> Iterator[str]:
                 yield full
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ReadTask:
     """One file for a reader (in this process or a worker's)."""
 
@@ -412,16 +421,21 @@ def _read_one(task: ReadTask) -> Optional[summary.FileSummary]:
 def _read_all(tasks: List[ReadTask], jobs: int) -> List[Optional[summary.FileSummary]]:
     """Every file's summary; with jobs > 1, large files are cut into parts
     (core/parts.py) so that no one file holds up the rest."""
-    if jobs <= 1 or not tasks:
-        return workers.run_all(read_one, tasks, jobs, _cost, _crashed)
-    if tasks[0].decompress:
-        kernels.load_decoders()  # before the workers fork: each would import them again
+    cut = jobs >= CUT_FROM_JOBS
+    if jobs <= 1 or not tasks or (len(tasks) == 1 and not cut):
+        # In this process, and the worker and part machinery not even imported: `inspect FILE` is run once per
+        # library by scripts, so its start-up counts (nox -s bench-inventory prints it).
+        return [_read_guarded(task) for task in tasks]
+    from qualify.core import parts, workers
+
     work: List[object] = []
     spans: List[Tuple[int, int]] = []  # per task: where its items are in `work`
     for task in tasks:
-        pieces = parts.plan(task.path, task.embedded, task.decompress, task.detail) if jobs >= parts.MIN_JOBS else None
+        pieces = parts.plan(task.path, task.embedded, task.decompress, task.detail) if cut else None
         spans.append((len(work), len(pieces) if pieces else 0))
         work.extend(pieces if pieces else [task])
+    if tasks[0].decompress and len(work) > 1:
+        kernels.load_decoders()  # before the workers fork: each would import them again
     done = workers.run_all(_read_item, work, jobs, _cost, _item_crashed)
     out: List[Optional[summary.FileSummary]] = []
     for task, (at, count) in zip(tasks, spans):
@@ -434,11 +448,21 @@ def _read_all(tasks: List[ReadTask], jobs: int) -> List[Optional[summary.FileSum
     return out
 
 
+def _read_guarded(task: ReadTask) -> Optional[summary.FileSummary]:
+    """read_one in this process, never raising (as workers.run_all's in-process path)."""
+    try:
+        return read_one(task)
+    except Exception as exc:  # a bug must not end the census: the file gets an error row
+        return _crashed(task, internal_error(exc))
+
+
 def _read_item(item: object):
-    if isinstance(item, parts.PartTask):
-        with collector_paused():
-            return parts.read_part(item)
-    return read_one(item)  # type: ignore[arg-type]
+    if isinstance(item, ReadTask):
+        return read_one(item)
+    from qualify.core import parts
+
+    with collector_paused():
+        return parts.read_part(item)  # type: ignore[arg-type]
 
 
 def _cost(item) -> int:
@@ -446,7 +470,7 @@ def _cost(item) -> int:
 
 
 def _item_crashed(item: object, reason: str):
-    return None if isinstance(item, parts.PartTask) else _crashed(item, reason)  # type: ignore[arg-type]
+    return _crashed(item, reason) if isinstance(item, ReadTask) else None  # a part: its file is read whole
 
 
 def _crashed(task: ReadTask, reason: str) -> summary.FileSummary:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from typing import Tuple
 
 from qualify.core.arch import ArchError, CodeTarget, Variant
 from qualify.core.elf import ELF_MAGIC, EM_CUDA, ElfHeader, FormatError, section_table
 from qualify.core.fatbin_model import CODE_TOP_BYTE, STUB_NO, STUB_TOP_BYTE, STUB_UNKNOWN, STUB_YES, FileScan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Tuple
 
 _NOTE_LIMIT = 1 << 16
 _STUB_BY_TOP_BYTE = {STUB_TOP_BYTE: STUB_YES, CODE_TOP_BYTE: STUB_NO}

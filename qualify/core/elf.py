@@ -11,8 +11,12 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+
+from qualify.core.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import List, Optional, Tuple
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -42,7 +46,7 @@ class FormatError(Exception):
     """Internal: the bytes do not follow the format (becomes an error string)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Section:
     name: str
     type: int
@@ -55,7 +59,7 @@ class Section:
         return self.offset + self.size
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ElfHeader:
     is64: bool
     abi_version: int

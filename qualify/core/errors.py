@@ -6,8 +6,11 @@ probe imports this module inside images).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from qualify.core.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Dict, Optional, Tuple
 
 
 class QualifyError(Exception):
@@ -107,7 +110,7 @@ def internal_error(exc: BaseException) -> str:
 
 # --- the one exit-code table (the README's "Exit codes" section is generated from it) ---------
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ExitCode:
     code: int
     cli: str  # what `python -m qualify ...` means by it (a nox session exits 1 for any failure)

@@ -58,7 +58,6 @@ import mmap
 import os
 import stat
 import struct
-from typing import Iterator, List, Optional, Tuple
 
 from qualify.core import arfile, cubin
 from qualify.core.arch import Variant
@@ -110,6 +109,10 @@ from qualify.core.fatbin_model import (
 )
 from qualify.core.kernels import KERNELS_UNKNOWN, Decoders, container_kernels
 from qualify.core.search import Finder
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Iterator, List, Optional, Tuple
 
 # Allocated data sections whose format is fixed by the toolchain (unwind
 # tables, GOT, TLS images): never a fatbin, and .eh_frame alone is MBs.

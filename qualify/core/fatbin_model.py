@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import functools
 import struct
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
 
 from qualify.core.arch import ArchError, Capability, CodeKind, CodeTarget, Variant
 from qualify.core.elf import SEGMENT_PREFIX
+from qualify.core.record import field, record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import List, Optional, Tuple
 
 FATBIN_MAGIC = 0xBA55ED50
 MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -76,11 +79,11 @@ def entry_name(kind_code: int, arch_number: int, variant: Variant) -> str:
     return f"{prefix}_{arch_number}{variant.value}"
 
 
-@dataclass
+@record
 class Entry:
     """One code object inside a fatbin container (or a standalone cubin)."""
 
-    # __slots__ (written out: dataclass(slots=True) needs Python 3.10): a
+    # __slots__ (written out: records take them as declared): a
     # library holds up to tens of thousands of entries, and a __dict__ each
     # would triple their memory and the page faults that come with it.
     __slots__ = (
@@ -160,7 +163,7 @@ class Entry:
         }
 
 
-@dataclass
+@record
 class Container:
     """One fatbin container: roughly one compiled source file."""
 
@@ -222,7 +225,7 @@ class Container:
         }
 
 
-@dataclass
+@record
 class FileScan:
     """Everything read from one file."""
 
@@ -250,7 +253,7 @@ WALK_EMBEDDED = "embedded"  # containers found by their prefix in a data section
 WALK_ERROR = "error"  # a problem found while planning, reported in its place
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Walk:
     kind: str
     section: str
@@ -261,7 +264,7 @@ class Walk:
     message: str = ""  # WALK_ERROR
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WalkEdge:
     """Where a part's walk began and ended, for joining it to its neighbours."""
 

@@ -15,10 +15,13 @@ import functools
 import importlib
 import mmap
 import struct
-from typing import Callable, Dict, Optional, Tuple
 
 from qualify.core.elf import EM_CUDA, ElfHeader, FormatError
 from qualify.core.fatbin_model import KIND_CUBIN, KIND_PTX, STUB_YES, Container, Entry
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Callable, Dict, Optional, Tuple
 
 # Whether a container holds a kernel (a `.text.<name>` section in a cubin, an
 # `.entry` in PTX). Decided by decompressing just enough of its entries.
@@ -65,8 +68,17 @@ def _optional(module: str):
 
 
 @functools.cache
+def _zstd_module():
+    return _optional("zstandard")
+
+
+@functools.cache
+def _lz4_module():
+    return _optional("lz4.block")
+
+
 def _decoder_modules() -> Tuple[object, object]:
-    return _optional("zstandard"), _optional("lz4.block")
+    return _zstd_module(), _lz4_module()
 
 
 @functools.cache
@@ -86,7 +98,7 @@ def _lz4_partial() -> Optional[Callable[..., int]]:
 
         return ctypes.util.find_library("lz4")
 
-    block = _decoder_modules()[1]
+    block = _lz4_module()
     for where in (lambda: getattr(getattr(block, "_block", None), "__file__", None), system_liblz4):
         name = where()
         if not name:
@@ -111,8 +123,9 @@ def decoder_status() -> Dict[str, bool]:
 def load_decoders() -> None:
     """Import the decoders now (before worker processes fork, so that each
     does not import them again)."""
-    if _decoder_modules()[1] is not None:
+    if _lz4_module() is not None:
         _lz4_partial()
+    _zstd_module()
 
 
 class _MappedSource:
@@ -135,18 +148,37 @@ class Decoders:
     uncompressed size, and all of a file's together by MAX_DECOMPRESSED_FILE."""
 
     def __init__(self, enabled: bool) -> None:
-        zstd, lz4 = _decoder_modules() if enabled else (None, None)
-        self._zstd = zstd.ZstdDecompressor() if zstd is not None else None
-        self._zstd_size = getattr(zstd, "frame_content_size", None)
-        self._lz4 = lz4
-        self._lz4_partial = _lz4_partial() if lz4 is not None else None
+        # Each decoder is imported at the first entry that needs it: most small libraries hold no compressed
+        # entry, and zstandard (with `platform`), lz4 and ctypes cost ~4 ms of a census's start-up.
+        self._want_zstd = self._want_lz4 = enabled
+        self._zstd = self._zstd_size = self._lz4 = self._lz4_partial = None
         self._buffer: Optional[object] = None  # the partial decoder's output, reused
         self.budget = MAX_DECOMPRESSED_FILE
         self.answers: Dict[Tuple[int, int, bytes], str] = {}  # see _entry_kernels
         self.remembered = 0  # bytes of payload held as keys of `answers`
 
     def can(self, compression: str) -> bool:
-        return (compression == "lz4" and self._lz4 is not None) or (compression == "zstd" and self._zstd is not None)
+        if compression == "lz4":
+            if self._want_lz4:
+                self._load_lz4()
+            return self._lz4 is not None
+        if compression == "zstd":
+            if self._want_zstd:
+                self._load_zstd()
+            return self._zstd is not None
+        return False
+
+    def _load_zstd(self) -> None:
+        self._want_zstd = False
+        zstd = _zstd_module()
+        if zstd is not None:
+            self._zstd = zstd.ZstdDecompressor()
+            self._zstd_size = getattr(zstd, "frame_content_size", None)
+
+    def _load_lz4(self) -> None:
+        self._want_lz4 = False
+        self._lz4 = _lz4_module()
+        self._lz4_partial = _lz4_partial() if self._lz4 is not None else None
 
     def decode(self, mm: mmap.mmap, entry: Entry, limit: int) -> Optional[bytes]:
         """Up to `limit` bytes of the entry's decompressed payload; None when

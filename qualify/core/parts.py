@@ -17,9 +17,6 @@ Standard library only, Python 3.9 compatible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
-
 from qualify.core import fatbin, summary
 from qualify.core.elf import ELF_MAGIC, EM_CUDA, ElfHeader, FormatError
 from qualify.core.fatbin_model import (
@@ -33,20 +30,21 @@ from qualify.core.fatbin_model import (
     WalkEdge,
 )
 from qualify.core.kernels import MAX_DECOMPRESSED_FILE, Decoders
+from qualify.core.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import List, Optional, Tuple
 
 # Parts of about this size: measured on a 16-core host (torch 2.11's 31 CUDA
 # libraries, 8 workers), 32 MB parts left one dense 32 MB piece of cuFFT's
 # database (0.108 s) as the critical path; with 8 MB the largest part took
 # 0.040 s and the workers finished within 1 ms of each other.
 PART_BYTES = 8 << 20
-MIN_FILE_BYTES = 64 << 20  # smaller files are read whole
-# With two or three workers whole files already keep them busy, and cutting
-# costs ~5% more CPU (each part maps the file, searches for its first
-# container, and keeps its own remembered answers): cut from four on.
-MIN_JOBS = 4
+MIN_FILE_BYTES = 64 << 20  # smaller files are read whole (and from how many workers on: census.CUT_FROM_JOBS)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PartTask:
     """Some consecutive walks of one file. Only the first may start inside a
     section (resync) and only the last may stop inside one (stop)."""
@@ -61,7 +59,7 @@ class PartTask:
         return sum((w.stop if w.stop is not None else w.end) - w.start for w in self.walks if w.kind != WALK_ERROR)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PartResult:
     summary: summary.FileSummary  # the containers and errors of this part
     first: WalkEdge  # of its first walk

@@ -18,26 +18,45 @@ from __future__ import annotations
 
 import functools
 import mmap
-from typing import Callable, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Callable, Optional
+
+# Shorter ranges are searched by CPython: importing ctypes and setting up the
+# buffer API costs ~2-4 ms, which memmem's speed repays only over megabytes
+# (a small library's data sections are a few KB: `inspect FILE` starts faster).
+LIBC_FROM = 1 << 20
+
+_UNSET = object()
 
 
 class Finder:
     """Searches of one open mapping."""
 
-    def __init__(self, mm: mmap.mmap) -> None:
+    def __init__(self, mm: mmap.mmap, libc_from: int = LIBC_FROM) -> None:
         self.mm = mm
         self.size = len(mm)
-        memmem = _memmem()
-        self.base = _address(mm) if memmem is not None else None
-        self.memmem = memmem
+        self.libc_from = libc_from
+        self._base = _UNSET
+        self.memmem: Optional[Callable[..., Optional[int]]] = None
+
+    @property
+    def base(self) -> Optional[int]:
+        """The mapping's address when libc's memmem searches it (set up at the first long search)."""
+        if self._base is _UNSET:
+            self.memmem = _memmem()
+            self._base = _address(self.mm) if self.memmem is not None else None
+        return self._base  # type: ignore[return-value]
 
     def first(self, needle: bytes, start: int, end: int) -> int:
         """Where `needle` first starts within mm[start:end], or -1."""
         if not 0 <= start <= end <= self.size:
             raise ValueError(f"search range {start:#x}-{end:#x} outside the mapping ({self.size:#x} bytes)")
-        if self.base is None or self.mm.closed:  # closed: CPython's search raises, as any use of it would
+        if end - start < self.libc_from or self.base is None or self.mm.closed:
+            # closed: CPython's search raises, as any use of it would
             return _first_backwards(self.mm, needle, start, end)
-        found = self.memmem(self.base + start, end - start, needle, len(needle))
+        found = self.memmem(self.base + start, end - start, needle, len(needle))  # type: ignore[misc,operator]
         return found - self.base if found else -1
 
 

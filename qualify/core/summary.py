@@ -14,11 +14,15 @@ Standard library only, Python 3.9 compatible (runs inside images).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from qualify.core import fatbin_model, kernels
 from qualify.core.arch import CodeKind, CodeTarget, Compat, Variant, compatibility, compatibility_variant_unknown
+from qualify.core.record import record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Dict, FrozenSet, List, Optional, Tuple
+    EntryKey = Tuple[int, int, Variant]  # (kind code, arch number, variant): a dozen distinct per library
 
 ROLE_REGISTERED = "registered"
 ROLE_EMBEDDED = "embedded"
@@ -28,7 +32,6 @@ COMPRESSIONS = ("none", "lz4", "zstd", "unknown")
 STUBS = (fatbin_model.STUB_YES, fatbin_model.STUB_NO, fatbin_model.STUB_UNKNOWN)
 EXCLUSIONS = ("link_stub", "relocatable", "no_driver_code", "no_kernel")
 
-EntryKey = Tuple[int, int, Variant]  # (kind code, arch number, variant): a dozen distinct per library
 
 
 def role(container: fatbin_model.Container) -> str:
@@ -50,7 +53,7 @@ def kind_names(targets: List[CodeTarget], kind: CodeKind) -> List[str]:
     return [str(t) for t in sorted({t for t in targets if t.kind is kind}, key=_target_key)]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Unit:
     """What is judged as one: a registered container, or an embedded section."""
 
@@ -91,7 +94,7 @@ class Unit:
         }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SectionSummary:
     name: str
     containers: int
@@ -108,7 +111,7 @@ class SectionSummary:
         }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FileSummary:
     """One file as the census sees it."""
 

@@ -28,16 +28,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import pickle
-import select
 import struct
-from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from qualify.core.errors import internal_error
+from qualify.core.record import field, record
 
-T = TypeVar("T")
-R = TypeVar("R")
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
+    from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+
+    T = TypeVar("T")
+    R = TypeVar("R")
 
 # Beyond this many processes the census gains little (the largest library is
 # the critical path) while memory grows by ~60-90 MB per worker.
@@ -119,7 +120,7 @@ class _Worker:
         self.current: Optional[int] = None  # the task it is working on
 
 
-@dataclass
+@record
 class _Outcome:
     done: Dict[int, Tuple[bool, object]] = field(default_factory=dict)  # task -> (ok, result or reason)
     lost: List[int] = field(default_factory=list)  # its worker died while reading it
@@ -138,6 +139,8 @@ class _Pool:
         self.outcome = _Outcome()
 
     def run(self, order: List[int]) -> _Outcome:
+        import pickle  # noqa: F401  (before forking: each worker would import it again)
+
         self.pending = list(reversed(order))  # popped from the end: largest first
         try:
             for _ in range(self.jobs):
@@ -235,6 +238,8 @@ class _Pool:
 def _readable(fds: List[int]) -> List[int]:
     """The pipes with something to read (or closed), waiting for at least one.
     poll has no FD_SETSIZE limit; select where there is no poll."""
+    import select  # here, as pickle: only when workers run (a one-file census forks none)
+
     if hasattr(select, "poll"):
         poller = select.poll()
         for fd in fds:
@@ -247,6 +252,8 @@ def _serve(fn: Callable, items: Sequence, tasks: int, results: int) -> None:
     """A worker's life: task numbers in, (ok, value) out, until its task pipe
     closes. It leaves by os._exit: the parent's atexit handlers and buffered
     output are the parent's alone."""
+    import pickle  # the parent imported it before forking (_Pool.run): a lookup here
+
     code = 0
     try:
         while True:
@@ -267,6 +274,8 @@ def _serve(fn: Callable, items: Sequence, tasks: int, results: int) -> None:
 
 def _receive(fd: int) -> Optional[tuple]:
     """One result, or None when the worker died before sending all of it."""
+    import pickle
+
     head = _read_exactly(fd, _LENGTH.size)
     if head is None:
         return None

@@ -2,6 +2,7 @@
 
     python -m qualify.devtools.bench_build [--target sm120] [--second sm100] [--profile smoke|vllm|all]
                                            [--skip-download] [--skip-pull] [--keep] [--engine docker|podman]
+                                           [--no-disk-check]
 
 Rows, each measured here, on the hermetic base (made first when missing, untimed):
 1. smoke, first build (`--no-cache`: every step runs; base and wheelhouse present) and its push;
@@ -13,6 +14,10 @@ Rows, each measured here, on the hermetic base (made first when missing, untimed
 5. the image: size, layer count and the largest layer (sizes as the registry stores them, compressed);
 6. pull of the image from the loopback registry into a clean engine: a second dockerd of the bench's own
    (its own data root under the state folder, no network of its own), started, timed, stopped, removed.
+
+Before anything is built, the free disk the run needs is worked out from what it will hold (the image,
+podman's temporary copies of the layers while it pushes, the registry's copy, the wheels: bench_disk.py),
+and a run that does not fit stops at once with the number and what is short (`--no-disk-check` skips it).
 
 Builds use a scratch tag (`<profile>-hermetic-bench`): no real tag moves and no build record is written.
 At the end the bench removes its images from the engine and its manifests from the registry (the blobs
@@ -38,10 +43,11 @@ from typing import Iterator, List, Optional
 from qualify.config import targets
 from qualify.core.errors import QualifyError
 from qualify.core.report import Reporter
+from qualify.devtools import bench_disk
 from qualify.host import cacheledger, cmd, paths, provenance, skopeo, tables
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
-from qualify.imagebuild import buildcache, image, wheelhouse
+from qualify.imagebuild import buildcache, download_progress, hermetic, image, wheelhouse
 
 REPORT = Reporter("bench-build")
 
@@ -195,6 +201,53 @@ def delete_manifests(registry: Registry, records: List[image.BuildRecord]) -> No
             say(f"warning: {exc}")
 
 
+def check_disk(tf, target, profiles: List[str], engine: Engine, registry: Registry, download: bool) -> None:
+    """Refuse now, before building, when the run will not fit on disk (qualify/devtools/bench_disk.py): first
+    from the index's sizes where a wheelhouse is missing (before downloading it), then from the wheels."""
+    label = f"bench-build --engine {engine.name} --profile {'all' if len(profiles) > 1 else profiles[0]}"
+    python = target.python_for("hermetic", tf.hermetic)
+    locks = {p: target.lock_path(p, python) for p in profiles}
+    houses = {p: wheelhouse.wheelhouse_dir(lock, target.platform, python) for p, lock in locks.items()}
+    base_missing = not engine.exists(hermetic.base_tag(tf, target, registry))
+
+    def plan(sizes) -> List[bench_disk.Phase]:
+        phases: List[bench_disk.Phase] = []
+        held: tuple = ()
+        missing = base_missing
+        for profile in profiles:
+            layers, wheel_bytes = sizes[profile]
+            extra = () if (houses[profile] / ".verified.json").exists() else (
+                bench_disk.Need("the wheelhouse (kept)", wheel_bytes, houses[profile].parent),)
+            mine = bench_disk.profile_phases(profile, engine.name, engine.storage_root(),
+                                             paths.registry_storage(registry.port), paths.state(), layers, wheel_bytes,
+                                             missing, download and profile == "vllm", (*held, *extra))
+            phases += mine
+            held, missing = bench_disk.lasting(mine[-1]), False
+        return phases
+
+    if not all((h / ".verified.json").exists() for h in houses.values()):
+        estimated = {}
+        for profile, lock in locks.items():
+            total = download_progress.fetch_total(wheelhouse.PYPI, wheelhouse.parse_lock(lock), target.platform,
+                                                  python, wheelhouse.CA_BUNDLE) or 0
+            installed = int(total * bench_disk.INSTALLED_PER_WHEEL)
+            largest = int(installed * bench_disk.LARGEST_LAYER_SHARE)
+            estimated[profile] = ([largest, installed - largest], total)
+        if all(total for _layers, total in estimated.values()):
+            bench_disk.refuse_if_short(label, plan(estimated), estimated=True)
+        say("preparing the wheelhouses the builds need (untimed)")
+    sizes = {}
+    for profile, lock in locks.items():
+        slices = image.payload_slices(lock, wheelhouse.prepare(lock, target.platform, python), tf.build)
+        sizes[profile] = ([bench_disk.installed_bytes(s.wheels) for s in slices],
+                          sum(w.stat().st_size for s in slices for w in s.wheels))
+    phases = plan(sizes)
+    bench_disk.refuse_if_short(label, phases)
+    worst = max(phases, key=lambda p: sum(n.bytes for n in p.needs))
+    say(f"disk: {label} needs {bench_disk.peak(phases) / 1e9:.1f} GB at its peak ({worst.name}); "
+        f"{shutil.disk_usage(paths.state()).free / 1e9:.1f} GB free where the state folder is")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="bench-build", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="sm120")
@@ -205,6 +258,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the bench's images and manifests")
     parser.add_argument("--engine", choices=("docker", "podman"), default="docker",
                         help="the engine that builds and pushes (podman pushes through containers/image's gzip)")
+    parser.add_argument("--no-disk-check", action="store_true",
+                        help="start even when the free disk looks too small (the estimate errs long)")
     args = parser.parse_args(argv)
     tf = targets.load()
     engine, registry = Engine(args.engine).check(), Registry.from_env().ensure()
@@ -212,6 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if first.platform != second.platform:
         raise QualifyError(f"--second {second.name} is {second.platform}, {first.name} {first.platform}",
                            hint="name another target of the same platform")
+    profiles = ["smoke", "vllm"] if args.profile == "all" else [args.profile]
+    if not args.no_disk_check:
+        check_disk(tf, first, profiles, engine, registry, not args.skip_download)
     rows: List[Row] = []
     made: List[image.BuildRecord] = []
     try:

@@ -3,6 +3,9 @@
     python -m qualify.devtools.bench_inventory [--venv DIR] [--cuobjdump PATH] [--runs N] [--cuobjdump-runs N]
                                                [--page-cache fresh|as-found]
 
+`nox -s bench-inventory` runs bench_corpus.py: this, then the kernel-package corpus and the census's
+start-up (`--corpus-only`: just that, without the 5 GB torch venv; `--no-corpus`: just this).
+
 1. Makes (or reuses) a scratch venv, `.cache/bench-venv`, holding
    torch==2.14.1 (a CUDA 13 build: ~5 GB of nvidia-* wheels) and the
    cuobjdump of nvidia-cuda-cuobjdump==13.2.51.
@@ -518,8 +521,8 @@ def run(
     return 0 if all(c.agree for c in rows) else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qualify.devtools.bench_inventory", description=__doc__.splitlines()[0])
+def make_parser(prog: str = "python -m qualify.devtools.bench_inventory") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--venv", default=str(DEFAULT_VENV), help=f"scratch venv (default {DEFAULT_VENV})")
     parser.add_argument("--cuobjdump", help="cuobjdump binary (default: the one pip put in the venv)")
     parser.add_argument("--site", help="an existing site-packages to census instead of the scratch venv")
@@ -534,14 +537,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="; ".join(f"{m.value}: {m.meaning}" for m in PageCache) + " (default: fresh)",
     )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: the measuring helper
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The large libraries only (`nox -s bench-inventory` runs bench_corpus.main: these, then the corpus)."""
+    args = make_parser().parse_args(argv)
     if args.measure:
         return _measure_helper(args.measure)
     try:
-        return run(
-            Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs),
-            PageCache(args.page_cache),
-        )
+        return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs),
+                   PageCache(args.page_cache))
     except QualifyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

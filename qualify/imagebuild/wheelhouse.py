@@ -21,6 +21,7 @@ from qualify.core import fsutil
 from qualify.core.errors import LockError
 from qualify.core.report import Reporter
 from qualify.host import cmd, paths
+from qualify.imagebuild import download_progress
 
 REPORT = Reporter("wheelhouse")
 
@@ -109,7 +110,8 @@ def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Pa
     REPORT.say(f"{lock.name} for {platform}: downloading {len(pins)} wheels into {dest}")
     start = time.monotonic()
     try:
-        cmd.call(argv, timeout=3600)
+        with download_progress.watching(argv, pins, platform, dest, REPORT) as env:  # bytes, rate, time left
+            cmd.call(argv, timeout=3600, env=env)
     except Exception as exc:  # pip's message names the package and the hash
         raise LockError(f"{lock}: wheels for {platform} could not be fetched or did not match their hashes:\n{exc}") from None
     verify(dest, pins, lock)
