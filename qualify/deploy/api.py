@@ -9,10 +9,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
+from qualify.core.serving import CANARY_ANSWER, CANARY_PROMPT, LONG_PROMPT, TOOL_PROMPT, WEATHER_TOOL
 from qualify.deploy.errors import DeployError
-
-CANARY_PROMPT = "What is 19 times 23?"
-CANARY_ANSWER = "437"
 
 
 @dataclass(frozen=True)
@@ -82,9 +80,6 @@ def canary(base_url: str, model: str) -> ApiCheck:
     return ApiCheck(ok, f"{CANARY_PROMPT!r} -> {answer[:200]!r}" + ("" if ok else f" (expected {CANARY_ANSWER})"))
 
 
-LONG_PROMPT = "Write a numbered list of forty short, plain facts about the number seven."
-
-
 def determinism(base_url: str, model: str, max_tokens: int = 512) -> ApiCheck:
     """A long greedy decode, twice: the texts must be identical."""
     texts = []
@@ -104,19 +99,9 @@ def determinism(base_url: str, model: str, max_tokens: int = 512) -> ApiCheck:
     return ApiCheck(True, f"two greedy decodes of up to {max_tokens} tokens are identical ({len(texts[0])} chars)")
 
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
 def tool_call(base_url: str, model: str) -> ApiCheck:
     """The server must answer with a well-formed call of the one tool offered."""
-    messages = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
+    messages = [{"role": "user", "content": TOOL_PROMPT}]
     try:
         body = chat(base_url, model, messages, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0,
                     max_tokens=128)

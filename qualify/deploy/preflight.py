@@ -120,7 +120,7 @@ def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targ
         raise Stop(EX_PREFLIGHT, f"platform mismatch: {gpu.name} (compute capability {gpu.capability}) on this {machine} "
                    f"host. capability {cap} is supported only on: {plats}; this host is {machine}",
                    "images are built per CPU platform: run on a host of the platform named above (DGX Spark / GB10 is arm64)")
-    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values())
+    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values() if not t.is_cpu)
     raise Stop(EX_PREFLIGHT, f"unsupported GPU: {gpu.name} (compute capability {gpu.capability}). capability {cap} "
                f"({arch.describe(cap)}) is not one of our targets; supported: {supported}",
                f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one")
