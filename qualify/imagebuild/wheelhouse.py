@@ -82,7 +82,8 @@ def pip_find_links() -> Tuple[str, ...]:
         key, sep, value = line.partition("=")
         if not sep or not key.endswith(".find-links"):
             continue
-        for place in shlex.split(value):
+        # pip prints the value quoted, as one string: a list of places is whitespace within it
+        for place in " ".join(shlex.split(value)).split():
             place = place[len("file://"):] if place.startswith("file://") else place
             if Path(place).is_dir() and place not in found:
                 found.append(place)
