@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -146,4 +148,9 @@ def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory):
         cpu_server.start_killed_then_converge(d)
         yield d
     finally:
-        cpu_server.teardown(d, docker_engine)
+        began = time.monotonic()
+        try:
+            cpu_server.teardown(d, docker_engine)
+        finally:
+            d.timings["stop_s"] = round(time.monotonic() - began, 1)
+            print(f"\ncpu deployment timings: {d.timings}", file=sys.stderr)

@@ -24,6 +24,7 @@ The server's figures for this host (build, /health) are in `timings`.
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -172,6 +173,9 @@ def start_killed_then_converge(d: CpuDeployment) -> None:
     d.timings["start_s"] = round(time.monotonic() - began, 1)
     d.timings["second_start_s"] = round(time.monotonic() - again, 1)
     assert d.started.returncode == 0, d.started.stdout[-3000:] + d.started.stderr[-6000:]
+    healthy = re.search(r"healthy after ([0-9]+) s", d.started.stderr)
+    if healthy:
+        d.timings["health_wait_s"] = float(healthy.group(1))
 
 
 def deploy(root: Path, clone: Path, env: Dict[str, str], fingerprint: str, model_dir: Path,
