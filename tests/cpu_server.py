@@ -24,8 +24,8 @@ The server's figures for this host (build, /health) are in `timings`.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess

@@ -124,7 +124,9 @@ def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targ
     supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values() if not t.is_cpu)
     raise Stop(EX_PREFLIGHT, f"unsupported GPU: {gpu.name} (compute capability {gpu.capability}). capability {cap} "
                f"({arch.describe(cap)}) is not one of our targets; supported: {supported}",
-               f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one")
+               f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one",
+               *[f"or serve on the CPU: DEPLOY_TARGET={t.name} in {s.env_file} (vLLM's CPU build)"
+                 for t in tf.cpu_targets(machine)])
 
 
 def check_driver_version(found: str, cuda: str, floor: driver.DriverVersion, what: str, ui: Ui) -> None:
