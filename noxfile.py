@@ -129,6 +129,13 @@ def bench_build(session: nox.Session) -> None:
     _module(session, "qualify.devtools.bench_build")
 
 
+@nox.session(name="bench-cpu")
+def bench_cpu(session: nox.Session) -> None:
+    """The cpu target measured: image size, build time, server start to /health (cold, warm), memory."""
+    session.install("-q", "-e", ".[test]", "--config-settings", f"editable_mode={_toolenv.EDITABLE_MODE}")
+    session.run("python", "-m", "qualify.devtools.bench_cpu", *session.posargs)
+
+
 @nox.session(name="vllm-rules", python=False)
 def vllm_rules(session: nox.Session) -> None:
     """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -135,3 +138,27 @@ def clone_checkout(source: Path, dest: Path, *args: str, timeout: float = 300) -
         config.unlink()
     assert done.returncode == 0, f"git clone {source} failed (exit {done.returncode}): {done.stderr.strip()}"
     return dest
+
+
+@pytest.fixture(scope="session")
+def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory):
+    """A real vLLM server (the cpu target, the tiny model) that ./start.sh deployed: tests/cpu_server.py says how
+    it is made and used. One per session; stopped (scripts/stop.sh --purge-cache) at its end."""
+    import cpu_server
+
+    root = tmp_path_factory.mktemp("cpu-deployment")
+    clone, env, fingerprint, timings = cpu_server.release_clone(root)
+    model = cpu_server.make_model(root / "tiny-model")
+    d = cpu_server.CpuDeployment(clone, root / "deploy.env", cpu_server.free_port(), f"bwcpu-{uuid.uuid4().hex[:10]}",
+                                 model, env, timings=timings)
+    cpu_server.settings_file(d.env_file, d, fingerprint)
+    try:
+        cpu_server.start_killed_then_converge(d)
+        yield d
+    finally:
+        began = time.monotonic()
+        try:
+            cpu_server.teardown(d, docker_engine)
+        finally:
+            d.timings["stop_s"] = round(time.monotonic() - began, 1)
+            print(f"\ncpu deployment timings: {d.timings}", file=sys.stderr)

@@ -31,7 +31,7 @@ def check(check_id: str, status: str = "pass", required: bool = True) -> dict:
 
 def predicate(target: str, digest: str, statuses: Optional[Dict[str, str]] = None, level: str = "baseline",
               reference: Optional[str] = None, revision: str = "0" * 40, profile: str = "vllm",
-              runtime: Optional[dict] = None) -> dict:
+              runtime: Optional[dict] = None, capability: str = "12.0") -> dict:
     """A realistic qualification predicate: target, image, base, checks, verdict, level, and the runtime
     section as the probe writes it for our images (`runtime={}` leaves it out: an older toolkit's manifest)."""
     statuses = statuses or {"fatbin-arch": "pass", "triton-compile": "pass", "allocator": "pass"}
@@ -39,7 +39,7 @@ def predicate(target: str, digest: str, statuses: Optional[Dict[str, str]] = Non
     verdict = mf.verdict(checks)
     return {
         "schema_version": mf.SCHEMA_VERSION,
-        "target": {"name": target, "capability": "12.0", "platform": "linux/amd64", "profile": profile},
+        "target": {"name": target, "capability": capability, "platform": "linux/amd64", "profile": profile},
         "image": {"reference": reference or f"{REGISTRY}/qualify/{target}@{digest}", "digest": digest},
         "base": {"image": "nvidia/cuda:13.0.1-devel-ubuntu24.04@sha256:" + "7d" * 32},
         "toolkit": {"version": "0.1.0", "source_revision": revision},

@@ -103,9 +103,11 @@ def test_the_bake_schema_refuses_what_bake_would(breakage):
 def test_a_group_per_profile_and_shared_settings_by_inheritance():
     doc = bake.generate(TF)
     for profile in targets.PROFILES:
-        assert doc["group"][profile]["targets"] == [f"{n}-{profile}" for n in TF.targets]
+        assert doc["group"][profile]["targets"] == [f"{n}-{profile}" for n, t in TF.targets.items() if profile in t.profiles]
     assert all(doc["target"][bt.name]["inherits"] == [bake.COMMON] for bt in bake.bake_targets(TF))
-    assert "BASE_IMAGE" in doc["target"][bake.COMMON]["args"]  # every target shares today's base pin
+    common = doc["target"][bake.COMMON]["args"]
+    for bt in bake.bake_targets(TF):  # the GPU targets share today's base pin; the cpu target has its own
+        assert "BASE_IMAGE" in {**common, **doc["target"][bt.name].get("args", {})}
 
 
 def test_a_label_value_with_a_template_sign_stays_literal():
@@ -154,7 +156,8 @@ def test_the_workflow_follows_the_targets_file():
     run = "\n".join(s.get("run", "") for s in build["steps"])
     assert "--keyless" in run and "docker buildx bake -f docker-bake.json --push" in run
     assert "qemu" not in json.dumps(doc)
-    for t in TF.targets.values():
+    assert "gpu-cpu" not in doc["jobs"]  # a cpu target has no GPU checks: its build job is all it has
+    for t in (t for t in TF.targets.values() if not t.is_cpu):
         job = doc["jobs"][f"gpu-{t.name}"]
         assert "self-hosted" in job["runs-on"] and f"cuda-capability-{t.capability}" in job["runs-on"]
         # The evidence is signed keyless with the job's identity: what promote counts once it is enrolled.
@@ -203,7 +206,15 @@ def _validate(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([exe, "--strict", str(path)], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("name", list(TF.targets))
+GPU_TARGETS = [n for n, t in TF.targets.items() if not t.is_cpu]
+
+
+def test_a_cpu_target_has_no_gpu_job():
+    with pytest.raises(ConfigError, match="cpu target: no GPU checks apply"):
+        k8s.job_for(TF.get("cpu"), "127.0.0.1:5555/blackwell/cpu@sha256:" + "a" * 64, "0" * 64)
+
+
+@pytest.mark.parametrize("name", GPU_TARGETS)
 def test_each_targets_job_passes_kubernetes_validate(tmp_path, name):
     path = tmp_path / f"{name}.yaml"
     path.write_text(k8s.dumps(_job(name, namespace="gpu-qualify")))
@@ -219,7 +230,7 @@ def test_kubernetes_validate_refuses_a_broken_job(tmp_path):
     assert _validate(path).returncode != 0
 
 
-@pytest.mark.parametrize("name", list(TF.targets))
+@pytest.mark.parametrize("name", GPU_TARGETS)
 def test_the_job_follows_the_targets_file(name):
     t = TF.get(name)
     policy, job = yaml.safe_load_all(k8s.dumps(_job(name)))
@@ -384,7 +395,7 @@ def test_stage_lays_out_the_builds_own_context_at_the_bake_files_path(tmp_path, 
     wheels.mkdir()
     for pin in pins:  # a stand-in wheel file per pin: no download here
         (wheels / f"{pin.name.replace('-', '_')}-{pin.version}-py3-none-any.whl").write_bytes(b"wheel")
-    monkeypatch.setattr(wheelhouse, "prepare", lambda lock, platform, python: wheels)
+    monkeypatch.setattr(wheelhouse, "prepare", lambda lock, platform, python, sources=None: wheels)
     monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
     monkeypatch.setattr(bakestage, "REPO_ROOT", tmp_path / "repo")
     link = bakestage.stage(TF, bt)

@@ -80,21 +80,24 @@ def test_settings_file_is_read_not_executed(host):
 # --- preflight ---------------------------------------------------------------------------
 
 
-def test_without_a_gpu_start_fails_fast_naming_the_missing_gpu(tmp_path):
-    """This machine has no NVIDIA GPU: the real PATH, no stand-in."""
+def test_without_a_gpu_the_first_run_chooses_the_cpu_target_and_stops_before_pulling(tmp_path):
+    """This machine has no NVIDIA GPU: the real PATH, no stand-in. GPU_RUNTIME=auto (the default) then means the
+    cpu target, said so; this checkout has no cpu release, so the deploy stops before anything is pulled.
+    (With GPU_RUNTIME named, "no NVIDIA GPU found" stands: tests/test_cpu_target.py.)"""
     if shutil.which("nvidia-smi"):
         pytest.skip("this host has nvidia-smi; the test is about a host without one")
     env_file = tmp_path / "first-run.env"
     started = time.monotonic()
     done = subprocess.run([str(REPO / "start.sh"), "--env-file", str(env_file)], capture_output=True, text=True,
-                          timeout=30, stdin=subprocess.DEVNULL, env={k: v for k, v in os.environ.items()
+                          timeout=60, stdin=subprocess.DEVNULL, env={k: v for k, v in os.environ.items()
                                                                     if k not in SETTINGS})
     elapsed = time.monotonic() - started
-    assert done.returncode == 3, done.stderr
-    assert elapsed < 5
-    assert "no NVIDIA GPU found" in done.stderr and "nvidia-smi" in done.stderr and "fix:" in done.stderr
+    assert done.returncode in (3, 4), done.stderr
+    assert elapsed < 30
+    assert "target: cpu: this host has no nvidia-smi on PATH (no NVIDIA driver) and GPU_RUNTIME=auto" in done.stderr
+    assert "fix:" in done.stderr
     assert env_file.read_text() == (REPO / ".env.example").read_text()  # the first run made it
-    assert "trust gate" not in done.stderr and "pulling" not in done.stderr  # stopped before anything started
+    assert "pulling" not in done.stderr and "starting compose" not in done.stderr  # stopped before anything started
 
 
 def test_a_driver_that_does_not_answer(host):

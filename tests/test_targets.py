@@ -9,6 +9,7 @@ import pytest
 
 from qualify.config import targets
 from qualify.core.errors import ConfigError
+from qualify.imagebuild import wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
 FILE = REPO / "images" / "targets.toml"
@@ -28,7 +29,7 @@ def edited(tmp_path, old, new, count=1):
 
 def test_repo_targets_file_is_valid():
     tf = targets.load(FILE)
-    assert set(tf.targets) == {"sm100", "sm103", "sm120", "sm121", "sm100-arm64"}
+    assert set(tf.targets) == {"sm100", "sm103", "sm120", "sm121", "sm100-arm64", "cpu"}
     assert tf.get("sm121").platform == "linux/arm64" and str(tf.get("sm121").capability) == "12.1"
     assert tf.get("sm121").runtime.unified_memory and tf.get("sm121").runtime.gpu_memory_utilization < 0.9
     assert all(t.base.image.pinned for t in tf.targets.values())
@@ -181,3 +182,33 @@ def test_the_staged_context_holds_each_layers_wheels_pinned_by_hash(tmp_path):
     (ctx / "payload/1/left-over.whl").write_bytes(b"x")  # e.g. a wheel of an older lock
     image.stage_context("slices", lock, wheels, tf.build, ctx=ctx)
     assert {p: p.stat().st_mtime_ns for p in ctx.rglob("*") if p.is_file()} == before
+
+
+def test_the_cpu_target_has_no_gpu_and_a_lock_of_its_own():
+    tf = targets.load(FILE)
+    cpu = tf.get("cpu")
+    assert cpu.is_cpu and cpu.capability is None and cpu.capability_text == "cpu" and not cpu.gpus
+    assert cpu.triton_env == {} and cpu.driver_floor is None and cpu.profiles == ("vllm",)
+    assert cpu.support_level == "experimental" and cpu.platform == "linux/amd64"
+    # its own lock: under <profile>-<os>-<arch>-py<python> it would share sm120's
+    lock = cpu.lock_path("vllm", tf.hermetic.python)
+    assert lock.name == "vllm-cpu-linux-amd64-py3.11.txt"
+    assert lock != tf.get("sm120").lock_path("vllm", tf.hermetic.python)
+    names = {p.name: p.version for p in wheelhouse.parse_lock(lock)}
+    assert names["vllm-cpu"] == "0.32.0" and names["torch"] == "2.13.0+cpu"
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(names)  # a CUDA torchvision breaks transformers
+    assert tf.cpu_targets("x86_64") == [cpu] and tf.cpu_targets("aarch64") == []
+
+
+@pytest.mark.parametrize("key, value", [("capability", '"12.0"'), ("gpus", '["NVIDIA B200"]'),
+                                        ("torch_cuda_arch_list", '"12.0"'), ("cuda", '"13.0"')])
+def test_a_cpu_target_refuses_what_only_a_gpu_target_has(tmp_path, key, value):
+    path = edited(tmp_path, 'accelerator = "cpu"\n', f'accelerator = "cpu"\n{key} = {value}\n')
+    with pytest.raises(ConfigError, match=f"a cpu target has no GPU, so no '{key}'"):
+        targets.load(path)
+
+
+def test_an_unknown_accelerator_is_refused(tmp_path):
+    path = edited(tmp_path, 'description = "workstation Blackwell', 'accelerator = "tpu"\ndescription = "workstation Blackwell')
+    with pytest.raises(ConfigError, match="'accelerator': 'tpu' is not an accelerator"):
+        targets.load(path)

@@ -33,13 +33,14 @@ def target_dict(t: targets.Target, tf: targets.TargetsFile) -> dict:
         "description": t.description,
         "gpus": list(t.gpus),
         "platform": t.platform,
-        "capability": str(t.capability),
+        "accelerator": t.accelerator.value,
+        "capability": t.capability_text,
         "cuda": t.cuda,
         "torch_cuda_arch_list": t.torch_cuda_arch_list,
-        "gencode": arch.gencode_flags(t.torch_cuda_arch_list),
+        "gencode": arch.gencode_flags(t.torch_cuda_arch_list) if t.torch_cuda_arch_list else [],
         "support_level": t.support_level,
         "base": {"image": str(t.base.image), "python": t.base.python, "source": t.base.source, "pinned": t.base.pinned},
-        "triton_env": t.triton.env(),
+        "triton_env": t.triton_env,
         "runtime": {
             "gpu_memory_utilization": t.runtime.gpu_memory_utilization,
             "unified_memory": t.runtime.unified_memory,
@@ -47,7 +48,7 @@ def target_dict(t: targets.Target, tf: targets.TargetsFile) -> dict:
         },
         "locks": {
             f"{profile}/{kind}": str(t.lock_path(profile, t.python_for(kind, tf.hermetic)).relative_to(targets.REPO_ROOT))
-            for profile in targets.PROFILES
+            for profile in t.profiles
             for kind in targets.BASE_KINDS
         },
     }
@@ -57,6 +58,10 @@ def markdown_table(tf: targets.TargetsFile) -> str:
     rows = ["| target | GPUs | platform | capability | TORCH_CUDA_ARCH_LIST | intended level | GPU memory fraction |",
             "|---|---|---|---|---|---|---|"]
     for t in tf.targets.values():
+        if t.is_cpu:
+            rows.append(f"| `{t.name}` | none (vLLM's CPU build) | {t.platform} | {t.capability_text} | none "
+                        f"| {t.support_level} | none (KV cache {t.runtime.kv_cache_gib} GiB of host memory) |")
+            continue
         unified = " (unified memory)" if t.runtime.unified_memory else ""
         rows.append(f"| `{t.name}` | {', '.join(t.gpus)} | {t.platform} | {t.capability} | `{t.torch_cuda_arch_list}` "
                     f"| {t.support_level} | {t.runtime.gpu_memory_utilization:.2f}{unified} |")
@@ -75,7 +80,7 @@ def execute(args) -> int:
             return 0
         print(f"{'target':<13} {'platform':<12} {'cap':<5} {'arch list':<12} {'level':<13} description")
         for t in tf.targets.values():
-            print(f"{t.name:<13} {t.platform:<12} {str(t.capability):<5} {t.torch_cuda_arch_list:<12} "
+            print(f"{t.name:<13} {t.platform:<12} {t.capability_text:<5} {t.torch_cuda_arch_list or '-':<12} "
                   f"{t.support_level:<13} {t.description}")
         return 0
     if args.action == "markdown":
@@ -94,6 +99,6 @@ def execute(args) -> int:
         plats = ", ".join(f"{t.name} ({t.platform})" for t in same_cap)
         print(f"capability {cap} is supported only on: {plats}; this host is {args.machine}")
         return 3
-    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values())
+    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values() if not t.is_cpu)
     print(f"capability {cap} ({arch.describe(cap)}) is not one of our targets; supported: {supported}")
     return 2

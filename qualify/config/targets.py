@@ -8,25 +8,38 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
-import fnmatch
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import tomllib
 
 from qualify.config.imageref import ImageRef, ImageRefError
+
+# The typed values live in config/model.py; every stage imports them from here.
+from qualify.config.model import (  # noqa: E402,F401
+    DEFAULT_BUILD,
+    LOCKS_DIR,
+    REPO_ROOT,
+    BasePin,
+    BuildSettings,
+    Hermetic,
+    PayloadLayer,
+    Runtime,
+    RuntimeUser,
+    Target,
+    TargetsFile,
+    TritonWiring,
+    lock_path,
+)
 from qualify.core import arch, driver
-from qualify.core.enums import BaseKind, Profile, SupportLevel
+from qualify.core.enums import Accelerator, BaseKind, Profile, SupportLevel
 from qualify.core.errors import ConfigError
 from qualify.core.manifest import TARGET_NAME, TARGET_NAME_MAX
 from qualify.core.readlimit import TARGETS_LIMIT, read_small
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGETS_FILE = REPO_ROOT / "images" / "targets.toml"
-LOCKS_DIR = REPO_ROOT / "images" / "locks"
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 # The closed vocabularies live in core/enums.py; these are the values a targets file may use.
@@ -47,6 +60,8 @@ _HERMETIC_KEYS = {"suite": str, "mirror": str, "python": str, "repository": str}
 _DEFAULT_KEYS = {"cuda": str, "triton": dict, "runtime": dict, "user": dict}
 _TARGET_KEYS = {
     "description": str,
+    "accelerator": str,
+    "system_packages": list,
     "gpus": list,
     "platform": str,
     "capability": str,
@@ -61,7 +76,11 @@ _TARGET_KEYS = {
 _BASE_KEYS = {"image": str, "python": str, "source": str, "pinned": str}
 _TRITON_KEYS = {"ptxas": str, "ptxas_blackwell": str, "cuobjdump": str, "nvdisasm": str}
 _RUNTIME_KEYS = {"gpu_memory_utilization": float, "unified_memory": bool, "min_gpu_memory_gib": int,
-                 "host_reserve_gib": int}
+                 "host_reserve_gib": int, "kv_cache_gib": int, "server_memory_gib": int}
+_RUNTIME_OPTIONAL = frozenset({"kv_cache_gib", "server_memory_gib"})  # the cpu target's memory (preflight)
+# What a GPU target has and a cpu target must not name (its images carry no GPU code).
+_GPU_ONLY_KEYS = ("gpus", "capability", "torch_cuda_arch_list", "cuda", "triton")
+_DEB_PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,62}")
 _USER_KEYS = {"name": str, "uid": int}
 _USER_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # what passwd and useradd accept
 _CUDA_RE = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}")
@@ -73,145 +92,6 @@ _PYTHON_RE = re.compile(r"3\.[0-9]{1,2}")
 _REPOSITORY_RE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
 _TOOL_PATH_RE = re.compile(r"/[A-Za-z0-9._/+-]*")
 MAX_GPU_MEMORY_GIB = 4096  # no GPU or unified pool is near this; larger is a typo
-
-
-@dataclass(frozen=True)
-class BasePin:
-    image: ImageRef
-    python: str
-    source: str
-    pinned: str
-
-
-@dataclass(frozen=True)
-class TritonWiring:
-    ptxas: str
-    ptxas_blackwell: str
-    cuobjdump: str
-    nvdisasm: str
-
-    def env(self) -> Dict[str, str]:
-        """Triton reads TRITON_<TOOL>_PATH, with '-' in the tool name turned into '_'."""
-        return {
-            "TRITON_PTXAS_PATH": self.ptxas,
-            "TRITON_PTXAS_BLACKWELL_PATH": self.ptxas_blackwell,
-            "TRITON_CUOBJDUMP_PATH": self.cuobjdump,
-            "TRITON_NVDISASM_PATH": self.nvdisasm,
-        }
-
-
-@dataclass(frozen=True)
-class Runtime:
-    gpu_memory_utilization: float
-    unified_memory: bool
-    min_gpu_memory_gib: int
-    host_reserve_gib: int  # unified memory: what the host keeps for itself, whatever the fraction
-
-
-@dataclass(frozen=True)
-class RuntimeUser:
-    """Who the server runs as. A base that has `uid` already (nvidia/cuda's ubuntu, 1000) keeps its name."""
-
-    name: str
-    uid: int
-
-
-@dataclass(frozen=True)
-class Hermetic:
-    suite: str
-    mirror: str
-    python: str
-    repository: str
-
-
-@dataclass(frozen=True)
-class PayloadLayer:
-    """One layer of an image's payload: the lock's packages whose normalised names match `packages`."""
-
-    name: str
-    packages: Tuple[str, ...]  # fnmatch patterns; a package goes into the first layer one of whose patterns matches
-
-    def takes(self, package: str) -> bool:
-        return any(fnmatch.fnmatchcase(package, pattern) for pattern in self.packages)
-
-
-@dataclass(frozen=True)
-class BuildSettings:
-    """What every image build shares ([build])."""
-
-    cache_budget_bytes: int  # the toolkit's BuildKit cache kept beyond what the newest builds use
-    layers: Tuple[PayloadLayer, ...]
-
-    def layer_of(self, package: str) -> str:
-        """The layer a package is installed in (the last layer is the catch-all: validated when loaded)."""
-        return next(layer.name for layer in self.layers if layer.takes(package))
-
-
-# Used where a targets file has no [build] table (tests' small files): one layer, 20 GB.
-DEFAULT_BUILD = BuildSettings(20 * 10**9, (PayloadLayer("payload", ("*",)),))
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    description: str
-    gpus: Tuple[str, ...]
-    platform: str
-    capability: arch.Capability
-    cuda: str
-    torch_cuda_arch_list: str
-    support_level: str
-    base: BasePin
-    triton: TritonWiring
-    runtime: Runtime
-    user: RuntimeUser
-    driver_floor: driver.DriverVersion  # the oldest host driver the target's CUDA runs on ([drivers])
-
-    @property
-    def arch_tag(self) -> str:
-        """`amd64` or `arm64`."""
-        return self.platform.split("/", 1)[1]
-
-    @property
-    def uname_machine(self) -> str:
-        return {"amd64": "x86_64", "arm64": "aarch64"}[self.arch_tag]
-
-    def python_for(self, base_kind: str, hermetic: Hermetic) -> str:
-        return hermetic.python if base_kind == "hermetic" else self.base.python
-
-    def lock_path(self, profile: str, python: str) -> Path:
-        return lock_path(profile, self.platform, python)
-
-
-@dataclass(frozen=True)
-class TargetsFile:
-    path: Path
-    schema: int
-    hermetic: Hermetic
-    targets: Mapping[str, Target] = field(default_factory=dict)
-    # Seed 000: passing runs in a row, without a product failure, before a target is baseline.
-    promotion_passes: int = 7
-    build: BuildSettings = DEFAULT_BUILD
-    drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # [drivers]: CUDA -> driver floor
-
-    def get(self, name: str) -> Target:
-        if name not in self.targets:
-            raise ConfigError(
-                f"{self.path}: no target named {name!r}",
-                hint=_did_you_mean(name, self.targets) or f"known targets: {', '.join(self.targets)}",
-            )
-        return self.targets[name]
-
-    def for_capability(self, cap: arch.Capability, machine: Optional[str] = None) -> List[Target]:
-        """Targets whose capability is exactly `cap` (and, if given, whose platform fits `machine`)."""
-        found = [t for t in self.targets.values() if t.capability == cap]
-        if machine is not None:
-            found = [t for t in found if t.uname_machine == machine]
-        return found
-
-
-def lock_path(profile: str, platform: str, python: str) -> Path:
-    return LOCKS_DIR / f"{profile}-{platform.replace('/', '-')}-py{python}.txt"
 
 
 # --- loading -----------------------------------------------------------------
@@ -366,10 +246,16 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
                   drivers: Mapping[str, driver.DriverVersion], path: Path) -> Target:
     """One target; every independent problem in it is reported, not only the first."""
     where = f"target {name!r}"
+    if table.get("accelerator", Accelerator.CUDA.value) == Accelerator.CPU.value:
+        return _parse_cpu_target(name, table, defaults, path)
     merged = dict(table)
     merged.setdefault("cuda", defaults.get("cuda"))
-    _check_keys(merged, _TARGET_KEYS, path, where, required=True, optional={"triton", "runtime", "user"})
+    _check_keys(merged, _TARGET_KEYS, path, where, required=True,
+                optional={"triton", "runtime", "user", "accelerator", "system_packages"})
     problems = _Problems(path)
+    if "accelerator" in merged:
+        with problems.each():
+            _one_of(merged, "accelerator", Accelerator.values(), path, where, "{value} is not an accelerator")
     values: Dict[str, Any] = {}
     with problems.each():
         values["platform"] = _one_of(merged, "platform", PLATFORMS, path, where, "unknown platform {value}")
@@ -390,9 +276,54 @@ def _parse_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, An
         values["user"] = _user(merged, defaults, path, where)
     with problems.each():
         values["driver_floor"] = _driver_floor(merged["cuda"], drivers, path, where)
+    with problems.each():
+        values["system_packages"] = _system_packages(merged, path, where)
     problems.raise_any()
     return Target(name=name, description=merged["description"], cuda=merged["cuda"],
                   torch_cuda_arch_list=merged["torch_cuda_arch_list"], **values)
+
+
+def _parse_cpu_target(name: str, table: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> Target:
+    """A target with no GPU: vLLM's CPU build. What only a GPU target has is refused by name."""
+    where = f"target {name!r}"
+    _check_keys(table, _TARGET_KEYS, path, where)
+    named = [k for k in _GPU_ONLY_KEYS if k in table]
+    if named:
+        raise ConfigError(f"{path}: {where}: a cpu target has no GPU, so no {', '.join(repr(k) for k in named)}",
+                          hint="remove those keys, or make it a GPU target (no 'accelerator' key)")
+    missing = [k for k in ("description", "platform", "support_level", "base") if k not in table]
+    if missing:
+        raise ConfigError(f"{path}: {where}: missing key(s): {', '.join(missing)}")
+    problems = _Problems(path)
+    values: Dict[str, Any] = {}
+    with problems.each():
+        values["platform"] = _one_of(table, "platform", PLATFORMS, path, where, "unknown platform {value}")
+    with problems.each():
+        values["support_level"] = _one_of(table, "support_level", INTENDED_LEVELS, path, where,
+                                          "{value} is not an intended level")
+    with problems.each():
+        values["base"] = _parse_base(name, table["base"], path)
+    with problems.each():
+        values["runtime"] = _runtime(table, defaults, path, where)
+        if not values["runtime"].kv_cache_gib or not values["runtime"].server_memory_gib:
+            raise ConfigError(f"{path}: {where}: a cpu target needs runtime.kv_cache_gib and runtime.server_memory_gib",
+                              hint="the host memory vLLM's CPU build reserves for its KV cache, and what the server "
+                              "needs besides (preflight checks both)")
+    with problems.each():
+        values["user"] = _user(table, defaults, path, where)
+    with problems.each():
+        values["system_packages"] = _system_packages(table, path, where)
+    problems.raise_any()
+    return Target(name=name, description=table["description"], gpus=(), capability=None, cuda="",
+                  torch_cuda_arch_list="", triton=None, driver_floor=None, accelerator=Accelerator.CPU, **values)
+
+
+def _system_packages(table: Mapping[str, Any], path: Path, where: str) -> Tuple[str, ...]:
+    names = table.get("system_packages", [])
+    bad = [n for n in names if not isinstance(n, str) or not _DEB_PACKAGE_RE.fullmatch(n)]
+    if bad:
+        raise ConfigError(f"{path}: {where}: key 'system_packages': {bad[0]!r} is not a Debian package name")
+    return tuple(names)
 
 
 def _one_of(merged: Mapping[str, Any], key: str, allowed: Sequence[str], path: Path, where: str, what: str) -> str:
@@ -443,7 +374,8 @@ def _triton(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, 
 
 def _runtime(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path, where: str) -> Runtime:
     runtime_table = {**defaults.get("runtime", {}), **merged.get("runtime", {})}
-    _check_keys(runtime_table, _RUNTIME_KEYS, path, f"{where} [runtime] (with [defaults.runtime])", required=True)
+    _check_keys(runtime_table, _RUNTIME_KEYS, path, f"{where} [runtime] (with [defaults.runtime])", required=True,
+                optional=_RUNTIME_OPTIONAL)
     fraction = runtime_table["gpu_memory_utilization"]
     if not 0.05 <= fraction <= 0.98:
         raise ConfigError(f"{path}: {where}: key 'runtime.gpu_memory_utilization': {fraction} is outside 0.05..0.98")
@@ -453,6 +385,9 @@ def _runtime(merged: Mapping[str, Any], defaults: Mapping[str, Any], path: Path,
     reserve = runtime_table["host_reserve_gib"]
     if not 0 <= reserve <= MAX_GPU_MEMORY_GIB:
         raise ConfigError(f"{path}: {where}: key 'runtime.host_reserve_gib': {reserve} is outside 0..{MAX_GPU_MEMORY_GIB}")
+    for key in sorted(_RUNTIME_OPTIONAL & set(runtime_table)):
+        if not 1 <= runtime_table[key] <= MAX_GPU_MEMORY_GIB:
+            raise ConfigError(f"{path}: {where}: key 'runtime.{key}': {runtime_table[key]} is outside 1..{MAX_GPU_MEMORY_GIB}")
     return Runtime(**runtime_table)
 
 

@@ -39,6 +39,17 @@ class Profile(ValueEnum):
     VLLM = "vllm"
 
 
+class Accelerator(ValueEnum):
+    """What a target's images compute on: an NVIDIA GPU (CUDA), or the CPU alone (vLLM's CPU build)."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+# A cpu target's manifests carry this where a GPU target's carry its compute capability.
+CPU_CAPABILITY = "cpu"
+
+
 class BaseKind(ValueEnum):
     """Where an image's base comes from."""
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from qualify.core.enums import CheckStatus, Origin, SupportLevel, Verdict
+from qualify.core.enums import CPU_CAPABILITY, CheckStatus, Origin, SupportLevel, Verdict
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
@@ -257,6 +257,11 @@ class Manifest:
     @property
     def external(self) -> bool:
         return self.origin == Origin.EXTERNAL
+
+    @property
+    def is_cpu(self) -> bool:
+        """A cpu target's manifest (no GPU: `cpu` where a GPU target's has its capability)."""
+        return self.capability == CPU_CAPABILITY
 
     @property
     def failing(self) -> Tuple[str, ...]:

@@ -9,10 +9,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
+from qualify.core.serving import CANARY_ANSWER, CANARY_PROMPT, LONG_PROMPT, TOOL_PROMPT, WEATHER_TOOL
 from qualify.deploy.errors import DeployError
-
-CANARY_PROMPT = "What is 19 times 23?"
-CANARY_ANSWER = "437"
 
 
 @dataclass(frozen=True)
@@ -82,9 +80,6 @@ def canary(base_url: str, model: str) -> ApiCheck:
     return ApiCheck(ok, f"{CANARY_PROMPT!r} -> {answer[:200]!r}" + ("" if ok else f" (expected {CANARY_ANSWER})"))
 
 
-LONG_PROMPT = "Write a numbered list of forty short, plain facts about the number seven."
-
-
 def determinism(base_url: str, model: str, max_tokens: int = 512) -> ApiCheck:
     """A long greedy decode, twice: the texts must be identical."""
     texts = []
@@ -104,19 +99,9 @@ def determinism(base_url: str, model: str, max_tokens: int = 512) -> ApiCheck:
     return ApiCheck(True, f"two greedy decodes of up to {max_tokens} tokens are identical ({len(texts[0])} chars)")
 
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-
-
 def tool_call(base_url: str, model: str) -> ApiCheck:
     """The server must answer with a well-formed call of the one tool offered."""
-    messages = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
+    messages = [{"role": "user", "content": TOOL_PROMPT}]
     try:
         body = chat(base_url, model, messages, tools=[WEATHER_TOOL], tool_choice="auto", temperature=0,
                     max_tokens=128)
@@ -146,11 +131,24 @@ def load_json_text(text: str, what: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class Throughput:
-    """What this GPU serves: time to first token and decode rate of one streamed greedy request."""
+    """What this host serves: time to first token and decode rate of one streamed greedy request.
+
+    The rate is tokens over the decode interval: from the first content chunk to the last. vLLM's CPU build
+    sends its stream in bursts, so chunks cannot be timed one by one, but the last burst comes when decoding
+    ends. A server that holds everything back until the end (the whole reply within 1 ms of the first chunk:
+    115,288 "tokens/s") leaves no interval to measure; then the rate is over the whole request (first byte
+    sent to last received), which can only understate it, and `basis` says which."""
 
     ttft_s: float
     tokens_per_s: float
     tokens: int
+    interval_s: float = 0.0  # the interval the rate is over
+    basis: str = "stream"  # "stream": first to last chunk; "request": the whole request
+
+
+# A decode interval shorter than this, or than this share of the request, is a burst, not a measurement.
+MIN_STREAM_INTERVAL_S = 0.05
+MIN_STREAM_SHARE = 0.2
 
 
 def _stream_events(resp) -> Any:
@@ -174,15 +172,16 @@ def _stream_events(resp) -> Any:
 MAX_EVENT_BYTES = 1 << 20
 
 
-def throughput(base_url: str, model: str, max_tokens: int = 128, timeout: float = 120.0) -> Throughput:
-    """Stream LONG_PROMPT greedily; tokens are the server's usage count, else one per content chunk."""
+def throughput(base_url: str, model: str, max_tokens: int = 256, timeout: float = 300.0) -> Throughput:
+    """Stream LONG_PROMPT greedily for exactly `max_tokens` tokens (vLLM's ignore_eos: a model that stops early
+    leaves too few to time); tokens are the server's usage count, else one per content chunk."""
     payload = {"model": model, "messages": [{"role": "user", "content": LONG_PROMPT}], "temperature": 0,
-               "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+               "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     start = time.monotonic()
-    first: Optional[float] = None
-    chunks, usage = 0, None
+    arrivals = []
+    usage = None
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             for event in _stream_events(resp):
@@ -190,13 +189,27 @@ def throughput(base_url: str, model: str, max_tokens: int = 128, timeout: float 
                     usage = event["usage"].get("completion_tokens")
                 for choice in event.get("choices") or []:
                     if (choice.get("delta") or {}).get("content"):
-                        first = first if first is not None else time.monotonic()
-                        chunks += 1
+                        arrivals.append(time.monotonic())
     except (urllib.error.URLError, OSError) as exc:
         raise DeployError(f"streamed completion: {getattr(exc, 'reason', exc)}") from None
     end = time.monotonic()
-    if first is None:
+    if not arrivals:
         raise DeployError("streamed completion: the server sent no content")
-    tokens = int(usage or chunks)
-    rate = (tokens - 1) / (end - first) if end > first and tokens > 1 else 0.0
-    return Throughput(round(first - start, 4), round(rate, 1), tokens)
+    tokens = int(usage or len(arrivals))
+    first, last = arrivals[0], arrivals[-1]
+    if last - first >= max(MIN_STREAM_INTERVAL_S, MIN_STREAM_SHARE * (end - start)) and tokens > 1:
+        rate, interval, basis = (tokens - 1) / (last - first), last - first, "stream"
+    else:
+        rate, interval, basis = tokens / (end - start), end - start, "request"
+    return Throughput(round(first - start, 4), round(rate, 1), tokens, round(interval, 4), basis)
+
+
+def throughput_check(base_url: str, model: str) -> ApiCheck:
+    """The streamed decode rate, measured (never a burst's figure)."""
+    try:
+        t = throughput(base_url, model)
+    except DeployError as exc:
+        return ApiCheck(False, str(exc))
+    ok = t.tokens > 1 and t.tokens_per_s > 0
+    return ApiCheck(ok, f"{t.tokens_per_s:g} tokens/s ({t.tokens} tokens in {t.interval_s:.2f} s, measured over the "
+                        f"{'stream' if t.basis == 'stream' else 'whole request'}); time to first token {t.ttft_s:.3f} s")

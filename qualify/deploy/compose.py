@@ -22,7 +22,9 @@ HF_HOME = f"{CACHE_ROOT}/huggingface"
 VLLM_CACHE = f"{CACHE_ROOT}/vllm"
 TRITON_HOME = f"{CACHE_ROOT}/triton"
 VOLUMES = {"hf-cache": HF_HOME, "vllm-cache": VLLM_CACHE, "triton-cache": TRITON_HOME}
-GPU_RUNTIMES = ("nvidia", "cdi", "none")
+MODEL_DIR = f"{CACHE_ROOT}/model"  # MODEL_PATH, bound read-only (deploy/modelpath.py checks it first)
+# `cpu`: the cpu target, which asks for no GPU; `none`: a GPU target's container without one (the stand-in's).
+GPU_RUNTIMES = ("nvidia", "cdi", "none", "cpu")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class ComposeSpec:
     extra_env: Tuple[Tuple[str, str], ...] = ()
     health_start_period_s: int = 1800
     labels: Tuple[Tuple[str, str], ...] = field(default_factory=tuple)
+    model_path: str = ""  # a host folder served instead of model/revision, offline
+    cpu_kv_cache_gib: int = 0  # the cpu target: VLLM_CPU_KVCACHE_SPACE
 
     def validate(self) -> None:
         if self.gpu_runtime not in GPU_RUNTIMES:
@@ -84,19 +88,24 @@ def _literal(node: Any) -> Any:
 
 
 def serve_args(s: ComposeSpec) -> List[str]:
-    args = ["--model", s.model, "--revision", s.revision, "--tokenizer-revision", s.revision,
-            "--served-model-name", s.served_model_name, "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
-            "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}", "--max-model-len", str(s.max_model_len)]
+    model = ["--model", MODEL_DIR] if s.model_path else ["--model", s.model, "--revision", s.revision,
+                                                         "--tokenizer-revision", s.revision]
+    memory = [] if s.gpu_runtime == "cpu" else ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    args = [*model, "--served-model-name", s.served_model_name, "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
+            *memory, "--max-model-len", str(s.max_model_len)]
     if s.tool_call_parser:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
     return args + list(s.extra_args)
 
 
 def _environment(s: ComposeSpec) -> Dict[str, str]:
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_HOME": HF_HOME, "HF_HUB_OFFLINE": "0",
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_HOME": HF_HOME, "HF_HUB_OFFLINE": "1" if s.model_path else "0",
            "VLLM_CACHE_ROOT": VLLM_CACHE, "TRITON_CACHE_DIR": f"{TRITON_HOME}/cache"}
     if s.gpu_runtime == "nvidia":
         env["NVIDIA_VISIBLE_DEVICES"] = s.gpu_device
+    if s.gpu_runtime == "cpu":
+        del env["CUDA_DEVICE_ORDER"]
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kv_cache_gib)
     env.update(dict(s.extra_env))
     return env
 
@@ -123,7 +132,8 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
         "shm_size": s.shm_size,
         "ports": [_publish(s)],
         "environment": _environment(s),
-        "volumes": [f"{name}:{path}" for name, path in VOLUMES.items()],
+        "volumes": [f"{name}:{path}" for name, path in VOLUMES.items()] + (
+            [{"type": "bind", "source": s.model_path, "target": MODEL_DIR, "read_only": True}] if s.model_path else []),
         "healthcheck": _healthcheck(s),
         "labels": {paths.LABEL_TARGET: s.target, **dict(s.labels)},
     }
@@ -136,8 +146,9 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
         # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (seed 003).
         service["security_opt"] = ["label=disable"]
     service = _literal(service)
-    # Taken from start.sh's environment when compose runs; never written into the file.
-    service["environment"]["HF_TOKEN"] = HF_TOKEN_REF
+    if not s.model_path:  # a local folder is served offline: no token
+        # Taken from start.sh's environment when compose runs; never written into the file.
+        service["environment"]["HF_TOKEN"] = HF_TOKEN_REF
     return {"services": {SERVICE: service}, "volumes": {name: {} for name in VOLUMES}}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from qualify.core import manifest as mf
 from qualify.core.enums import Profile, SupportLevel
 
+CPU_NO_GPU_CHECKS = "cpu target: no GPU checks apply"
 # Levels whose GPU evidence already comes from enough runs on the target (seed 000's promotion rule).
 PROVEN_LEVELS = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value)
 
@@ -42,6 +43,9 @@ def gate_decision(m: mf.Manifest) -> Decision:
     if m.profile != Profile.VLLM:
         return Decision(Action.REFUSE.value, f"the image is the {m.profile or 'unrecorded'} profile, which holds no vLLM "
                         "server: it qualifies the toolchain, it cannot serve (release a --profile vllm build)")
+    if m.is_cpu and verdict == "pass":
+        # No GPU evidence can exist for it; its level is raised by the serving correctness matrix, not here.
+        return Decision(Action.DEPLOY.value, f"{CPU_NO_GPU_CHECKS} (verdict {verdict}, support level {level})")
     if level == SupportLevel.UNVERIFIED or verdict == "incomplete":
         return Decision(Action.PROBE.value, f"qualified only statically (support level {level}, verdict {verdict}): "
                         "the GPU checks must pass on this host first")

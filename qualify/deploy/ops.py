@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
-from typing import List
+from typing import Any, Dict, List
 
 from qualify.deploy import api, preflight
 from qualify.deploy.settings import Settings
@@ -33,9 +34,31 @@ def _ids(engine: preflight.EngineChoice, *argv: str) -> List[str]:
     return cmd.ask([engine.cli, *argv]).stdout.split()
 
 
+DEPLOYMENT_FILE = "deployment.json"  # deploy/run.py writes it beside the compose file
+MAX_RECORD_BYTES = 1 << 16
+
+
+def deployment(s: Settings) -> Dict[str, Any]:
+    """What start.sh recorded about this deployment ({} when nothing, or not a record)."""
+    try:
+        with open(s.compose_file.with_name(DEPLOYMENT_FILE), "rb") as fh:
+            doc = json.loads(fh.read(MAX_RECORD_BYTES))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def status(s: Settings, ui: Ui) -> int:
     engine = preflight.detect_engine(s)
     url = api.api_url(s.bind_address, s.api_port)
+    record = deployment(s)
+    if record:
+        _section("deployment")
+        model = record.get("model") or {}
+        served = model.get("path") and f"{model['path']} (MODEL_PATH, offline)" or \
+            f"{model.get('id')} ({model.get('revision')})"
+        print(f"target: {record.get('target')} ({record.get('accelerator')})\nimage:  {record.get('image')}\n"
+              f"model:  {served} as {record.get('served_model_name')}\ntrust:  {record.get('trust')}", flush=True)
     _section(f"containers (project {s.compose_project})")
     if s.compose_file.is_file():
         _show(cmd.ask([*engine.compose, "-p", s.compose_project, "-f", str(s.compose_file), "ps"], timeout=120))
@@ -48,7 +71,9 @@ def status(s: Settings, ui: Ui) -> int:
         routed = api.models(url, s.served_model_name)
         print(f"models: {'ok' if routed.ok else 'FAILED'}: {routed.detail}", flush=True)
     _section(f"GPU {s.gpu_device}")
-    if shutil.which("nvidia-smi"):
+    if record.get("accelerator") == "cpu":
+        print("none: the cpu target serves on the CPU")
+    elif shutil.which("nvidia-smi"):
         _show(cmd.ask(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
                        "memory.total", "--format=csv", "-i", s.gpu_device], timeout=30))
     else:
@@ -95,6 +120,7 @@ def verify(s: Settings, ui: Ui, level: str) -> int:
             checks["tool-call"] = lambda: api.tool_call(url, model)
         else:
             ui.say("tool-call: skipped (TOOL_CALL_PARSER is empty)")
+        checks["throughput"] = lambda: api.throughput_check(url, model)
     ui.say(f"{level} checks against {url} ({model})")
     passed = failed = 0
     for name, check in checks.items():

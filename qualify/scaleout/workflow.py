@@ -39,6 +39,11 @@ HEADER = ("Generated from images/targets.toml by `python -m qualify workflow` (n
           "Do not edit: tests/test_scaleout.py compares this file with a fresh generation.")
 
 
+def _gpu_targets(tf: TargetsFile) -> List[Target]:
+    """The targets a GPU runner proves: a cpu target has no GPU checks (its build job is the others')."""
+    return [t for t in tf.targets.values() if not t.is_cpu]
+
+
 def gpu_label(target: Target) -> str:
     """The label a self-hosted GPU runner carries for the capability it can prove."""
     return f"cuda-capability-{target.capability}"
@@ -180,7 +185,7 @@ def _release_job() -> Dict[str, Any]:
 def _promote_job(tf: TargetsFile) -> Dict[str, Any]:
     return {
         "name": "merge GPU evidence and promote",
-        "needs": ["release", *[f"gpu-{t.name}" for t in tf.targets.values()]],
+        "needs": ["release", *[f"gpu-{t.name}" for t in _gpu_targets(tf)]],
         "runs-on": "ubuntu-24.04",
         "permissions": {"contents": "write"},
         "env": {"GH_TOKEN": "${{ github.token }}"},
@@ -205,7 +210,7 @@ def _promote_job(tf: TargetsFile) -> Dict[str, Any]:
 
 def generate(tf: TargetsFile) -> Dict[str, Any]:
     jobs: Dict[str, Any] = {"build": _build_job(tf)}
-    for t in tf.targets.values():
+    for t in _gpu_targets(tf):
         jobs[f"gpu-{t.name}"] = _gpu_job(t)
     jobs["release"] = _release_job()
     jobs["promote"] = _promote_job(tf)
@@ -220,7 +225,7 @@ def generate(tf: TargetsFile) -> Dict[str, Any]:
 
 def actionlint_config(tf: TargetsFile) -> Dict[str, Any]:
     """actionlint must know the self-hosted labels, or it reports them as unknown."""
-    labels = sorted({gpu_label(t) for t in tf.targets.values()})
+    labels = sorted({gpu_label(t) for t in _gpu_targets(tf)})
     return {"self-hosted-runner": {"labels": labels}}
 
 

@@ -1,0 +1,14 @@
+"""`python -m qualify tiny-model`: a small Llama the toolkit makes itself, for serving a real vLLM offline.
+
+It answers the deploy's own requests (core/serving.py) under greedy decoding, so `./start.sh` on the `cpu`
+target can run every check against a real server with no hub download. The parts, one job each:
+
+  tasks     what the model must answer: `Example`s (chat messages and the reply); a new skill (issue 39's
+            needle-in-a-haystack retrieval) is a new generator of examples here, nothing else changes
+  vocab     the tokenizer (byte-level BPE built with `tokenizers`) and the chat template
+  train     the Llama config and the deterministic training loop, with the check that greedy decoding
+            gives every example's reply in float32 and in bfloat16 (vLLM's CPU default)
+  write     the model folder, written whole or not at all, world-readable
+
+Host side only: torch, transformers and tokenizers come with the `test` extra.
+"""

@@ -1,0 +1,141 @@
+"""The tiny Llama: its config, the training loop, and the check that greedy decoding gives every reply.
+
+Deterministic: one seed, one thread (a thread count changes the order of float sums), a fixed schedule,
+and a stopping rule that depends only on the model's own outputs. It trains until greedy decoding gives
+every example's reply in float32 and in bfloat16 (vLLM's CPU backend computes in bfloat16) and the
+reply's tokens win by a margin, so a server's slightly different arithmetic cannot flip them.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from tokenizers import Tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from qualify.tinymodel import vocab
+from qualify.tinymodel.tasks import Example
+
+SEED = 0
+MAX_POSITIONS = 8192  # the deploy's default MAX_MODEL_LEN must fit
+MARGIN = 6.0  # logits: the reply's token over the runner-up, at every position
+MAX_STEPS = 1500
+CHECK_EVERY = 50
+LEARNING_RATE = 3e-3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes: head_dim 64 is one vLLM's CPU attention supports."""
+
+    hidden: int = 128
+    intermediate: int = 256
+    layers: int = 2
+    heads: int = 2
+    head_dim: int = 64
+
+
+@dataclass(frozen=True)
+class Trained:
+    model: LlamaForCausalLM
+    steps: int
+    seconds: float
+    margin: float  # the smallest winning margin over every reply token
+
+
+def config(tok: Tokenizer, shape: Shape = Shape()) -> LlamaConfig:
+    ids = {t: tok.token_to_id(t) for t in vocab.SPECIAL}
+    return LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.heads,
+        head_dim=shape.head_dim, max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=ids[vocab.BOS], eos_token_id=ids[vocab.EOS],
+        pad_token_id=ids[vocab.PAD], torch_dtype="float32")
+
+
+def encode(tok: Tokenizer, example: Example) -> Tuple[List[int], List[int]]:
+    """(prompt ids, reply ids ending in end-of-turn): the prompt as a server tokenizes the rendered chat."""
+    prompt = tok.encode(vocab.render(example.chat()), add_special_tokens=False).ids
+    reply = tok.encode(example.reply, add_special_tokens=False).ids + [tok.token_to_id(vocab.EOS)]
+    return prompt, reply
+
+
+def _batch(pairs: Sequence[Tuple[List[int], List[int]]], pad: int) -> Tuple[torch.Tensor, ...]:
+    width = max(len(p) + len(r) for p, r in pairs)
+    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
+    labels = torch.full((len(pairs), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)
+    for row, (p, r) in enumerate(pairs):
+        seq = p + r
+        ids[row, :len(seq)] = torch.tensor(seq)
+        labels[row, len(p):len(seq)] = torch.tensor(r)
+        mask[row, :len(seq)] = 1
+    return ids, labels, mask
+
+
+@torch.no_grad()
+def margin(model: LlamaForCausalLM, pairs: Sequence[Tuple[List[int], List[int]]]) -> float:
+    """The smallest (reply token's logit - best other logit) over every reply position, teacher-forced."""
+    worst = float("inf")
+    for p, r in pairs:
+        logits = model(torch.tensor([p + r])).logits[0, len(p) - 1:len(p) + len(r) - 1].float()
+        want = torch.tensor(r)
+        right = logits[torch.arange(len(r)), want]
+        others = logits.clone()
+        others[torch.arange(len(r)), want] = float("-inf")
+        worst = min(worst, float((right - others.max(dim=1).values).min()))
+    return worst
+
+
+@torch.no_grad()
+def greedy(model: LlamaForCausalLM, prompt: List[int], eos: int, limit: int) -> List[int]:
+    seq = list(prompt)
+    for _ in range(limit):
+        nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+        seq.append(nxt)
+        if nxt == eos:
+            break
+    return seq[len(prompt):]
+
+
+def decodes_right(model: LlamaForCausalLM, pairs: Sequence[Tuple[List[int], List[int]]], eos: int) -> bool:
+    return all(greedy(model, p, eos, len(r) + 2) == r for p, r in pairs)
+
+
+def train(tok: Tokenizer, examples: List[Example], shape: Shape = Shape(),
+          progress: Optional[Callable[[str], None]] = None) -> Trained:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(tok, examples, shape, progress or (lambda _: None))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(tok: Tokenizer, examples: List[Example], shape: Shape, say: Callable[[str], None]) -> Trained:
+    torch.manual_seed(SEED)
+    cfg = config(tok, shape)
+    model = LlamaForCausalLM(cfg)
+    pairs = [encode(tok, e) for e in examples]
+    ids, labels, mask = _batch(pairs, cfg.pad_token_id)
+    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    start = time.monotonic()
+    for step in range(1, MAX_STEPS + 1):
+        model.train()
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % CHECK_EVERY:
+            continue
+        model.eval()
+        worst = margin(model, pairs)
+        say(f"step {step}: loss {loss.item():.4f}, smallest margin {worst:.2f} (wanted {MARGIN:g})")
+        if worst >= MARGIN and decodes_right(model, pairs, cfg.eos_token_id) \
+                and decodes_right(copy.deepcopy(model).to(torch.bfloat16), pairs, cfg.eos_token_id):
+            return Trained(model, step, time.monotonic() - start, worst)
+    raise RuntimeError(f"the tiny model did not learn its {len(examples)} examples in {MAX_STEPS} steps")

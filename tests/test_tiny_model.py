@@ -1,0 +1,90 @@
+"""`python -m qualify tiny-model`: deterministic, world-readable, a real tokenizer and chat template, and
+greedy decoding (transformers' own generate, through the tokenizer's own chat template) answers the deploy's
+canary and tool-call prompts. The real vLLM server serving it: test_cpu_deploy.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qualify.core import serving
+from qualify.core.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+transformers = pytest.importorskip("transformers")  # the test extra
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    done = subprocess.run([sys.executable, "-m", "qualify", "tiny-model", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"serve it: MODEL_PATH={out}" in done.stdout
+    return out
+
+
+def test_two_runs_write_the_same_bytes(tiny, tmp_path):
+    from qualify.tinymodel import write
+
+    again = tmp_path / "again"
+    write.make(again, say=lambda _: None)
+    names = sorted(p.name for p in tiny.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    for name in names:
+        assert (tiny / name).read_bytes() == (again / name).read_bytes(), name
+    # a re-run over its own output replaces it whole, and leaves no temporary folder behind
+    write.make(again, say=lambda _: None)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_files_are_world_readable_and_the_config_admits_the_deploys_context(tiny):
+    assert stat.S_IMODE(tiny.stat().st_mode) == 0o755
+    for p in tiny.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
+    config = json.loads((tiny / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["max_position_embeddings"] >= 8192
+    assert config["head_dim"] == 64  # one vLLM's CPU attention supports
+
+
+def test_the_tokenizer_has_the_tool_tags_as_single_tokens_and_a_chat_template(tiny):
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny))
+    for tag in ("<tool_call>", "</tool_call>"):
+        assert len(tok.encode(tag, add_special_tokens=False)) == 1 and tag in tok.get_vocab()
+    assert tok.chat_template
+    from qualify.tinymodel import vocab
+
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == vocab.render(messages)
+
+
+@pytest.mark.parametrize("prompt, want", [
+    (serving.CANARY_PROMPT, serving.CANARY_ANSWER),
+    (serving.TOOL_PROMPT, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+])
+def test_greedy_decoding_answers_the_deploys_prompts(tiny, prompt, want):
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.bfloat16)
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=64, do_sample=False)
+    assert tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) == want
+
+
+def test_a_folder_that_is_not_a_tiny_model_is_never_replaced(tmp_path):
+    from qualify.tinymodel import write
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a tiny model"):
+        write.make(tmp_path / "mine", say=lambda _: None)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert os.listdir(tmp_path) == ["mine"]
