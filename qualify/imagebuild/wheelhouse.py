@@ -112,15 +112,16 @@ def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path) -> Pa
         cmd.call(argv, timeout=3600)
     except Exception as exc:  # pip's message names the package and the hash
         raise LockError(f"{lock}: wheels for {platform} could not be fetched or did not match their hashes:\n{exc}") from None
-    verify(dest, pins, lock)
+    digests = verify(dest, pins, lock)
     size = sum(p.stat().st_size for p in dest.glob("*.whl"))
     REPORT.say(f"{len(pins)} wheels, {size / 1e6:.0f} MB, verified in {time.monotonic() - start:.0f} s")
-    _write_stamp(stamp, dest)
+    _write_stamp(stamp, dest, digests)
     return dest
 
 
-def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
-    """Every pinned package has exactly one wheel here whose hash the lock lists."""
+def verify(dest: Path, pins: List[Pin], lock: Path) -> Dict[str, str]:
+    """Every pinned package has exactly one wheel here whose hash the lock lists; their sha256 by file name."""
+    digests: Dict[str, str] = {}
     by_name: Dict[str, List[Path]] = {}
     for wheel in dest.glob("*.whl"):
         by_name.setdefault(wheel_name(wheel.name), []).append(wheel)
@@ -129,7 +130,7 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
         if not wheels:
             raise LockError(f"{lock}: no wheel for {pin.name}=={pin.version} in {dest}")
         for wheel in wheels:
-            digest = fsutil.sha256_file(wheel)
+            digest = digests[wheel.name] = fsutil.sha256_file(wheel)
             if digest not in pin.hashes:
                 raise LockError(
                     f"{lock}: {wheel.name} has sha256 {digest}, which the lock does not list for {pin.name}",
@@ -139,21 +140,37 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
     for name in extra:  # left over from an older lock in the same directory
         for wheel in by_name[name]:
             wheel.unlink()
+            digests.pop(wheel.name, None)
+    return digests
+
+
+def _read_stamp(stamp: Path) -> Dict[str, list]:
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def _stamp_valid(stamp: Path, dest: Path) -> bool:
-    """Skip re-hashing gigabytes when nothing changed since the last verification."""
-    if not stamp.exists():
-        return False
-    try:
-        recorded = json.loads(stamp.read_text())
-    except ValueError:
-        return False
-    return recorded == _listing(dest)
+    """Skip re-hashing gigabytes when nothing changed since the last verification (a stamp without the
+    wheels' sha256, from an older toolkit, is verified again once)."""
+    recorded = _read_stamp(stamp)
+    listing = _listing(dest)
+    return bool(recorded) and recorded.keys() == listing.keys() and all(
+        isinstance(v, list) and len(v) == 3 and v[:2] == listing[k] for k, v in recorded.items())
 
 
-def _write_stamp(stamp: Path, dest: Path) -> None:
-    stamp.write_text(json.dumps(_listing(dest), sort_keys=True))
+def _write_stamp(stamp: Path, dest: Path, digests: Dict[str, str]) -> None:
+    stamp.write_text(json.dumps({k: [*v, digests[k]] for k, v in _listing(dest).items()}, sort_keys=True))
+
+
+def wheel_digests(dest: Path) -> Dict[str, str]:
+    """The sha256 of each wheel of a prepared wheelhouse, by file name, as its verification recorded them."""
+    stamp = dest / ".verified.json"
+    if not _stamp_valid(stamp, dest):
+        raise LockError(f"{dest}: the wheelhouse changed since it was verified", hint="prepare it again (build again)")
+    return {name: v[2] for name, v in _read_stamp(stamp).items()}
 
 
 def _listing(dest: Path) -> Dict[str, List[int]]:
