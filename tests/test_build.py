@@ -59,9 +59,13 @@ def test_a_wheelhouse_keeps_the_sha256_it_verified_and_a_record_refuses_bad_whee
     wheelhouse._write_stamp(tmp_path / ".verified.json", tmp_path, digests)  # as prepare does after verifying
     dest = wheelhouse.prepare_into(lock, "linux/amd64", "3.11", tmp_path)  # the stamp holds: nothing to download
     assert wheelhouse.wheel_digests(dest) == {wheel.name: sha}
-    wheel.write_bytes(data + b"!")  # changed since: its recorded sha256 is no longer believed
-    with pytest.raises(LockError, match="changed since it was verified"):
-        wheelhouse.wheel_digests(dest)
+    (tmp_path / wheelhouse.DIGESTS_FILE).write_text(json.dumps({wheel.name: [len(data), wheel.stat().st_mtime_ns,
+                                                                                "f" * 64]}))
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: "f" * 64}  # the recorded one, while the file is unchanged
+    wheel.write_bytes(data + b"!")  # changed since: hashed again, never the recorded one
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: hashlib.sha256(data + b"!").hexdigest()}
+    (tmp_path / wheelhouse.DIGESTS_FILE).unlink()  # none recorded (an older toolkit verified it): hashed
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: hashlib.sha256(data + b"!").hexdigest()}
     good = {"target": "sm120", "profile": "smoke", "base_kind": "hermetic", "platform": "linux/amd64",
             "base_image": "b@sha256:" + "0" * 64, "image_reference": "r/x@sha256:" + "1" * 64, "image_tag": "r/x:t",
             "image_id": "sha256:" + "2" * 64, "engine": "docker", "builder": "buildkit", "labels": {},

@@ -578,14 +578,14 @@ def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_rel
     lab = Lab(tmp_path, stmt=smoke_statement(smoke))
     dest = publish.Destination.parse(f"{creds.address}/promoted")
 
-    def run(tag: str):
+    def run(tag: str, attest_build: bool = False):
         lines: list = []
         opts = publish.PublishOptions(tag=tag, destination=dest, release_root=lab.manifests, key=lab.release_key,
-                                      password=LAB_PASSWORD.encode(), attest_build=False)
+                                      password=LAB_PASSWORD.encode(), attest_build=attest_build)
         return publish.publish(opts, progress=lines.append).attached["sm120"], lines
 
-    first, _ = run("v1.0.0")
-    assert first.superseded == () and first.plan.push
+    first, _ = run("v1.0.0", attest_build=True)  # with SLSA and the SBOM (this host has the build record)
+    assert first.superseded == () and first.plan.push and len(first.predicate_types) == 4
     by_tag = f"{creds.address}/promoted/sm120:v1.0.0"
     assert attestation_verify.verify_image(by_tag, lab.release_pub).manifest.support_level == "unverified"
     # Another tool's attestation beside ours (a scanner's `cosign attest`, signed with its own key).
@@ -600,12 +600,16 @@ def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_rel
     second, lines = run("v1.0.0")
     said = "\n".join(lines)
     assert "superseded at" in said and "kept 1 attestation(s) of other tools" in said, said
+    # Published from where the build record is not (attest_build=False): provenance and SBOM are carried over.
+    assert "carried over (this publish made none): SLSA provenance" in said and "CycloneDX SBOM" in said, said
+    assert set(second.predicate_types) == set(first.predicate_types)
     assert any(s.startswith("qualification statement (level unverified") for s in second.superseded)
     assert "release statement v1.0.0 (sequence 1, promotion 0)" in second.superseded
     result = attestation_verify.verify_image(by_tag, lab.release_pub)
     assert (result.manifest.support_level, result.release.promotion, result.release_statements) == ("experimental", 1, 1)
     assert [t for _, t in _layers(creds, "promoted/sm120", smoke.digest)] == [
-        mf.PREDICATE_TYPE, records.RELEASE_STATEMENT_TYPE, "https://example.com/scan/v1"]
+        mf.PREDICATE_TYPE, records.RELEASE_STATEMENT_TYPE, "https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom",
+        "https://example.com/scan/v1"]
 
     # A newer release of the same image; publishing the older one again afterwards leaves the tag as it is.
     subprocess.run(["git", "add", "-A"], cwd=lab.root / "repo", check=True, capture_output=True)

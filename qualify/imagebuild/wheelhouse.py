@@ -26,6 +26,7 @@ REPORT = Reporter("wheelhouse")
 
 PYPI = "https://pypi.org/simple"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+DIGESTS_FILE = ".sha256.json"  # each wheel's sha256 as the verification computed it (wheel_digests)
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
@@ -144,33 +145,46 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> Dict[str, str]:
     return digests
 
 
-def _read_stamp(stamp: Path) -> Dict[str, list]:
+def _stamp_valid(stamp: Path, dest: Path) -> bool:
+    """Skip re-hashing gigabytes when nothing changed since the last verification."""
+    if not stamp.exists():
+        return False
     try:
         recorded = json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        return {}
-    return recorded if isinstance(recorded, dict) else {}
-
-
-def _stamp_valid(stamp: Path, dest: Path) -> bool:
-    """Skip re-hashing gigabytes when nothing changed since the last verification (a stamp without the
-    wheels' sha256, from an older toolkit, is verified again once)."""
-    recorded = _read_stamp(stamp)
-    listing = _listing(dest)
-    return bool(recorded) and recorded.keys() == listing.keys() and all(
-        isinstance(v, list) and len(v) == 3 and v[:2] == listing[k] for k, v in recorded.items())
+    except ValueError:
+        return False
+    return recorded == _listing(dest)
 
 
 def _write_stamp(stamp: Path, dest: Path, digests: Dict[str, str]) -> None:
-    stamp.write_text(json.dumps({k: [*v, digests[k]] for k, v in _listing(dest).items()}, sort_keys=True))
+    listing = _listing(dest)
+    stamp.write_text(json.dumps(listing, sort_keys=True))
+    _write_digests(dest, listing, digests)
+
+
+def _write_digests(dest: Path, listing: Dict[str, List[int]], digests: Dict[str, str]) -> None:
+    # In a file of its own: the stamp's format stays what other checkouts (older toolkits) sharing this
+    # host's wheelhouse read and write.
+    fsutil.write_atomic(dest / DIGESTS_FILE, json.dumps(
+        {k: [*v, digests[k]] for k, v in listing.items() if k in digests}, sort_keys=True))
 
 
 def wheel_digests(dest: Path) -> Dict[str, str]:
-    """The sha256 of each wheel of a prepared wheelhouse, by file name, as its verification recorded them."""
-    stamp = dest / ".verified.json"
-    if not _stamp_valid(stamp, dest):
-        raise LockError(f"{dest}: the wheelhouse changed since it was verified", hint="prepare it again (build again)")
-    return {name: v[2] for name, v in _read_stamp(stamp).items()}
+    """The sha256 of each wheel of a prepared wheelhouse, by file name: as its verification recorded it where
+    the file is unchanged since (size and mtime), hashed again where not."""
+    try:
+        recorded = json.loads((dest / DIGESTS_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    out, listing, stale = {}, _listing(dest), False
+    for name, now in listing.items():
+        known = recorded.get(name) if isinstance(recorded, dict) else None
+        fresh = isinstance(known, list) and len(known) == 3 and known[:2] == now and isinstance(known[2], str)
+        out[name] = known[2] if fresh else fsutil.sha256_file(dest / name)
+        stale = stale or not fresh
+    if stale:  # so the next build reads them instead of hashing gigabytes again
+        _write_digests(dest, listing, out)
+    return out
 
 
 def _listing(dest: Path) -> Dict[str, List[int]]:

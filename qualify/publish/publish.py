@@ -244,7 +244,8 @@ def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, 
     else:
         note = _push_referrers(img, repo_ref, private_key, statements, progress)
     progress(f"  {img.target}: attestations at {att_ref} ({', '.join(p for _, p in statements)}); referrers {note}")
-    return Attached(att_ref, tuple(p for _, p in statements), note, done)
+    carried = tuple(p for _, p in done.kept if p in supersede.CARRIED) if done.push else ()
+    return Attached(att_ref, tuple(p for _, p in statements) + carried, note, done)
 
 
 def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:

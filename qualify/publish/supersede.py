@@ -8,7 +8,10 @@ The tag names one attestation image, so pushing replaces what a consumer pulling
   since the newest statement decides anyway and ours would hide it;
 - layers of our types that do not verify with the release key are dropped (they are not ours: anyone who can
   push can put them there), and said so;
-- layers of other predicate types (another tool's `cosign attest`) are kept, after ours.
+- layers of other predicate types (another tool's `cosign attest`) are kept, after ours;
+- our verified SLSA provenance and SBOM are carried over when this publish makes none (a publish after
+  `promote` from a host without the build record): they are about the same image digest;
+- a tag that holds no readable attestation image is replaced, and said so.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ RELEASE_STATEMENT_V1 = "https://blackwell-qualify.dev/release-statement/v1"
 OURS = {mf.PREDICATE_TYPE: "qualification statement", RELEASE_STATEMENT_TYPE: "release statement",
         RELEASE_STATEMENT_V1: "release statement (v1)", slsa.PREDICATE_TYPE: "SLSA provenance",
         sbom.PREDICATE_TYPE: "CycloneDX SBOM"}
+CARRIED = (slsa.PREDICATE_TYPE, sbom.PREDICATE_TYPE)  # about the image's build, not its release or level
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Found:
     envelope: bytes
     payload: Optional[bytes]  # the verified payload (None: it did not verify with the release key)
     description: str
+    unreadable: bool = False  # the tag's manifest or a layer could not be read as an attestation image
 
     @property
     def ours(self) -> bool:
@@ -50,10 +55,11 @@ class Plan:
     """What this publish does at the tag: push (keeping `kept`), or leave a newer release's attestations."""
 
     push: bool
-    kept: Tuple[Tuple[bytes, str], ...]  # (envelope, predicateType) of other tools, pushed after ours
+    kept: Tuple[Tuple[bytes, str], ...]  # (envelope, predicateType) pushed after ours: other tools', carried over
     superseded: Tuple[str, ...]  # descriptions of our verified layers this publish replaces
-    dropped: Tuple[str, ...]  # layers of our types that did not verify with the release key
+    dropped: Tuple[str, ...]  # layers of our types that did not verify with the release key, or unreadable
     newer: Optional[str] = None  # the newer release statement that made this publish leave the tag alone
+    carried: Tuple[str, ...] = ()  # our verified SLSA/SBOM layers kept because this publish made none
 
     def lines(self, target: str, att_ref: str) -> List[str]:
         if self.newer:
@@ -63,9 +69,12 @@ class Plan:
             out.append(f"  {target}: superseded at {att_ref}: {'; '.join(self.superseded)}")
         if self.dropped:
             out.append(f"  {target}: dropped from {att_ref} (not signed with the release key): {'; '.join(self.dropped)}")
-        if self.kept:
-            out.append(f"  {target}: kept {len(self.kept)} attestation(s) of other tools at {att_ref}: "
-                       f"{', '.join(sorted({p for _, p in self.kept}))}")
+        others = sorted({p for _, p in self.kept if p not in OURS})
+        if others:
+            out.append(f"  {target}: kept {sum(1 for _, p in self.kept if p not in OURS)} attestation(s) of other "
+                       f"tools at {att_ref}: {', '.join(others)}")
+        if self.carried:
+            out.append(f"  {target}: carried over (this publish made none): {'; '.join(self.carried)}")
         return out
 
 
@@ -96,7 +105,7 @@ def found(name: str, digest: str, key: TrustedKey) -> List[Found]:
     except VerificationError as exc:
         if exc.message.startswith("no attestation:"):
             return []
-        raise
+        return [Found("", b"", None, f"an unreadable attestation image ({exc.message})", unreadable=True)]
     out = []
     for layer, data in layers:
         what = f"attestation {layer.digest[:19]}... at {name}"
@@ -113,13 +122,17 @@ def found(name: str, digest: str, key: TrustedKey) -> List[Found]:
 
 def plan(existing: Sequence[Found], new: Sequence[Tuple[bytes, str]], ours: ReleaseStatement, what: str) -> Plan:
     """`new`: (payload, predicateType) of this publish's statements."""
-    kept = tuple((f.envelope, f.predicate_type) for f in existing if not f.ours)
-    dropped = tuple(f.description for f in existing if f.ours and f.payload is None)
+    kept = tuple((f.envelope, f.predicate_type) for f in existing if not f.ours and not f.unreadable)
+    dropped = tuple(f.description for f in existing if (f.ours and f.payload is None) or f.unreadable)
     for f in existing:
         if f.ours and f.payload is not None and f.predicate_type in (RELEASE_STATEMENT_TYPE, RELEASE_STATEMENT_V1):
             description, order = _describe(f.predicate_type, f.payload, what)
             if order is not None and order > ours.order:
                 return Plan(False, kept, (), dropped, newer=description)
+    made = {t for _, t in new}
+    carry = [f for f in existing if f.payload is not None and f.predicate_type in CARRIED and f.predicate_type not in made]
     payloads = {p for p, _ in new}
-    superseded = tuple(f.description for f in existing if f.ours and f.payload is not None and f.payload not in payloads)
-    return Plan(True, kept, superseded, dropped)
+    superseded = tuple(f.description for f in existing if f.ours and f.payload is not None and f.payload not in payloads
+                       and f not in carry)
+    return Plan(True, tuple((f.envelope, f.predicate_type) for f in carry) + kept, superseded, dropped,
+                carried=tuple(f.description for f in carry))
