@@ -7,8 +7,10 @@ release key given (it must be the release's own key): only targets its signed
 index lists are published, from verified bytes.
 
 Order per target: the image by digest (digest kept, or refused naming both
-digests), then its attestations (qualification statement, release statement,
-SLSA, SBOM), and only then the version tag `<target>:<tag>`, so an interrupted
+digests), then its attestations (the qualification statement named for the
+published repository, the release statement binding it to the released
+manifest, SLSA, SBOM; what they supersede at the attestation tag is said:
+supersede.py), and only then the version tag `<target>:<tag>`, so an interrupted
 publish never leaves a version-tagged image without its attestations. The
 record comes last. Every step is idempotent: blobs the destination has are
 skipped, so an interrupted publish is resumed by running it again, and the
