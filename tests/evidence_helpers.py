@@ -51,13 +51,14 @@ def sign_with(key_file: Path, password: str = PASSWORD):
 class Lab:
     """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host."""
 
-    def __init__(self, root: Path, level: str = "unverified") -> None:
+    def __init__(self, root: Path, level: str = "unverified", stmt: Optional[dict] = None) -> None:
+        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves)."""
         self.root = root
         keys = root / "keys"
         keys.mkdir(parents=True, exist_ok=True)
         self.release_key, self.release_pub = make_key_pair(keys)
         self.host_key, self.host_pub = make_key_pair(keys, prefix="gpu-host")
-        stmt = statement("sm120", DIGEST_A, level=level)
+        stmt = stmt or statement("sm120", DIGEST_A, level=level)
         stmt["predicate"].setdefault("toolkit", {})["probe_sha256"] = PROBE
         self.folder = make_release(root / "repo", TAG, [stmt], self.release_key)
         self.manifests = self.folder.parent

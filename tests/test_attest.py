@@ -3,18 +3,21 @@ against independent implementations (openssl, sigstore-js) where one exists."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from conftest import require
 
 from qualify.core.errors import VerificationError
 from qualify.devtools import attest_interop
-from qualify.publish import dsse, oci, sbom
+from qualify.publish import dsse, imagefs, oci
 from qualify.signing import keys as cosign_keys
 
 
@@ -83,7 +86,94 @@ def test_attestation_image_layout():
 def test_dpkg_status_parser_keeps_installed_only():
     text = ("Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9\n"
             "Description: x\n more\n\nPackage: gone\nStatus: deinstall ok config-files\nVersion: 1\n")
-    assert sbom.parse_dpkg_status(text) == [sbom.DebPackage("libc6", "2.36-9", "amd64")]
+    assert imagefs.parse_dpkg_status(text) == [imagefs.DebPackage("libc6", "2.36-9", "amd64")]
+    # distroless: one paragraph per package in status.d/, no Status field
+    assert imagefs.parse_dpkg_status("Package: tzdata\nVersion: 2024a\nArchitecture: all\n",
+                                     "/var/lib/dpkg/status.d/tzdata") == [
+        imagefs.DebPackage("tzdata", "2024a", "all", "/var/lib/dpkg/status.d/tzdata")]
+
+
+def _tar_stream(members: dict) -> io.BytesIO:
+    """A filesystem as `docker export` streams it (names without a leading slash)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out.seek(0)
+    return out
+
+
+def test_the_filesystem_reader_finds_every_python_environment_and_reports_damage():
+    """Python distributions anywhere (a venv, the system's dist-packages, a user's ~/.local, an egg-info file),
+    wheel files with their sha256, os-release; a METADATA without Name or Version is a problem named by path,
+    never a package quietly left out."""
+    wheel = b"PK-not-really-a-zip"
+    fs = _tar_stream({
+        "etc/os-release": b'ID=debian\nVERSION_ID="12"\n',
+        "var/lib/dpkg/status": b"Package: python3\nStatus: install ok installed\nVersion: 3.11.2-1\nArchitecture: amd64\n",
+        "opt/venv/lib/python3.11/site-packages/Triton-3.8.0.dist-info/METADATA": b"Name: Triton\nVersion: 3.8.0\n\nbody",
+        "usr/lib/python3/dist-packages/six-1.16.0.egg-info": b"Metadata-Version: 1.1\nName: six\nVersion: 1.16.0\n",
+        "root/.local/lib/python3.11/site-packages/a_b-1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: A_b\nVersion: 1\n",
+        "opt/other/site-packages/broken-1.dist-info/METADATA": b"Summary: no name\n",
+        "usr/share/python-wheels/pip-23.0.1-py3-none-any.whl": wheel,
+    })
+    c = imagefs.read_contents(fs, "test image")
+    assert (c.os_id, c.os_version, c.members) == ("debian", "12", 7)
+    assert [(d.name, d.version, d.environment) for d in c.python] == [
+        ("triton", "3.8.0", "/opt/venv/lib/python3.11/site-packages"),
+        ("a-b", "1", "/root/.local/lib/python3.11/site-packages"),
+        ("six", "1.16.0", "/usr/lib/python3/dist-packages")]
+    assert c.wheel_files == (imagefs.WheelFile("/usr/share/python-wheels/pip-23.0.1-py3-none-any.whl", "pip", "23.0.1",
+                                               hashlib.sha256(wheel).hexdigest()),)
+    assert c.problems == ("/opt/other/site-packages/broken-1.dist-info: no Name or Version header (not a Python "
+                          "distribution's metadata)",)
+    assert [d.name for d in c.debs] == ["python3"]
+
+
+def test_a_damaged_cuda_wheel_record_is_reported():
+    fs = _tar_stream({"usr/local/cuda-13.0/wheels/wheels.json": b'{"schema": "https://blackwell-qualify.dev/cuda-wheels/v1",'
+                                                               b' "wheels": [{"file": "x.whl"}]}'})
+    assert "wheels[0] is not a wheel's file, name, version, sha256 and files" in imagefs.read_contents(fs, "t").problems[0]
+
+
+def test_a_published_statement_renamed_back_is_the_released_bytes():
+    from qualify.core import manifest as mf
+    from qualify.core.fsutil import canonical_json
+
+    released = canonical_json(mf.statement("127.0.0.1:5555/blackwell/sm120", "sha256:" + "a" * 64, {"verdict": "pass"}))
+    published = mf.with_subject_name(released, "ghcr.io/acme/sm120", "m")
+    assert json.loads(published)["subject"] == [{"name": "ghcr.io/acme/sm120", "digest": {"sha256": "a" * 64}}]
+    assert mf.with_subject_name(published, "127.0.0.1:5555/blackwell/sm120", "m") == released
+    two = json.loads(released) | {"subject": [{"name": "a", "digest": {}}, {"name": "b", "digest": {}}]}
+    with pytest.raises(VerificationError, match="not a Statement about one subject"):
+        mf.with_subject_name(canonical_json(two), "x", "m")
+
+
+def test_slsa_digests_are_digest_sets_of_the_installed_wheel(tmp_path):
+    """Issue 42's reproducer: the lock's hashes left as {"<hex>": ""}. Each wheel is now {"sha256": hex}: the one
+    the build installed where its record says, else every file the lock allows; a record naming a file the lock
+    does not allow is refused."""
+    from qualify.core.errors import ConfigError
+    from qualify.imagebuild import locks
+    from qualify.publish import slsa
+
+    h1, h2, h3 = "1" * 64, "2" * 64, "3" * 64
+    lock = tmp_path / "smoke.txt"
+    lock.write_text(f"triton==3.8.0 \\\n    --hash=sha256:{h1} \\\n    --hash=sha256:{h2}\nfilelock==3.0 --hash=sha256:{h3}\n")
+    facts = slsa.BuildFacts("sm120", "smoke", "hermetic", "linux/amd64", "r/base@sha256:" + "b" * 64, lock, "c" * 40, "",
+                            "docker", "buildkit", "0.1.0", 1.0, wheels={"triton-3.8.0-cp311-cp311-x.whl": h2})
+    deps = slsa.predicate(facts)["buildDefinition"]["resolvedDependencies"]
+    assert [d["digest"] for d in deps] == [{"sha256": "b" * 64}, {"sha256": hashlib.sha256(lock.read_bytes()).hexdigest()},
+                                           {"gitCommit": "c" * 40}, {"sha256": h2}, {"sha256": h3}]
+    assert deps[3]["name"] == "triton-3.8.0-cp311-cp311-x.whl"
+    unknown = slsa.predicate(facts.__class__(**{**facts.__dict__, "revision": "unknown"}))
+    assert "digest" not in unknown["buildDefinition"]["resolvedDependencies"][2]  # no commit, no digest
+    with pytest.raises(ConfigError, match="a file the lock does not allow"):
+        slsa.predicate(facts.__class__(**{**facts.__dict__, "wheels": {"triton-3.8.0-x.whl": h3}}))
+    with pytest.raises(ValueError):
+        locks.digest_set("sha256:" + h1)
 
 
 def test_labels_fit_for_publishing():

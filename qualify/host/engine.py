@@ -28,6 +28,7 @@ it cannot:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import IO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
@@ -506,24 +507,30 @@ class Engine:
                 subprocess.run([self.binary, "rm", "-f", name], capture_output=True)
             raise EngineError(f"container from {image} did not finish within {timeout:.0f} s") from None
 
-    def copy_file_out(self, image: str, path: str, limit: int) -> Optional[bytes]:
-        """The tar stream of one file of `image`, copied out of a created (never started) container: no
-        emulation for a foreign platform, nothing of the image runs. None when it is larger than `limit`."""
+    @contextlib.contextmanager
+    def exported_filesystem(self, image: str) -> Iterator[IO[bytes]]:
+        """The image's whole filesystem as a tar stream (`export` of a created, never started container: no
+        emulation for a foreign platform, nothing of the image runs). The reader bounds what it keeps."""
         cid = self._stdout([self.binary, "create", image, "true"]).strip()
         try:
-            proc = subprocess.Popen([self.binary, "cp", f"{cid}:{path}", "-"], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            data = proc.stdout.read(limit + 1)  # bounded: a hostile image can hold any size
-            proc.stdout.close()
-            err = proc.stderr.read(4096).decode("utf-8", "replace")
-            proc.wait(timeout=60)
+            with tempfile.TemporaryFile() as err:
+                proc = subprocess.Popen([self.binary, "export", cid], stdout=subprocess.PIPE, stderr=err,
+                                        stdin=subprocess.DEVNULL)
+                try:
+                    yield proc.stdout
+                    proc.stdout.read()  # to its end: the exit status is then the whole export's
+                except BaseException:
+                    proc.kill()
+                    raise
+                finally:
+                    proc.stdout.close()
+                    proc.wait(timeout=600)
+                if proc.returncode != 0:
+                    err.seek(0)
+                    raise EngineError(f"{image}: cannot export its filesystem: "
+                                      f"{err.read(4096).decode('utf-8', 'replace').strip()}")
         finally:
             subprocess.run([self.binary, "rm", "-f", cid], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-        if len(data) > limit:
-            return None
-        if proc.returncode != 0:
-            raise EngineError(f"{image}: cannot read {path}: {err.strip()[-300:]}")
-        return data
 
     # --- helpers -----------------------------------------------------------------
 

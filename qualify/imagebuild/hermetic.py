@@ -33,9 +33,14 @@ DOCKERFILE = REPO_ROOT / "images" / "hermetic" / "Dockerfile"
 # What the base needs beyond minbase: Python for the payload, a host compiler
 # for nvcc, CA certificates for anyone who later fetches over TLS.
 PACKAGES = ("python3", "python3-venv", "g++", "libc6-dev", "ca-certificates")
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "2"  # 2: the wheels' .dist-info and wheels.json
 _WHEEL_PREFIX = "nvidia/cu13/"
 _TARGET_DIR = {"amd64": "x86_64-linux", "arm64": "sbsa-linux"}
+# What the base says of the wheels it unpacked (under /usr/local/cuda-<ver>/): their .dist-info folders and
+# our record of them (publish/imagefs.py reads it for the SBOM).
+WHEELS_DIR = "wheels"
+WHEELS_RECORD = f"{WHEELS_DIR}/wheels.json"
+WHEELS_SCHEMA = "https://blackwell-qualify.dev/cuda-wheels/v1"
 # The wheels ship only versioned sonames; builds link against the plain names.
 _LIB_LINKS = {"libcudart.so": "libcudart.so.13", "libnvvm.so": "libnvvm.so.4"}
 
@@ -53,13 +58,27 @@ def _tarinfo(name: str, *, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, siz
     return info
 
 
+def _dist_info(item: zipfile.ZipInfo) -> bool:
+    """A member of the wheel's own `<name>-<version>.dist-info/` (its RECORD excepted: it lists paths under
+    site-packages, where nothing of these wheels is)."""
+    top, _, rest = item.filename.partition("/")
+    return top.endswith(".dist-info") and "/" not in top and bool(rest) and rest != "RECORD" and not item.is_dir()
+
+
 def cuda_layout_tar(wheels: Iterable[Path], arch: str, cuda: str, out: Path, epoch: int) -> Path:
-    """Unpack `nvidia/cu13/*` of each wheel into `cuda-<ver>/` inside a deterministic tar."""
+    """Unpack `nvidia/cu13/*` of each wheel into `cuda-<ver>/` inside a deterministic tar, with what the image
+    then says it holds: each wheel's `.dist-info` (where scanners such as syft read a Python package's name and
+    version) and `wheels.json` (each wheel's file name, name, version and sha256; the SBOM reads it), both
+    under `cuda-<ver>/wheels/`."""
     root = f"cuda-{cuda}"
     files = {}
+    record = []
     for wheel in sorted(wheels):
+        count = 0
         with zipfile.ZipFile(wheel) as zf:
             for item in zf.infolist():
+                if _dist_info(item):
+                    files[f"{root}/{WHEELS_DIR}/{item.filename}"] = (wheel, item.filename, 0o644)
                 if item.is_dir() or not item.filename.startswith(_WHEEL_PREFIX):
                     continue
                 rel = item.filename[len(_WHEEL_PREFIX):]
@@ -67,6 +86,12 @@ def cuda_layout_tar(wheels: Iterable[Path], arch: str, cuda: str, out: Path, epo
                     continue
                 unix_mode = (item.external_attr >> 16) & 0o777
                 files[f"{root}/{rel}"] = (wheel, item.filename, 0o755 if unix_mode & 0o111 else 0o644)
+                count += 1
+        name, version = wheel.name.split("-")[:2]
+        record.append({"file": wheel.name, "name": wheelhouse.normalise(name), "version": version,
+                       "sha256": fsutil.sha256_file(wheel), "files": count})
+    files[f"{root}/{WHEELS_RECORD}"] = (fsutil.canonical_json({"schema": WHEELS_SCHEMA, "cuda": cuda, "wheels": record}),
+                                        "", 0o644)
     dirs = set()
     for name in files:
         parts = name.split("/")[:-1]
@@ -90,8 +115,11 @@ def cuda_layout_tar(wheels: Iterable[Path], arch: str, cuda: str, out: Path, epo
                 tar.addfile(_tarinfo(name, kind=tarfile.DIRTYPE, mode=0o755, epoch=epoch))
             else:
                 wheel, member, mode = files[name]
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                    data = src.read()
+                if isinstance(wheel, bytes):
+                    data = wheel
+                else:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                        data = src.read()
                 tar.addfile(_tarinfo(name, mode=mode, size=len(data), epoch=epoch), io.BytesIO(data))
     os.replace(tmp, out)
     return out

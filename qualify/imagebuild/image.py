@@ -63,6 +63,8 @@ RECORD_LIMIT = 1 << 20
 _RECORD_TEXT = ("target", "profile", "base_kind", "platform", "base_image", "image_reference", "image_tag",
                 "image_id", "engine", "builder")
 _DIGEST_REF = re.compile(r"[^@\s]+@sha256:[0-9a-f]{64}")
+_WHEEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,250}\.whl")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ class BuildRecord:
     build_seconds: float
     # Seconds of each step: base, wheels, build (export: its BuildKit export step), cache, push.
     steps: Dict[str, float] = field(default_factory=dict)
+    # The wheel files the payload installed (file name -> sha256 hex), for SLSA provenance and the SBOM.
+    wheels: Dict[str, str] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -99,7 +103,7 @@ class BuildRecord:
         if not isinstance(doc, dict):
             raise error(f"{where}: a build record is a JSON object", hint=hint)
         unknown = sorted(set(doc) - {f.name for f in fields(cls)})
-        missing = sorted({f.name for f in fields(cls)} - {"steps"} - set(doc))
+        missing = sorted({f.name for f in fields(cls)} - {"steps", "wheels"} - set(doc))
         if unknown or missing:
             raise error(f"{where}: not a build record (unknown keys: {', '.join(unknown) or 'none'}; missing: "
                         f"{', '.join(missing) or 'none'})", hint=hint)
@@ -116,8 +120,12 @@ class BuildRecord:
             raise error(f"{where}: key 'labels' is not an object of strings", hint=hint)
         if not isinstance(steps, dict) or not all(_number(v) for v in steps.values()):
             raise error(f"{where}: key 'steps' is not an object of numbers", hint=hint)
+        wheels = doc.get("wheels", {})
+        if not isinstance(wheels, dict) or not all(_WHEEL_FILE.fullmatch(k) and isinstance(v, str) and _HEX.fullmatch(v)
+                                                   for k, v in wheels.items()):
+            raise error(f"{where}: key 'wheels' is not an object of wheel file names to sha256 hex digests", hint=hint)
         return cls(**{k: doc[k] for k in _RECORD_TEXT}, labels=dict(labels), build_seconds=float(doc["build_seconds"]),
-                   steps={k: float(v) for k, v in steps.items()})
+                   steps={k: float(v) for k, v in steps.items()}, wheels=dict(wheels))
 
 
 def _number(value: object) -> bool:
@@ -462,7 +470,7 @@ def build(tf: TargetsFile, opts: BuildOptions, engine: Optional[Engine] = None,
         target=target.name, profile=opts.profile, base_kind=opts.base, platform=target.platform,
         base_image=base.by_digest, image_reference=f"{tag.rsplit(':', 1)[0]}@{digest}", image_tag=tag,
         image_id=image_id, engine=engine.name, builder=engine.builder, labels=image_labels,
-        build_seconds=round(time.monotonic() - start, 1), steps=steps,
+        build_seconds=round(time.monotonic() - start, 1), steps=steps, wheels=wheelhouse.wheel_digests(wheels),
     )
     if not opts.tag_suffix:
         write_json(record_path(target.name, opts.profile, opts.base), record.to_json())

@@ -7,6 +7,7 @@ Regenerating shows what changed, pin by pin, and writes atomically.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -18,9 +19,12 @@ from qualify.config.targets import LOCKS_DIR, REPO_ROOT
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
 from qualify.host import cmd
-from qualify.imagebuild.wheelhouse import PYPI, Sources, parse_lock
+from qualify.imagebuild.wheelhouse import PYPI, Pin, Sources, parse_lock
 
 REQUIREMENTS_DIR = REPO_ROOT / "images" / "requirements"
+# Every `--hash=` of our locks (uv's --generate-hashes) is sha256; parse_lock keeps only the hex (Pin.hashes).
+HASH_ALGORITHM = "sha256"
+_HEX = re.compile(r"[0-9a-f]{64}")
 _UV_PLATFORM = {"linux/amd64": "x86_64-manylinux_2_28", "linux/arm64": "aarch64-manylinux_2_28"}
 
 
@@ -29,6 +33,19 @@ class LockChange:
     name: str
     old: Optional[str]
     new: Optional[str]
+
+
+def digest_set(hexdigest: str) -> Dict[str, str]:
+    """A wheel's sha256 (bare hex, as a lock and a wheelhouse hold it) as an in-toto DigestSet, {"sha256": hex}:
+    the one way a lock's hashes leave for SLSA provenance and the SBOM."""
+    if not _HEX.fullmatch(hexdigest):
+        raise ValueError(f"not a sha256 hex digest: {hexdigest[:80]!r}")
+    return {HASH_ALGORITHM: hexdigest}
+
+
+def allowed_digests(pin: Pin) -> List[Dict[str, str]]:
+    """One DigestSet per file the lock allows for `pin` (pip --require-hashes installs only one of them)."""
+    return [digest_set(h) for h in sorted(pin.hashes)]
 
 
 def input_path(profile: str) -> Path:

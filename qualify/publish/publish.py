@@ -7,8 +7,10 @@ release key given (it must be the release's own key): only targets its signed
 index lists are published, from verified bytes.
 
 Order per target: the image by digest (digest kept, or refused naming both
-digests), then its attestations (qualification statement, release statement,
-SLSA, SBOM), and only then the version tag `<target>:<tag>`, so an interrupted
+digests), then its attestations (the qualification statement named for the
+published repository, the release statement binding it to the released
+manifest, SLSA, SBOM; what they supersede at the attestation tag is said:
+supersede.py), and only then the version tag `<target>:<tag>`, so an interrupted
 publish never leaves a version-tagged image without its attestations. The
 record comes last. Every step is idempotent: blobs the destination has are
 skipped, so an interrupted publish is resumed by running it again, and the
@@ -17,17 +19,19 @@ record holds no per-run facts, so a re-run writes the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from qualify import __version__
 from qualify.config.targets import lock_path
+from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
@@ -35,8 +39,8 @@ from qualify.core.report import Progress
 from qualify.host import paths, skopeo
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
-from qualify.imagebuild import image
-from qualify.publish import dsse, oci, referrers, sbom, slsa
+from qualify.imagebuild import image, wheelhouse
+from qualify.publish import dsse, imagefs, oci, referrers, sbom, slsa, supersede
 from qualify.release import records as rec
 from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, VerifiedTarget, read_release, write_signed_files
 from qualify.signing import formats
@@ -116,9 +120,19 @@ def _build_record(opts: PublishOptions, img: VerifiedTarget) -> Optional[image.B
     return record if record.digest == img.manifest.digest else None
 
 
-def _sbom_statement(opts: PublishOptions, img: VerifiedTarget, name: str, lock: Path, created: str) -> dict:
-    debs = sbom.parse_dpkg_status(sbom.read_dpkg_status(Engine("docker", binary=opts.docker), img.manifest.subject))
-    document = sbom.bom(lock, debs, name, img.manifest.digest)
+def _sbom_statement(opts: PublishOptions, img: VerifiedTarget, name: str, record: image.BuildRecord, lock: Path,
+                    created: str, progress: Progress) -> dict:
+    engine = Engine("docker", binary=opts.docker)
+    with engine.exported_filesystem(img.manifest.subject) as stream:
+        contents = imagefs.read_contents(stream, img.manifest.subject)
+    for problem in contents.problems:
+        progress(f"  {img.target}: SBOM: {problem}")
+    venv = {(d.name, d.version) for d in contents.python if d.location.startswith(sbom.PAYLOAD_VENV)}
+    missing = [f"{p.name}=={p.version}" for p in wheelhouse.parse_lock(lock) if (p.name, p.version) not in venv]
+    if missing:
+        progress(f"  {img.target}: SBOM: {len(missing)} package(s) of {lock.name} are not in {sbom.PAYLOAD_VENV}: "
+                 f"{', '.join(missing[:5])}")
+    document = sbom.bom(contents, name, img.manifest.digest, record.wheels)
     # Same image, same SBOM bytes: serial number from the digest, time from the image's creation label.
     document.serial_number = uuid.uuid5(uuid.NAMESPACE_URL, f"{name}@{img.manifest.digest}")
     if created:
@@ -126,21 +140,37 @@ def _sbom_statement(opts: PublishOptions, img: VerifiedTarget, name: str, lock: 
 
         document.metadata.timestamp = dt.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(
             tzinfo=dt.timezone.utc)
+    progress(f"  {img.target}: SBOM: {len(contents.debs)} Debian packages, {len(contents.python)} Python "
+             f"distributions, {len(contents.cuda_wheels)} CUDA wheels ({contents.members} filesystem entries read)")
     return sbom.statement(name, img.manifest.digest, document)
 
 
-def release_statement(release: VerifiedRelease, img: VerifiedTarget) -> rec.ReleaseStatement:
+def published_statement(img: VerifiedTarget, name: str) -> bytes:
+    """The released manifest with its subject named for the published repository, as publish signs it. Renamed
+    back it must be the released bytes, or the release statement could not bind the two."""
+    published = mf.with_subject_name(img.manifest_bytes, name, f"{img.target}.json")
+    released_name = mf.subject_name(img.manifest.statement)
+    if mf.with_subject_name(published, released_name, f"{img.target}.json") != img.manifest_bytes:
+        raise ConfigError(f"{img.target}.json of the release is not canonical JSON (as qualify writes it), so its "
+                          "published statement cannot be bound to it",
+                          hint="qualify the image again and release it again")
+    return published
+
+
+def release_statement(release: VerifiedRelease, img: VerifiedTarget, published: bytes) -> rec.ReleaseStatement:
     return rec.ReleaseStatement(release.tag, release.index.sequence, img.promotion_sequence, release.index.time,
-                                release.index_sha256, img.target, img.manifest_sha256)
+                                release.index_sha256, img.target, img.manifest_sha256,
+                                hashlib.sha256(published).hexdigest(), mf.subject_name(img.manifest.statement))
 
 
 def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, name: str,
                            progress: Progress) -> List[Tuple[bytes, str]]:
-    """(statement bytes, predicateType) for the image: the qualification manifest exactly as
-    released, the release statement that says which release (and promotion) it is, then SLSA
-    provenance and the SBOM when the build record is here."""
-    out = [(img.manifest_bytes, QUALIFICATION_TYPE),
-           (canonical_json(release_statement(release, img).statement(name, img.manifest.digest)), rec.RELEASE_STATEMENT_TYPE)]
+    """(statement bytes, predicateType) for the image: the qualification manifest as released with its subject
+    named `name` (the published repository), the release statement that binds it to the released manifest and
+    says which release (and promotion) it is, then SLSA provenance and the SBOM when the build record is here."""
+    published = published_statement(img, name)
+    statement = release_statement(release, img, published).statement(name, img.manifest.digest)
+    out = [(published, QUALIFICATION_TYPE), (canonical_json(statement), rec.RELEASE_STATEMENT_TYPE)]
     if not opts.attest_build:
         return out
     record = _build_record(opts, img)
@@ -153,7 +183,7 @@ def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: 
     facts = slsa.facts_from_record(record, lock, __version__)
     out.append((canonical_json(slsa.statement(name, img.manifest.digest, facts)), slsa.PREDICATE_TYPE))
     created = record.labels.get(paths.OCI_CREATED, "")
-    out.append((canonical_json(_sbom_statement(opts, img, name, lock, created)), sbom.PREDICATE_TYPE))
+    out.append((canonical_json(_sbom_statement(opts, img, name, record, lock, created, progress)), sbom.PREDICATE_TYPE))
     return out
 
 
@@ -172,6 +202,20 @@ def _lock_for(img: VerifiedTarget, record: image.BuildRecord, python: Optional[s
     return lock
 
 
+@dataclass(frozen=True)
+class Attached:
+    """One image's attestations as this publish left them, and what it found there before."""
+
+    reference: str  # name:sha256-<hex>.att
+    predicate_types: Tuple[str, ...]
+    referrers: str
+    plan: supersede.Plan
+
+    @property
+    def superseded(self) -> Tuple[str, ...]:
+        return self.plan.superseded
+
+
 def push_document(doc: oci.Document, dest: str, label: str, progress: Progress, extra: Sequence[str] = ()) -> None:
     with tempfile.TemporaryDirectory(prefix="qualify-oci-") as tmp:
         oci.write_layout(Path(tmp), doc, "push")
@@ -180,21 +224,30 @@ def push_document(doc: oci.Document, dest: str, label: str, progress: Progress, 
 
 
 def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, repo_ref: str, private_key,
-           progress: Progress) -> Tuple[str, List[str], str]:
+           progress: Progress) -> Attached:
     statements = attestation_statements(opts, release, img, repo_ref, progress)
-    envelopes = [(dsse.sign(private_key, body).to_json(), ptype) for body, ptype in statements]
     att_ref = f"{repo_ref}:{oci.att_tag(img.manifest.digest)}"
-    push_document(oci.attestation_image(envelopes), att_ref, f"{img.target} attestations", progress)
+    ours = release_statement(release, img, statements[0][0])
+    done = supersede.plan(supersede.found(repo_ref, img.manifest.digest, release.key), statements, ours,
+                          f"attestations at {att_ref}")
+    for line in done.lines(img.target, att_ref):
+        progress(line)
+    if done.push:
+        envelopes = [(dsse.sign(private_key, body).to_json(), ptype) for body, ptype in statements]
+        push_document(oci.attestation_image([*envelopes, *done.kept]), att_ref, f"{img.target} attestations", progress)
     host, repository = repo_ref.split("/", 1)
     answer = referrers.supported(host, repository, img.manifest.digest)
     if answer is None:
         note = "not pushed: the referrers API could not be queried"
     elif not answer:
         note = "not pushed: the registry has no OCI 1.1 referrers API (cosign's tag scheme is used)"
+    elif not done.push:
+        note = "not pushed: a newer release's attestations are there"
     else:
         note = _push_referrers(img, repo_ref, private_key, statements, progress)
     progress(f"  {img.target}: attestations at {att_ref} ({', '.join(p for _, p in statements)}); referrers {note}")
-    return att_ref, [p for _, p in statements], note
+    carried = tuple(p for _, p in done.kept if p in supersede.CARRIED) if done.push else ()
+    return Attached(att_ref, tuple(p for _, p in statements) + carried, note, done)
 
 
 def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
@@ -252,6 +305,7 @@ class Published:
 
     record: rec.Publication
     copies: Dict[str, skopeo.CopyResult]  # per target: seconds, blobs sent, blobs the registry had
+    attached: Dict[str, Attached] = field(default_factory=dict)  # per target: what its attestation tag holds now
 
 
 def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> Published:
@@ -261,24 +315,24 @@ def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> Publi
     formats._require_p256(key, str(opts.key))
     release = read_signed_release(opts, key)
     images = list(release.targets)  # every target the signed index lists, nothing else in the folder
-    published, copies = [], {}
+    published, copies, attachments = [], {}, {}
     for img in images:
         repo_ref = opts.destination.ref(img.target)
         by_digest, dest_tag = f"{repo_ref}@{img.manifest.digest}", f"{repo_ref}:{opts.tag}"
         progress(f"[publish] {img.target}: {img.manifest.subject} -> {by_digest}")
         copied = copies[img.target] = _copy_image(img, by_digest, progress)
-        att_ref, types, note = attach(opts, release, img, repo_ref, key, progress)
+        attached = attachments[img.target] = attach(opts, release, img, repo_ref, key, progress)
         _copy_image(img, dest_tag, progress, source=by_digest)  # the version tag last: attested before it is named
         published.append(rec.PublishedImage(
             target=img.target, reference=by_digest, tag=dest_tag, digest=img.manifest.digest, source=img.manifest.subject,
-            attestations=att_ref, predicate_types=tuple(types), referrers=note))
+            attestations=attached.reference, predicate_types=attached.predicate_types, referrers=attached.referrers))
         progress(f"[publish] {img.target}: {by_digest}, tagged {opts.tag} ({copied.seconds:.1f} s, "
                  f"{len(copied.copied)} blobs sent, {len(copied.skipped)} already there)")
     indexes = tuple(publish_index(opts, cap, imgs, progress) for cap, imgs in sorted(_groups(images).items()))
     record = rec.Publication(opts.tag, release.index_sha256, str(opts.destination), release.key.fingerprint,
                              tuple(published), indexes)
     write_record(opts, record, key, release.key)
-    return Published(record, copies)
+    return Published(record, copies, attachments)
 
 
 def write_record(opts: PublishOptions, record: rec.Publication, private_key, public: TrustedKey) -> Path:

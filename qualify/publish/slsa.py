@@ -4,18 +4,21 @@ its build record (build/images/*.json) and its lock file."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
-from qualify.core.manifest import STATEMENT_TYPE
+from qualify.core import manifest as mf
+from qualify.core.errors import ConfigError
 from qualify.host import paths
-from qualify.imagebuild import wheelhouse
+from qualify.imagebuild import locks, wheelhouse
 from qualify.imagebuild.image import BuildRecord
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://blackwell-qualify.dev/build/image/v1"
 BUILDER_ID = "https://blackwell-qualify.dev/builder/qualify-build/v1"
+_GIT_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -34,32 +37,55 @@ class BuildFacts:
     builder: str
     toolkit_version: str
     build_seconds: float
+    wheels: Dict[str, str] = field(default_factory=dict)  # the build record's: wheel file -> sha256 installed
 
 
-def _wheel_dependencies(lock: Path) -> List[Dict]:
-    # Every hash the lock allows: pip --require-hashes installs only a wheel with one of them.
+def installed_wheels(lock: Path, wheels: Dict[str, str]) -> Dict[str, List[tuple]]:
+    """Per pin of the lock (by name), the (file name, sha256) of the wheels the build installed for it, each
+    one the lock allows; an empty list where the build record does not say (a record of an older toolkit)."""
+    out: Dict[str, List[tuple]] = {}
+    for pin in wheelhouse.parse_lock(lock):
+        mine = sorted((f, h) for f, h in wheels.items() if wheelhouse.wheel_name(f) == pin.name)
+        for name, digest in mine:
+            if digest not in pin.hashes:
+                raise ConfigError(f"{lock}: the build installed {name} (sha256 {digest[:12]}...), a file the lock does "
+                                  f"not allow for {pin.name}=={pin.version}",
+                                  hint="the build record and the lock disagree: publish from the build's own checkout")
+        out[pin.name] = mine
+    return out
+
+
+def _wheel_dependencies(lock: Path, wheels: Dict[str, str]) -> List[Dict]:
+    # The wheel the build installed; where the build record does not say, every file the lock allows
+    # (pip --require-hashes installs only one of them).
+    installed = installed_wheels(lock, wheels)
     out = []
     for pin in wheelhouse.parse_lock(lock):
-        for h in sorted(pin.hashes):
-            algo, _, value = h.partition(":")
-            out.append({"uri": f"pkg:pypi/{pin.name}@{pin.version}", "digest": {algo: value}})
+        uri = f"pkg:pypi/{pin.name}@{pin.version}"
+        if installed[pin.name]:
+            out += [{"uri": uri, "name": f, "digest": locks.digest_set(h)} for f, h in installed[pin.name]]
+        else:
+            out += [{"uri": uri, "digest": d} for d in locks.allowed_digests(pin)]
     return out
 
 
 def predicate(facts: BuildFacts) -> Dict:
     base_name, _, base_digest = facts.base_image.partition("@")
     deps: List[Dict] = [
-        {"uri": f"oci://{base_name}", "name": "base image", "digest": {"sha256": base_digest.split(":", 1)[-1]}},
+        {"uri": f"oci://{base_name}", "name": "base image", "digest": locks.digest_set(base_digest.split(":", 1)[-1])},
         {"uri": f"file:images/locks/{facts.lock.name}", "name": "lock file",
-         "digest": {"sha256": hashlib.sha256(facts.lock.read_bytes()).hexdigest()}},
+         "digest": locks.digest_set(hashlib.sha256(facts.lock.read_bytes()).hexdigest())},
     ]
     commit = facts.revision.removesuffix("-dirty")
-    source = {"uri": f"git+{facts.source_url}" if facts.source_url else "git+local", "name": "source revision",
-              "digest": {"gitCommit": commit}}
+    source: Dict = {"uri": f"git+{facts.source_url}" if facts.source_url else "git+local", "name": "source revision"}
+    if _GIT_COMMIT.fullmatch(commit):
+        source["digest"] = {"gitCommit": commit}
+    else:  # built outside a git checkout: no commit, so no digest (a DigestSet value is a hex digest)
+        source["annotations"] = {"revision": facts.revision}
     if facts.revision.endswith("-dirty"):
-        source["annotations"] = {"dirty": True}
+        source.setdefault("annotations", {})["dirty"] = True
     deps.append(source)
-    deps += _wheel_dependencies(facts.lock)
+    deps += _wheel_dependencies(facts.lock, facts.wheels)
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
@@ -76,9 +102,7 @@ def predicate(facts: BuildFacts) -> Dict:
 
 
 def statement(subject_name: str, subject_digest: str, facts: BuildFacts) -> Dict:
-    return {"_type": STATEMENT_TYPE,
-            "subject": [{"name": subject_name, "digest": {"sha256": subject_digest.split(":", 1)[1]}}],
-            "predicateType": PREDICATE_TYPE, "predicate": predicate(facts)}
+    return mf.statement(subject_name, subject_digest, predicate(facts)) | {"predicateType": PREDICATE_TYPE}
 
 
 def facts_from_record(record: BuildRecord, lock: Path, toolkit_version: str) -> BuildFacts:
@@ -89,4 +113,5 @@ def facts_from_record(record: BuildRecord, lock: Path, toolkit_version: str) -> 
         revision=labels.get(paths.OCI_REVISION, "unknown"),
         source_url=labels.get(paths.OCI_SOURCE, ""), engine=record.engine,
         builder=record.builder, toolkit_version=toolkit_version, build_seconds=record.build_seconds,
+        wheels=dict(record.wheels),
     )

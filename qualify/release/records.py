@@ -433,13 +433,19 @@ def entries_by_target(entries: Sequence[ReleasedEntry]) -> Mapping[str, Released
 # --- the release statement (an attestation beside each published image) ---------------------------
 
 
-RELEASE_STATEMENT_TYPE = "https://blackwell-qualify.dev/release-statement/v1"
+RELEASE_STATEMENT_TYPE = "https://blackwell-qualify.dev/release-statement/v2"
 
 
 @dataclass(frozen=True)
 class ReleaseStatement:
     """What `nox -s publish` attests beside each image: which release (and promotion) the qualification
-    statement next to it belongs to. `verify --image` chooses among attestations by this signed order."""
+    statement next to it belongs to. `verify --image` chooses among attestations by this signed order.
+
+    The qualification statement in the registry is the released manifest with its subject named for the
+    published repository (`mf.with_subject_name`), signed at publish: `statement_sha256` is its payload's
+    sha256; renamed back to `manifest_subject` it is the released manifest, `manifest_sha256` (release.json's,
+    or the promotion record's after a promote). v1 had no statement_sha256 or manifest_subject: the released
+    manifest itself was attested."""
 
     tag: str
     sequence: int
@@ -447,7 +453,9 @@ class ReleaseStatement:
     time: str
     release_sha256: str
     target: str
-    manifest_sha256: str  # the sha256 of the qualification statement's payload it vouches for
+    manifest_sha256: str  # the released manifest file's sha256
+    statement_sha256: str  # the published qualification statement's payload sha256
+    manifest_subject: str  # the released manifest's subject name (the build host's repository)
 
     @property
     def order(self) -> ReleaseOrder:
@@ -460,18 +468,20 @@ class ReleaseStatement:
         return mf.statement(name, digest, {
             "tag": self.tag, "sequence": self.sequence, "promotion": self.promotion, "time": self.time,
             "release_sha256": self.release_sha256, "target": self.target, "manifest_sha256": self.manifest_sha256,
+            "statement_sha256": self.statement_sha256, "manifest_subject": self.manifest_subject,
         }) | {"predicateType": RELEASE_STATEMENT_TYPE}
 
     @classmethod
     def from_predicate(cls, predicate: Any, where: str) -> ReleaseStatement:
         f = Fields(predicate, where).only("tag", "sequence", "promotion", "time", "release_sha256", "target",
-                                          "manifest_sha256")
+                                          "manifest_sha256", "statement_sha256", "manifest_subject")
         parse_time(f.text("time"), f"{where}: time")
         tag = f.text("tag")
         if tag_problem(tag):
             raise VerificationError(f"{where}: 'tag' is {tag_problem(tag)}")
         return cls(tag, f.integer("sequence", 1), f.integer("promotion"), f.text("time"),
-                   f.text("release_sha256", HEX), f.text("target", mf.TARGET_NAME), f.text("manifest_sha256", HEX))
+                   f.text("release_sha256", HEX), f.text("target", mf.TARGET_NAME), f.text("manifest_sha256", HEX),
+                   f.text("statement_sha256", HEX), f.text("manifest_subject"))
 
 
 # --- the enrolled hosts (whose GPU evidence counts) -------------------------------------------------
