@@ -9,7 +9,8 @@ What this checkout made, by construction rather than by guess:
   documentation asks);
 - the BuildKit cache records this checkout's builds made (host/cacheledger.py), except those the newest
   build of another checkout uses (`--all`: every checkout's); records no toolkit build made stay;
-- the state directory (QUALIFY_STATE_DIR): build contexts, repro scratch, staged probes, wheelhouses.
+- the state directory (QUALIFY_STATE_DIR): build contexts, repro scratch, staged probes, wheelhouses; never
+  `trust/` (the promoter's high-water marks, paths.STATE_KEPT), not even with --all.
 
 Released images (digests named by a release's manifests under manifests/<tag>/) and the hermetic base
 stay unless --all; the debootstrap rootfs cache goes only with --all.
@@ -257,6 +258,8 @@ def _serving(config: Path) -> List[int]:
 def _clean_state(state_dir: Path, everything: bool, report: CleanReport) -> None:
     seen: Set[Tuple[int, int]] = set()  # contexts hard-link into wheelhouses: count each file once
     for name in paths.STATE_SCRATCH + (paths.STATE_SLOW if everything else ()):
+        if name in paths.STATE_KEPT:  # the promoter's high-water marks: never, not even with --all
+            continue
         folder = state_dir / name
         if not folder.is_dir():
             continue

@@ -20,8 +20,11 @@ from qualify.config.targets import REPO_ROOT
 STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify"))
 # What `nox -s clean` removes from it: rebuilt on demand. The root file systems only with --all (debootstrap is
 # slow to repeat); the registry's storage is garbage-collected, never removed.
-STATE_SCRATCH = ("contexts", "repro", "probe", "probe-staged", "bake-probe", "wheelhouse")
+STATE_SCRATCH = ("contexts", "repro", "probe", "probe-staged", "probe-runs", "bake-probe", "wheelhouse")
 STATE_SLOW = ("rootfs",)
+# Never removed, not even by `clean --all`: the promoter's high-water marks (release/highwater.py). Losing them
+# would let an older signed promotion or enrolled-hosts file be taken as current again.
+STATE_KEPT = ("trust",)
 
 
 def state(*parts: str, root: Optional[Path] = None) -> Path:
@@ -36,6 +39,17 @@ def build_contexts(root: Optional[Path] = None) -> Path:
 def probe_stage(sources_digest: str, root: Optional[Path] = None) -> Path:
     """The image side, copied read-only for containers, by its sources' digest."""
     return state("probe", sources_digest.split(":", 1)[-1][:16], root=root)
+
+
+def probe_runs(root: Optional[Path] = None) -> Path:
+    """Private folders, one per probe run, holding exactly the bytes that run mounts (qualification/staging.py)."""
+    return state("probe-runs", root=root)
+
+
+def trust_state(root: Optional[Path] = None) -> Path:
+    """The promoter's high-water marks: QUALIFY_TRUST_DIR, else STATE_DIR/trust (STATE_KEPT)."""
+    chosen = os.environ.get("QUALIFY_TRUST_DIR", "")
+    return Path(chosen) if chosen and root is None else state("trust", root=root)
 
 
 def staged_decoders(key: str, root: Optional[Path] = None) -> Path:

@@ -159,9 +159,11 @@ def verify_image(image: str, key, require_pass: bool = False) -> ImageVerifyResu
     chosen = [payload for ptype, payload, _ in good
               if ptype == mf.PREDICATE_TYPE and hashlib.sha256(payload).hexdigest() == release.manifest_sha256]
     if not chosen:
+        why = f" (layers that did not verify: {'; '.join(errors)})" if errors else ""
         raise VerificationError(f"{att_ref}: no signed qualification statement is the one release "
-                                f"{release.describe()} names (sha256 {release.manifest_sha256[:12]}...)",
-                                hint="publish the release again: nox -s publish -- TAG")
+                                f"{release.describe()} names (sha256 {release.manifest_sha256[:12]}...){why}",
+                                hint="publish the release again: nox -s publish -- TAG" if not errors else
+                                "a layer beside it is damaged or forged (see why above); publish the release again")
     manifest = mf.Manifest.parse(chosen[0], f"qualification statement at {att_ref}")
     if manifest.target != release.target:
         raise VerificationError(f"{att_ref}: the release statement is for {release.target}, its manifest for "
