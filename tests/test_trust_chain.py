@@ -734,3 +734,28 @@ def test_a_duplicate_key_in_a_signed_registry_payload_is_named_as_the_cause(monk
     monkeypatch.setattr(av, "fetch_layers", lambda name, digest: layers)
     with pytest.raises(VerificationError, match="duplicate JSON key 'predicateType'"):
         av.verify_image(f"127.0.0.1:5000/qualify/sm120@{DIGEST_A}", TrustedKey.read(pub))
+
+
+def test_verify_and_hosts_list_escape_control_characters(capsys, tmp_path, keys):
+    """Low: raw control characters from `verify` and `hosts list`."""
+    from signing_helpers import PASSWORD
+
+    from qualify.cli import hosts_cmd, verify_cmd
+    from qualify.release import hosts, verify
+
+    verify_cmd._print_human(verify.VerifyResult("m\x1b[2J.json", "sm120\r", DIGEST_A, "key", None, None, "pass",
+                                                "baseline"))
+    (a, pub), _ = keys
+    from qualify.signing import formats, signer
+    s, _ = signer.key_signer("builtin", a, PASSWORD.encode())
+    key = TrustedKey.read(pub)
+    hosts_file = tmp_path / "hosts.json"
+    hosts.change(hosts_file, lambda p: s.sign_file(p, formats.signature_path(p), formats.bundle_path(p)), key,
+                 add=records.EnrolledHost("ci", identity="repo\x1b[31m", issuer="https://issuer"))
+
+    class Args:
+        action, file, key, json = "list", hosts_file, pub, False
+
+    hosts_cmd.execute(Args())
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "m\\x1b[2J.json" in out and "repo\\x1b[31m" in out
