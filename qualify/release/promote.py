@@ -1,64 +1,77 @@
 """Promotion by evidence (seed 000): a target becomes baseline after its required GPU checks pass
 in N consecutive runs on its own architecture without a product failure.
 
-Everything starts from verified state: the release is read through the one reader with the release key
-(the public half of `--key` must be the release's own key), so a manifest whose signature does not verify
-is refused, never re-signed. Evidence counts only when an enrolled host signed it (manifests/hosts.json,
-itself signed with the release key), or, loudly and on the record, with --allow-unsigned-evidence. Each
-record's outcome is recomputed from its checks (evidence.outcome_of), its time parsed, its identity
-semantic (the same run once, however it is serialised).
+Everything starts from verified state and signed policy. The release is read through the one reader with
+the release key (the public half of `--key` must be the release's own key), so a manifest whose signature
+does not verify is refused, never re-signed; the rule (N, the required GPU checks, the intended level, the
+capability and platform) is the release's own (`VerifiedRelease.rule`: release.json's policy, else the
+implied rule of an older release), never a targets file. Evidence counts only when an enrolled host signed
+it (manifests/hosts.json, signed with the release key), or, loudly and on the record, with
+--allow-unsigned-evidence. Each record's outcome is recomputed from its checks under the release's list of
+required checks, its time parsed, its identity semantic (the same run once, however it is serialised and
+whoever vouches for it).
 
-What counts is what an earlier promote accepted: the signed promotion record lists the sha256 of every
-accepted record kept under manifests/<tag>/evidence/<target>/; a file there that the record does not name
-does not count. Infrastructure outcomes neither count nor reset the run; a product failure resets it and
-demotes a promoted target. The rewritten manifest and the new promotion record (sequence one higher,
-naming the one it replaces) are written together (folder.write_signed_files: staged, signed, verified,
-then renamed; a killed promote is finished or undone by the next one).
+The ledger only moves forward. Promote holds the release folder's lock and the hosts file's lock, finishes
+an interrupted write only when what it would make verifies (journal.release_check), and refuses a folder
+whose newest promotion record is older than what this host has seen (highwater.PromoterState: never
+cleaned) or whose kept records do not chain (folder.read_release), and an enrolled-hosts file older than the
+one this host, or the newest promotion record, saw. What counts is what an earlier promote accepted: the
+signed promotion record lists the sha256 of every accepted record kept under manifests/<tag>/evidence/
+<target>/; a file there that the record does not name never counts and is listed. A product failure always
+lowers the level. The rewritten manifest, the new promotion record (sequence one higher, naming the one it
+replaces) and the replaced record, kept as `<target>.promotion.<n>.json`, are written together
+(journal.write_signed_files: staged, signed, verified, re-checked, then renamed).
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from qualify.config.targets import TargetsFile
+from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import read_small
+from qualify.core.readlimit import open_folder, read_small
 from qualify.release import evidence as ev
+from qualify.release import journal
 from qualify.release import records as rec
 from qualify.release.folder import (
     KeyAnchor,
     Sign,
     TrustedKey,
+    VerifiedHosts,
     VerifiedRelease,
     VerifiedTarget,
+    read_hosts_file,
     read_release,
-    recover_journals,
     sha256,
-    write_signed_files,
 )
+from qualify.release.highwater import PromoterState, RollbackError, Seen
+from qualify.release.policy import TargetRule
 from qualify.signing import formats
 
 EVIDENCE_DIR = "evidence"
+LOWER = {"optimized": "experimental", "baseline": "experimental", "experimental": "unverified"}
 
 
 @dataclass(frozen=True)
 class Counted:
-    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity."""
+    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity, and its
+    outcome under the release's rule."""
 
     record: ev.Evidence
     sha256: str
     host: str  # enrolled host name, or "unsigned"
     identity: str
+    outcome: ev.Outcome
 
     def summary(self) -> rec.CountedEvidence:
         r = self.record
-        return rec.CountedEvidence(self.sha256, self.identity, r.time, r.outcome.value, r.reason, r.gpu.name,
+        return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value, r.reason, r.gpu.name,
                                    r.gpu.driver, self.host, tuple(sorted(r.figures.items())))
 
 
@@ -71,10 +84,11 @@ class Standing:
     note: str
 
 
-def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release: rec.ReleaseIndex, where: str,
+def check_binding(record: ev.Evidence, m: mf.Manifest, rule: TargetRule, release: rec.ReleaseIndex, where: str,
                   now: dt.datetime) -> None:
     """Evidence about another release, image, GPU architecture or probe, or from a time it cannot be from,
-    is refused, naming which."""
+    is refused, naming which. The capability is the release's signed one (rule), never a targets file's."""
+    capability = rule.capability
     if record.release and record.release != release.tag:
         raise ev.EvidenceError(f"{where}: the evidence is for release {record.release}, not {release.tag}",
                                hint="hand in evidence from a deploy of this release")
@@ -82,8 +96,9 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release:
         raise ev.EvidenceError(f"{where}: the evidence is for image digest {record.image_digest}, not the released "
                                f"{record.target} image {m.digest}", hint="hand in evidence from a deploy of this release")
     if record.capability != capability:
-        raise ev.EvidenceError(f"{where}: the evidence is for capability {record.capability}, not the target's "
-                               f"capability {capability}", hint="hand in evidence from a deploy of this target")
+        raise ev.EvidenceError(f"{where}: the evidence is for capability {record.capability}, not capability "
+                               f"{capability}, which release {release.tag} signs for {record.target}",
+                               hint="hand in evidence from a deploy of this target")
     # A run that saw no GPU on the target's host is an infrastructure failure, reported apart from product
     # failures (seed 000): it is kept, and neither counts nor resets. A run on another GPU proves nothing.
     if record.gpu.capability not in (capability, ev.NO_GPU):
@@ -104,27 +119,31 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release:
                                f"({release.time}): it cannot be about this release")
 
 
-def standing(counted: Iterable[Counted], required: int, intended: str, released_level: str) -> Standing:
+def standing(counted: Iterable[Counted], rule: TargetRule, released_level: str) -> Standing:
+    """Seed 000's rule over the runs in time order, from the level the target was released at: N passes in a
+    row make it baseline (when its intended level allows); a pass lifts an unverified target to experimental;
+    a product failure resets the run and always lowers the level (baseline to experimental, experimental to
+    unverified, the lowest evidence can give); infrastructure outcomes neither count nor reset."""
     unique = {c.identity: c for c in counted}
     ordered = sorted(unique.values(), key=lambda c: (c.record.when, c.identity))
-    streak, passed, notes = 0, False, []
+    required = rule.consecutive_passes
+    can_be_baseline = mf.LEVEL_RANK.get(rule.intended_level, 0) >= mf.LEVEL_RANK["baseline"]
+    level, streak, notes = released_level, 0, []
     for c in ordered:
-        if c.record.outcome is ev.Outcome.PASS:
-            streak, passed = streak + 1, True
-        elif c.record.outcome is ev.Outcome.PRODUCT_FAILURE:
-            if streak >= required:
-                notes.append(f"demoted by a product failure at {c.record.time}")
-            streak = 0
-    can_be_baseline = mf.LEVEL_RANK.get(intended, 0) >= mf.LEVEL_RANK["baseline"]
-    if streak >= required and can_be_baseline:
-        level = "baseline"
-    elif passed:
-        level = "experimental"
-        if streak >= required:
-            notes.append(f"the target's intended level is {intended}")
-    else:
-        level = released_level
-    return Standing(level, streak, required, tuple(ordered), "; ".join(notes))
+        if c.outcome is ev.Outcome.PASS:
+            streak += 1
+            if streak >= required and can_be_baseline and mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["baseline"]:
+                level = "baseline"
+            elif mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["experimental"]:
+                level = "experimental"
+        elif c.outcome is ev.Outcome.PRODUCT_FAILURE:
+            lowered = LOWER.get(level, level)
+            notes.append(f"a product failure at {c.record.time} " + (f"lowered {level} to {lowered}" if lowered != level
+                                                                       else f"keeps it {level}"))
+            level, streak = lowered, 0
+    if streak >= required and not can_be_baseline:
+        notes.append(f"the target's intended level is {rule.intended_level}")
+    return Standing(level, streak, required, tuple(ordered), "; ".join(notes[-3:]))
 
 
 @dataclass(frozen=True)
@@ -138,54 +157,130 @@ class Promoted:
     ignored: Tuple[str, ...] = ()  # files in evidence/<target>/ the signed record does not name
     written: bool = True
     added: Tuple[Counted, ...] = ()  # the runs this promotion took in, each with its outcome
+    rule: Optional[TargetRule] = None
 
 
-def _store(folder: Path, target: str) -> Path:
-    return folder / EVIDENCE_DIR / target
+def _store(folder: Path, target: str, create: bool = False) -> Path:
+    """evidence/<target>/ of a release folder; a symbolic link at either level is refused, never followed."""
+    store = folder / EVIDENCE_DIR / target
+    for part in (folder / EVIDENCE_DIR, store):
+        if part.is_symlink() or (part.exists() and not part.is_dir()):
+            raise ConfigError(f"{part} is a symbolic link or not a folder; refused (promote keeps evidence only in "
+                              "the release folder itself)", hint=f"remove {part} and hand the evidence in again")
+        if create:
+            part.mkdir(exist_ok=True)
+    return store
 
 
-def accepted(release: VerifiedRelease, vt: VerifiedTarget) -> Tuple[List[Counted], Tuple[str, ...]]:
+def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> Tuple[List[Counted], Tuple[str, ...]]:
     """The runs the signed promotion record accepted, each file's sha256 checked; and the names of files in
-    the evidence folder it does not name (dropped in by hand: they do not count)."""
+    the evidence folder it does not name (dropped in by hand, or kept by a promote killed before it signed:
+    they never count)."""
     store = _store(release.path, vt.target)
     listed = vt.promotion.evidence if vt.promotion else ()
     out = []
-    for e in listed:
-        path = store / f"{e.sha256}.json"
-        data = read_small(path, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
-                          missing_hint="restore the release folder's evidence/ from where it was promoted")
-        if sha256(data) != e.sha256:
-            raise ev.EvidenceError(f"{path}: not the evidence the signed promotion record accepted (sha256 differs)",
-                                   hint="restore the release folder's evidence/ from where it was promoted")
-        out.append(Counted(ev.from_bytes(data, release.tag, str(path)), e.sha256, e.host, e.identity))
+    present: List[str] = []
+    if listed or store.is_dir():
+        with open_folder(store, "evidence folder", ev.EvidenceError,
+                         missing_hint="restore the release folder's evidence/ from where it was promoted") as f:
+            for e in listed:
+                name = f"{e.sha256}.json"
+                data = f.read(name, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
+                              missing_hint="restore the release folder's evidence/ from where it was promoted")
+                if sha256(data) != e.sha256:
+                    raise ev.EvidenceError(f"{store / name}: not the evidence the signed promotion record accepted "
+                                           "(sha256 differs)",
+                                           hint="restore the release folder's evidence/ from where it was promoted")
+                record = ev.from_bytes(data, release.tag, str(store / name))
+                out.append(Counted(record, e.sha256, e.host, ev.record_identity(record), _outcome(record, rule)))
+            present = [n for n in f.names(ev.EvidenceError)
+                       if n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX)]
     names = {f"{e.sha256}.json" for e in listed}
-    present = sorted(p.name for p in store.iterdir() if p.suffix == ".json"
-                     and not p.name.endswith(formats.BUNDLE_SUFFIX)) if store.is_dir() else []
     return out, tuple(n for n in present if n not in names)
 
 
-def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign: Sign, release_key: TrustedKey,
-            hosts: Optional[rec.EnrolledHosts], allow_unsigned: bool = False,
-            now: Optional[dt.datetime] = None, progress=lambda m: None) -> List[Promoted]:
-    """Apply seed 000's rule to the release in `folder` for every target the evidence names."""
-    for note in recover_journals(folder):
-        progress(f"recovered: {note}")
-    release = read_release(folder, KeyAnchor(trusted=release_key))
-    if release.tag != tag:
-        raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
-    now = now or dt.datetime.now(dt.timezone.utc)
-    by_target: Dict[str, List[ev.Signed]] = {}
-    for path in files:
-        signed = ev.read_signed(Path(path), tag, hosts, allow_unsigned)
-        record = signed.record
-        if not release.has(record.target):
-            raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} does "
-                                   f"not have (it has: {', '.join(t.target for t in release.targets)})")
-        vt = release.target(record.target)
-        check_binding(record, vt.manifest, str(tf.get(record.target).capability), release.index, str(path), now)
-        by_target.setdefault(record.target, []).append(signed)
-    return [_promote_target(release, release.target(t), new, tf, sign, allow_unsigned, hosts)
-            for t, new in sorted(by_target.items())]
+def _outcome(record: ev.Evidence, rule: TargetRule) -> ev.Outcome:
+    return ev.outcome_of(record.checks, record.gpu.capability, rule.capability, rule.required_gpu_checks).outcome
+
+
+def _seen(release: VerifiedRelease, vt: VerifiedTarget) -> Seen:
+    return Seen(release.tag, release.index.sequence, release.index_sha256, vt.target, vt.promotion_sequence,
+                vt.promotion_sha256 or "", vt.manifest_sha256, vt.chain_sha256)
+
+
+def _floor(marks: PromoterState, key: TrustedKey):
+    """A journal's view of the folder must not be older than what this host saw (journal.release_check)."""
+    from qualify.release.highwater import problem
+
+    def floor(release: VerifiedRelease) -> str:
+        mark = marks.keys.get(key.fingerprint)
+        for vt in release.targets:
+            why = problem(mark.releases.get(release.tag) if mark else None, _seen(release, vt))
+            if why:
+                return why
+        return ""
+
+    return floor
+
+
+def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[Path],
+           key: TrustedKey) -> Optional[VerifiedHosts]:
+    """The enrolled hosts, verified and held to the chain: never older than what this host saw (recorded at
+    once, whatever promote decides later) or than what the newest promotion records were checked against."""
+    mark = marks.key(key.fingerprint).hosts
+    bound = max((t.promotion.hosts_sequence for t in release.targets if t.promotion), default=0)
+    if hosts_file is None or not (hosts_file.exists() or hosts_file.is_symlink()):
+        if mark is not None or bound:
+            raise RollbackError(f"the enrolled-hosts file {hosts_file or 'manifests/hosts.json'} is missing, but "
+                                f"sequence {max(mark.sequence if mark else 0, bound)} of it was seen for release key "
+                                f"{key.fingerprint}", hint="restore manifests/hosts.json (git checkout -- "
+                                "manifests/hosts.json), or pass --hosts with it")
+        return None
+    try:
+        vh = read_hosts_file(hosts_file, key)
+    except QualifyError as exc:
+        raise ConfigError(f"the enrolled hosts cannot be used: {exc.message}", hint=exc.hint) from None
+    marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(hosts_file))
+    for t in release.targets:
+        p = t.promotion
+        if p and (p.hosts_sequence > vh.hosts.sequence or (p.hosts_sequence == vh.hosts.sequence and p.hosts_sha256
+                                                          and p.hosts_sha256 != vh.sha256)):
+            raise RollbackError(f"refusing the enrolled hosts {hosts_file}: it is sequence {vh.hosts.sequence} "
+                                f"(sha256 {vh.sha256[:12]}...), but promotion {p.sequence} of {t.target} was checked "
+                                f"against sequence {p.hosts_sequence} ({(p.hosts_sha256 or '')[:12]}...): an older file",
+                                hint="restore the newest manifests/hosts.json (git log -- manifests/hosts.json)")
+    return vh
+
+
+def promote(folder: Path, tag: str, files: Sequence[Path], sign: Sign, release_key: TrustedKey,
+            hosts_file: Optional[Path], allow_unsigned: bool = False, now: Optional[dt.datetime] = None,
+            progress=lambda m: None, state: Optional[Path] = None) -> List[Promoted]:
+    """Apply the release's signed rule to the release in `folder` for every target the evidence names."""
+    folder = Path(folder)
+    hosts_lock = journal.hosts_lock(hosts_file) if hosts_file else journal.hosts_lock(folder.parent / rec.HOSTS_FILE)
+    with journal.release_lock(folder), hosts_lock, PromoterState(state) as marks:
+        check = journal.release_check(folder, release_key, _floor(marks, release_key))
+        for note in journal.recover_journals(folder, check):
+            progress(f"recovered: {note}" if not note.startswith("LEFT") else note)
+        release = read_release(folder, KeyAnchor(trusted=release_key))
+        if release.tag != tag:
+            raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
+        for vt in release.targets:
+            marks.observe_release(release_key.fingerprint, _seen(release, vt), f"release folder {folder}")
+        hosts = _hosts(marks, release, hosts_file, release_key)
+        now = now or dt.datetime.now(dt.timezone.utc)
+        by_target: Dict[str, List[ev.Signed]] = {}
+        for path in files:
+            signed = ev.read_signed(Path(path), tag, hosts.hosts if hosts else None, allow_unsigned)
+            record = signed.record
+            if not release.has(record.target):
+                raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} "
+                                       f"does not have (it has: {', '.join(t.target for t in release.targets)})")
+            vt = release.target(record.target)
+            check_binding(record, vt.manifest, release.rule(record.target), release.index, str(path), now)
+            by_target.setdefault(record.target, []).append(signed)
+        return [_promote_target(release, release.target(t), new, sign, allow_unsigned, hosts, marks)
+                for t, new in sorted(by_target.items())]
 
 
 def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str) -> bytes:
@@ -208,26 +303,45 @@ def _keep(store: Path, signed: ev.Signed) -> None:
         write_atomic(formats.bundle_path(path), signed.bundle)
 
 
-def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], tf: TargetsFile, sign: Sign,
-                    allow_unsigned: bool, hosts: Optional[rec.EnrolledHosts]) -> Promoted:
-    folder, target = release.path, vt.target
-    old, ignored = accepted(release, vt)
-    known = {c.identity for c in old}
-    added, seen = [], set()
+def _new_runs(new: List[ev.Signed], old: Sequence[Counted], rule: TargetRule) -> List[ev.Signed]:
+    """Each run once: of several copies of one run the one an enrolled host signed; copies whose checks give
+    different outcomes (one was changed), or a run already accepted with another outcome, are refused."""
+    known = {c.identity: c for c in old}
+    chosen: Dict[str, ev.Signed] = {}
     for s in new:
-        if s.identity not in known and s.identity not in seen:
-            seen.add(s.identity)
-            added.append(s)
-    counted = old + [Counted(s.record, s.sha256, s.host or "unsigned", s.identity) for s in added]
+        outcome = _outcome(s.record, rule)
+        before = known.get(s.identity)
+        if before is not None and before.outcome is not outcome:
+            raise ev.EvidenceError(f"{s.source}: the same run as accepted evidence {before.sha256[:12]}... (image, probe, "
+                                   f"GPU, host, run id, time), but its checks give {outcome.value}, not "
+                                   f"{before.outcome.value}: one of them was changed")
+        other = chosen.get(s.identity)
+        if other is not None and _outcome(other.record, rule) is not outcome:
+            raise ev.EvidenceError(f"{other.source} and {s.source} are the same run with different results "
+                                   f"({_outcome(other.record, rule).value} and {outcome.value}): one was changed",
+                                   hint="hand in the copy the GPU host signed, unchanged")
+        if before is None and (other is None or (s.host and not other.host)):
+            chosen[s.identity] = s
+    return list(chosen.values())
+
+
+def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], sign: Sign,
+                    allow_unsigned: bool, hosts: Optional[VerifiedHosts], marks: PromoterState) -> Promoted:
+    folder, target, rule = release.path, vt.target, release.rule(vt.target)
+    old, ignored = accepted(release, vt, rule)
+    added = _new_runs(new, old, rule)
+    counted = old + [Counted(s.record, s.sha256, s.host or "unsigned", s.identity, _outcome(s.record, rule))
+                     for s in added]
     released = vt.entry.support_level
-    s = standing(counted, tf.promotion_passes, tf.get(target).support_level, released)
+    s = standing(counted, rule, released)
     manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
-    previous = vt.promotion.sequence if vt.promotion else 0
+    previous = vt.promotion_sequence
     if not added:
-        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False)
-    store = _store(folder, target)
+        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False, rule=rule)
+    store = _store(folder, target, create=True)
     for signed in added:
         _keep(store, signed)
+    killpoint.reached("promote:kept")  # a kill here leaves files the record does not name: listed, never counted
     ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in added})
     manifest = _manifest_bytes(vt, s, previous + 1, released)
     unsigned = (allow_unsigned and any(not c.host for c in added)) or \
@@ -237,11 +351,20 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         previous_sha256=vt.promotion_sha256, released_level=released, level=s.level,
         consecutive_passes=s.consecutive_passes, required_consecutive_passes=s.required, note=s.note,
         manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in s.counted),
-        unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None)
-    write_signed_files(folder, [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())],
-                       sign, release.key)
-    taken = tuple(c for c in counted if c.identity in seen)
-    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken)
+        unsigned_evidence_allowed=unsigned, hosts_sha256=hosts.sha256 if hosts else None,
+        hosts_sequence=hosts.hosts.sequence if hosts else 0, policy_version=rule.version)
+    files = [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())]
+    replaces = {vt.entry.manifest_file: vt.manifest_sha256, rec.promotion_file(target): vt.promotion_sha256}
+    if vt.promotion:  # the record it replaces is kept: the ledger is never overwritten
+        kept = rec.history_file(target, previous)
+        files.append((kept, vt.promotion_bytes))
+        replaces[kept] = None
+    journal.write_signed_files(folder, files, sign, release.key, replaces)
+    new_seen = replace(_seen(release, vt), promotion=previous + 1, promotion_sha256=sha256(record.to_bytes()),
+                       manifest_sha256=sha256(manifest))
+    marks.observe_release(release.key.fingerprint, new_seen, f"release folder {folder}")
+    taken = tuple(c for c in counted if c.identity in {a.identity for a in added})
+    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken, rule=rule)
 
 
 def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
@@ -261,11 +384,16 @@ def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
 
 
 def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
+    """For people; every line with its control characters escaped (a GPU name or reason is the host's text)."""
+    from qualify.core.errors import printable
+
     s = p.standing
     lines = [f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
              f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
+    if p.rule is not None:
+        lines.append(f"  rule: {p.rule.describe()}")
     for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
-        lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.record.outcome.value}"
+        lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.outcome.value}"
                      + (f" ({c.record.reason})" if c.record.reason else ""))
     if len(p.added) > 10:
         lines.append(f"  new: {len(p.added) - 10} more")
@@ -278,7 +406,7 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
                      f"record does not name: {', '.join(p.ignored[:3])}")
     if allow_unsigned:
         lines.append("  --allow-unsigned-evidence: unsigned evidence counted; the promotion record says so")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def check_key(key: TrustedKey, folder: Path) -> None:
