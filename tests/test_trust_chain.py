@@ -723,8 +723,9 @@ def test_a_duplicate_key_in_a_signed_registry_payload_is_named_as_the_cause(monk
     private = cosign_keys.load_private_key(a.read_bytes(), PASSWORD)
     qualification = canonical_json(statement("sm120", DIGEST_A)).replace(b'"predicateType"', b'"predicateType": '
                                                                          b'"x", "predicateType"', 1)
-    rs = records.ReleaseStatement(TAG, 1, 0, "2026-12-01T00:00:00Z", "a" * 64, "sm120",
-                                  hashlib.sha256(qualification).hexdigest())
+    sha = hashlib.sha256(qualification).hexdigest()
+    rs = records.ReleaseStatement(TAG, 1, 0, "2026-12-01T00:00:00Z", "a" * 64, "sm120", sha, sha,
+                                  "127.0.0.1:5000/qualify/sm120")
     release_stmt = canonical_json(rs.statement("127.0.0.1:5000/qualify/sm120", DIGEST_A))
     layers = []
     for payload, ptype in ((release_stmt, records.RELEASE_STATEMENT_TYPE), (qualification, mf.PREDICATE_TYPE)):
