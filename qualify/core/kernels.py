@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import mmap
+import os
 import struct
 
 from qualify.core.elf import EM_CUDA, ElfHeader, FormatError
@@ -21,7 +22,7 @@ from qualify.core.fatbin_model import KIND_CUBIN, KIND_PTX, STUB_YES, Container,
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
-    from typing import Callable, Dict, Optional, Tuple
+    from typing import Callable, Dict, List, Optional, Tuple
 
 # Whether a container holds a kernel (a `.text.<name>` section in a cubin, an
 # `.entry` in PTX). Decided by decompressing just enough of its entries.
@@ -267,9 +268,11 @@ def _lz4_input(want: int, size: int) -> int:
 _ZSTD_WHOLE = 64 << 10  # entries up to this size are decoded whole (kernel-less ones are small)
 
 
-def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders) -> str:
+def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders, fd: int = -1) -> str:
     """yes when any entry holds a kernel; no when every driver-loadable entry
-    was read whole and none does; unknown otherwise. Stops at the first yes."""
+    was read whole and none does; unknown otherwise. Stops at the first yes.
+    With `fd` (the mapped file), an uncompressed cubin's first bytes are read
+    by pread: its pages are not mapped yet (fatbin.Heads)."""
     entries = container.entries
     if len(entries) == 1:  # most containers (cuFFT: 24k of 24k): the same rules, fewer steps
         entry = entries[0]
@@ -277,23 +280,33 @@ def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders) -
             return KERNELS_NO
         if entry.kind_code != KIND_CUBIN and entry.kind_code != KIND_PTX:
             return KERNELS_UNKNOWN
-        answer = _entry_kernels(mm, entry, decoders)
+        answer = _entry_kernels(mm, entry, decoders, fd)
         if answer == KERNELS_YES or (answer == KERNELS_NO and container.error is None):
             return answer
         return KERNELS_UNKNOWN
-    if container.is_link_stub:
-        return KERNELS_NO  # nvlink device-link stubs, read from the cubin header
+    # One pass: whether every entry is an nvlink device-link stub (container.is_link_stub, read from the
+    # cubin headers), and the entries the driver loads. Cubins first: their section names sit at the
+    # start, while PTX may hold MBs of constant tables before its first `.entry`. LTO IR and unknown
+    # kinds are not loaded by the driver, so they do not decide. The smallest cubin first: any one with a
+    # kernel decides, and a small one is decoded whole in one call where a large one costs a 128 KB ZSTD block.
+    cubins: List[Entry] = []
+    ptx: List[Entry] = []
+    stubs_only = bool(entries)
+    for entry in entries:
+        if entry.link_stub != STUB_YES:
+            stubs_only = False
+        if entry.kind_code == KIND_CUBIN:
+            cubins.append(entry)
+        elif entry.kind_code == KIND_PTX:
+            ptx.append(entry)
+    if stubs_only:
+        return KERNELS_NO
+    if len(cubins) > 1:
+        cubins.sort(key=_size)
     answers = set()
-    # Cubins first: their section names sit at the start, while PTX may hold
-    # MBs of constant tables before its first `.entry`. LTO IR and unknown
-    # kinds are not loaded by the driver, so they do not decide.
-    # The smallest cubin first: any one with a kernel decides, and a small one
-    # is decoded whole in one call where a large one costs a 128 KB ZSTD block.
-    loadable = sorted((e for e in container.entries if e.is_cubin), key=_size) + [
-        e for e in container.entries if e.is_ptx
-    ]
+    loadable = cubins + ptx
     for entry in loadable:
-        answer = _entry_kernels(mm, entry, decoders)
+        answer = _entry_kernels(mm, entry, decoders, fd)
         if answer == KERNELS_YES:
             return KERNELS_YES
         answers.add(answer)
@@ -306,13 +319,18 @@ def _size(entry: Entry) -> int:
     return entry.uncompressed_size
 
 
-def _entry_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders) -> str:
+def _entry_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders, fd: int = -1) -> str:
     start = entry.offset + entry.header_size
     if entry.compression == "none":
         end = start + entry.payload_size
         if entry.is_ptx:
             return KERNELS_YES if mm.find(_PTX_ENTRY, start, end) >= 0 else KERNELS_NO
-        if mm.find(_TEXT_NAME, start, min(end, start + _KERNEL_PREFIX)) >= 0:
+        prefix = min(end, start + _KERNEL_PREFIX) - start
+        head = os.pread(fd, prefix, start) if fd >= 0 else None
+        if head is not None and len(head) == prefix:
+            if head.find(_TEXT_NAME) >= 0:
+                return KERNELS_YES
+        elif mm.find(_TEXT_NAME, start, start + prefix) >= 0:
             return KERNELS_YES
         return _cubin_kernels(mm[start:end], whole=True)
     if not decoders.can(entry.compression):
