@@ -197,7 +197,7 @@ def read_file(path: str, embedded: bool = True, decompress: bool = True) -> File
                 return scan
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
                 try:
-                    _read_mapped(mm, scan, embedded, Decoders(decompress), fd)
+                    _read_mapped(mm, scan, embedded, Decoders(decompress))
                 except LimitReached as exc:
                     scan.errors.append(str(exc))
         finally:
@@ -209,11 +209,11 @@ def read_file(path: str, embedded: bool = True, decompress: bool = True) -> File
     return scan
 
 
-def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool, decoders: Decoders, fd: int = -1) -> None:
+def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool, decoders: Decoders) -> None:
     head = mm[:4]
     if head == MAGIC_BYTES:
         scan.format = "fatbin"
-        ContainerReader(mm, scan, decoders, fd).run(Walk(WALK_REGISTERED, "", 0, len(mm)))
+        ContainerReader(mm, scan, decoders).run(Walk(WALK_REGISTERED, "", 0, len(mm)))
     elif head == ELF_MAGIC:
         try:
             elf = ElfHeader.parse(mm)
@@ -226,7 +226,7 @@ def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool, decoders: Decode
             _read_cubin(mm, elf, scan, decoders)
         else:
             scan.format = "elf"
-            _read_elf(mm, elf, scan, embedded, decoders, fd)
+            _read_elf(mm, elf, scan, embedded, decoders)
     elif mm[:len(AR_MAGIC)] == AR_MAGIC:
         scan.format = "archive"
         scan.archive, errors = arfile.count_members(mm)
@@ -235,8 +235,8 @@ def _read_mapped(mm: mmap.mmap, scan: FileScan, embedded: bool, decoders: Decode
         scan.errors.append("neither an ELF file, a fatbin nor a static archive (unknown magic)")
 
 
-def _read_elf(mm: mmap.mmap, elf: ElfHeader, scan: FileScan, embedded: bool, decoders: Decoders, fd: int = -1) -> None:
-    reader = ContainerReader(mm, scan, decoders, fd)
+def _read_elf(mm: mmap.mmap, elf: ElfHeader, scan: FileScan, embedded: bool, decoders: Decoders) -> None:
+    reader = ContainerReader(mm, scan, decoders)
     for walk in elf_walks(mm, elf, embedded):
         reader.run(walk)
 
@@ -345,61 +345,13 @@ _FIRST_WINDOW = 64 << 10
 _SCAN_WINDOW = 16 << 20  # one search touches at most this much before pages are given back
 
 
-# Headers this far from the previous one are read by pread: through the mapping each would fault in pages
-# of its own (measured on the 2-core build host: 2.2 us a header through the mapping, 0.9 us by pread,
-# over the corpus's 13k entries ~144 KB apart), while a dense database (cuFFT's 24k containers, 17 KB
-# apart at the median) shares each fault among several headers and stays on the mapping.
-_SPARSE = 32 << 10
-_BLOCK_BITS = 16  # the kernel maps a faulting page's 64 KB around it at once (fault-around)
-_HEAD_READ = 512  # one pread: a container header, an entry header and a cubin's ELF header
-
-
-class Heads:
-    """Where one file's header bytes are read from, as a walk goes on: the mapping where the pages are
-    mapped or soon will be (the header is near the previous one), else one pread of _HEAD_READ bytes,
-    which later headers inside it are read from too. Every bound is checked against the mapping's size
-    before a read, so both give the same bytes; a pread shorter than that (the file shrank since it was
-    mapped) gives way to the mapping. _parse_container runs this inline for its entries."""
-
-    __slots__ = ("fd", "buf", "buf_at", "prev", "mapped")
-
-    def __init__(self, fd: int = -1) -> None:
-        self.fd = fd  # -1: the mapping only
-        self.buf, self.buf_at = b"", -1  # the last pread and where it starts
-        self.prev = -_SPARSE  # where the previous header was read
-        self.mapped = -1  # the 64 KB block of the last read through the mapping
-
-    def source(self, mm: mmap.mmap, pos: int, need: int) -> Tuple[object, int]:
-        """(bytes or the mapping, offset in it) holding the `need` bytes at `pos` (within the mapping)."""
-        prev, self.prev = self.prev, pos
-        if self.buf_at <= pos and pos + need <= self.buf_at + len(self.buf):
-            return self.buf, pos - self.buf_at
-        if self.fd < 0 or pos - prev < _SPARSE or pos >> _BLOCK_BITS == self.mapped:
-            self.mapped = pos >> _BLOCK_BITS
-            return mm, pos
-        read = os.pread(self.fd, max(need, _HEAD_READ), pos)
-        if len(read) < need:
-            self.mapped = pos >> _BLOCK_BITS
-            return mm, pos
-        self.buf, self.buf_at = read, pos
-        return read, 0
-
-    def magic(self, mm: mmap.mmap, pos: int) -> bool:
-        """Whether a container's magic is at `pos` (the walk of registered containers asks this first)."""
-        if pos + 4 > len(mm):
-            return mm[pos : pos + 4] == MAGIC_BYTES
-        src, off = self.source(mm, pos, 4)
-        return src[off : off + 4] == MAGIC_BYTES
-
-
 class ContainerReader:
     """Walks containers in one mapped file, giving back mapped pages as it goes:
     pages of a file mapping count in the resident set, and a census touches
     hundreds of MB of them in one library (cuBLASLt, cuFFT)."""
 
-    def __init__(self, mm: mmap.mmap, scan: FileScan, decoders: Optional[Decoders] = None, fd: int = -1) -> None:
+    def __init__(self, mm: mmap.mmap, scan: FileScan, decoders: Optional[Decoders] = None) -> None:
         self.mm = mm
-        self.heads = Heads(fd)
         self.finder = Finder(mm)
         self.scan = scan
         self.decoders = decoders if decoders is not None else Decoders(False)
@@ -471,12 +423,11 @@ class ContainerReader:
         bound = end if stop is None else min(end, stop)
         limit = end if stop is None else min(end, bound + len(MAGIC_BYTES) - 1)
         gap_check = not resync
-        heads = self.heads
         while pos < bound:
             self.release_below(pos)
-            if gap_check and heads.magic(mm, pos):
+            if gap_check and mm[pos : pos + 4] == MAGIC_BYTES:
                 first = pos if first is None else first
-                container, next_pos = _parse_container(mm, pos, end, section, self.entries_left, self.decoders, heads)
+                container, next_pos = _parse_container(mm, pos, end, section, self.entries_left, self.decoders)
                 self.add(container)
                 # A damaged header: its bytes are skipped, not reported as a gap.
                 pos, gap_check = (next_pos, True) if next_pos is not None else (pos + 4, False)
@@ -511,7 +462,7 @@ class ContainerReader:
                     return WalkEdge(first, pos, False)
                 pos = found
             first = pos if first is None else first
-            container, next_pos = _parse_container(mm, pos, end, section, self.entries_left, decoders, self.heads)
+            container, next_pos = _parse_container(mm, pos, end, section, self.entries_left, decoders)
             self.add(container)
             pos = next_pos if next_pos is not None else pos + len(CONTAINER_PREFIX)
         return WalkEdge(first, pos, False)
@@ -526,13 +477,7 @@ def gap_error(mm: mmap.mmap, section: str, pos: int, found: int) -> Optional[str
 
 
 def _parse_container(
-    mm: mmap.mmap,
-    pos: int,
-    limit: int,
-    section: str,
-    max_entries: int = MAX_ENTRIES,
-    decoders: Optional[Decoders] = None,
-    heads: Optional[Heads] = None,
+    mm: mmap.mmap, pos: int, limit: int, section: str, max_entries: int = MAX_ENTRIES, decoders: Optional[Decoders] = None
 ) -> Tuple[Container, Optional[int]]:
     """The container at `pos`, and where the next one may start (None when the
     header itself cannot be trusted)."""
@@ -541,10 +486,7 @@ def _parse_container(
     if limit - pos < _HEADER_SIZE:
         container.error = f"{_where(section, pos)}: header truncated ({limit - pos} bytes left)"
         return container, None
-    if heads is None:
-        heads = Heads(-1)
-    src, off = heads.source(mm, pos, _HEADER_SIZE)
-    _magic, version, header_size, body = _CONTAINER_UNPACK(src, off)
+    _magic, version, header_size, body = _CONTAINER_UNPACK(mm, pos)
     container.size = header_size + body
     problem = None
     if version != 1:
@@ -559,12 +501,9 @@ def _parse_container(
     body_end = pos + header_size + body
     try:
         # The entries, parsed inline: this loop runs for every entry of every container (cuFFT: 24k), so
-        # it makes one call per header (two for an uncompressed cubin, whose ELF header says whether it is
-        # a device-link stub) and one object per entry, with every table looked up once per file.
+        # it makes one struct read per header (two for an uncompressed cubin, whose ELF header says
+        # whether it is a device-link stub), one table look-up for variant and compression, one object.
         unpack, cubin_head, flag_info, stubs = _ENTRY_UNPACK, _CUBIN_UNPACK, _FLAG_INFO, _STUB_BY_TOP_BYTE
-        # Heads.source, inline (see there): where each header's bytes are read from.
-        fd, pread, buf, buf_at, prev, mapped = heads.fd, os.pread, heads.buf, heads.buf_at, heads.prev, heads.mapped
-        buf_end = buf_at + len(buf)
         at = pos + header_size
         while at < body_end:
             if len(entries) >= max_entries:
@@ -574,18 +513,7 @@ def _parse_container(
                 if not _all_zero(mm, at, body_end):
                     raise FormatError(f"{left} trailing bytes at {at:#x} are not an entry")
                 break
-            if buf_at <= at and at + ENTRY_MIN_HEADER <= buf_end:
-                src, off = buf, at - buf_at
-            elif fd < 0 or at - prev < _SPARSE or at >> _BLOCK_BITS == mapped:
-                src, off, mapped = mm, at, at >> _BLOCK_BITS
-            else:
-                read = pread(fd, _HEAD_READ, at)
-                if len(read) >= ENTRY_MIN_HEADER:
-                    src, off, buf, buf_at, buf_end = read, 0, read, at, at + len(read)
-                else:  # shorter than the mapping says: the mapping decides, as without pread
-                    src, off, mapped = mm, at, at >> _BLOCK_BITS
-            prev = at
-            kind, hsize, psize, csize, arch, flags, usize = unpack(src, off)
+            kind, hsize, psize, csize, arch, flags, usize = unpack(mm, at)
             if hsize < ENTRY_MIN_HEADER or hsize > ENTRY_MAX_HEADER or hsize > left:
                 raise FormatError(f"entry at {at:#x}: header size {hsize:#x} is invalid")
             if psize > left - hsize:
@@ -602,10 +530,7 @@ def _parse_container(
                 stub = STUB_NO
             elif kind == KIND_CUBIN and compression == "none" and psize >= 64:
                 # what cubin.stub_status reads, from the payload's ELF64 header
-                if off + hsize + _CUBIN_HEAD_SIZE <= len(src):
-                    ident, abi, machine, e_flags = cubin_head(src, off + hsize)
-                else:
-                    ident, abi, machine, e_flags = cubin_head(mm, at + hsize)
+                ident, abi, machine, e_flags = cubin_head(mm, at + hsize)
                 if ident == _CUBIN_IDENT and machine == EM_CUDA and abi >= 8:
                     stub = stubs.get(e_flags >> 24, STUB_UNKNOWN)
                 else:
@@ -614,13 +539,10 @@ def _parse_container(
                 stub = STUB_UNKNOWN
             entries.append(Entry(at, kind, arch, variant, flags, compression, hsize, psize, csize, usize, stub, True))
             at += hsize + psize
-        heads.buf, heads.buf_at, heads.prev, heads.mapped = buf, buf_at, prev, mapped
     except FormatError as exc:
         container.error = f"{_where(section, pos)}: {exc}"
     if section != SECTION_RELOCATABLE:  # never loaded, never judged: not worth decompressing
-        # Payloads behind headers read by pread are not mapped either: their first bytes come the same way.
-        fd = heads.fd if heads.buf_at == heads.prev else -1
-        container.kernels = container_kernels(mm, container, decoders or Decoders(False), fd)
+        container.kernels = container_kernels(mm, container, decoders or Decoders(False))
     return container, body_end
 
 
@@ -629,7 +551,6 @@ _CONTAINER_UNPACK = CONTAINER_HEADER.unpack_from
 _ENTRY_UNPACK = _ENTRY_HEADER.unpack_from
 _ARCH_LOW, _ARCH_HIGH = ARCH_NUMBER_RANGE
 _CUBIN_UNPACK = cubin.CUBIN_HEAD.unpack_from
-_CUBIN_HEAD_SIZE = cubin.CUBIN_HEAD.size
 _CUBIN_IDENT = cubin.CUBIN_IDENT
 _STUB_BY_TOP_BYTE = cubin.STUB_BY_TOP_BYTE
 

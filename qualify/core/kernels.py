@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import importlib
 import mmap
-import os
 import struct
 
 from qualify.core.elf import EM_CUDA, ElfHeader, FormatError
@@ -268,11 +267,9 @@ def _lz4_input(want: int, size: int) -> int:
 _ZSTD_WHOLE = 64 << 10  # entries up to this size are decoded whole (kernel-less ones are small)
 
 
-def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders, fd: int = -1) -> str:
+def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders) -> str:
     """yes when any entry holds a kernel; no when every driver-loadable entry
-    was read whole and none does; unknown otherwise. Stops at the first yes.
-    With `fd` (the mapped file), an uncompressed cubin's first bytes are read
-    by pread: its pages are not mapped yet (fatbin.Heads)."""
+    was read whole and none does; unknown otherwise. Stops at the first yes."""
     entries = container.entries
     if len(entries) == 1:  # most containers (cuFFT: 24k of 24k): the same rules, fewer steps
         entry = entries[0]
@@ -280,7 +277,7 @@ def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders, f
             return KERNELS_NO
         if entry.kind_code != KIND_CUBIN and entry.kind_code != KIND_PTX:
             return KERNELS_UNKNOWN
-        answer = _entry_kernels(mm, entry, decoders, fd)
+        answer = _entry_kernels(mm, entry, decoders)
         if answer == KERNELS_YES or (answer == KERNELS_NO and container.error is None):
             return answer
         return KERNELS_UNKNOWN
@@ -306,7 +303,7 @@ def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders, f
     answers = set()
     loadable = cubins + ptx
     for entry in loadable:
-        answer = _entry_kernels(mm, entry, decoders, fd)
+        answer = _entry_kernels(mm, entry, decoders)
         if answer == KERNELS_YES:
             return KERNELS_YES
         answers.add(answer)
@@ -319,18 +316,13 @@ def _size(entry: Entry) -> int:
     return entry.uncompressed_size
 
 
-def _entry_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders, fd: int = -1) -> str:
+def _entry_kernels(mm: mmap.mmap, entry: Entry, decoders: Decoders) -> str:
     start = entry.offset + entry.header_size
     if entry.compression == "none":
         end = start + entry.payload_size
         if entry.is_ptx:
             return KERNELS_YES if mm.find(_PTX_ENTRY, start, end) >= 0 else KERNELS_NO
-        prefix = min(end, start + _KERNEL_PREFIX) - start
-        head = os.pread(fd, prefix, start) if fd >= 0 else None
-        if head is not None and len(head) == prefix:
-            if head.find(_TEXT_NAME) >= 0:
-                return KERNELS_YES
-        elif mm.find(_TEXT_NAME, start, start + prefix) >= 0:
+        if mm.find(_TEXT_NAME, start, min(end, start + _KERNEL_PREFIX)) >= 0:
             return KERNELS_YES
         return _cubin_kernels(mm[start:end], whole=True)
     if not decoders.can(entry.compression):
