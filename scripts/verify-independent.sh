@@ -1,0 +1,689 @@
+#!/usr/bin/env bash
+# scripts/verify-independent.sh RELEASE_FOLDER [--key PUB | --fingerprint sha256:HEX] [--hosts FILE]
+#     [--hosts-history DIR] [--registry [--fetch skopeo|curl] [--ca FILE] [--auth-file FILE]]
+#
+# VERIFYING.md, step by step, with openssl, jq and sha256sum (bash and coreutils around them; git only to
+# read earlier versions of hosts.json, skopeo or curl only to fetch from the registry). No code of the
+# toolkit runs: this is what someone who does not trust it can check.
+#
+# Exit: 0 verified; 1 a check failed (the message names the step, the file and what differs); 2 usage or a
+# missing tool; 3 incomplete: everything read verified, but something could not be checked with these tools
+# (a keyless host's evidence, an earlier hosts.json not at hand), named in the output.
+set -euo pipefail
+export LC_ALL=C
+
+STEP=0
+INCOMPLETE=()
+LIMIT=$((16 * 1024 * 1024))  # every record is kilobytes; an attestation layer (an SBOM) well under this
+NS="https://blackwell-qualify.dev"
+STATEMENT="https://in-toto.io/Statement/v1"
+QUALIFICATION="$NS/qualification/v1"
+RELEASE_STATEMENT="$NS/release-statement/v2"
+IN_TOTO="application/vnd.in-toto+json"
+# The implied rule of a release signed before release.json held a policy (release/policy.py).
+IMPLIED_PASSES=7
+IMPLIED_CHECKS='["gpu.memory","gpu.triton-scratch","gpu.bf16-matmul","gpu.torch-compile"]'
+TARGET_RE='^[a-z0-9][a-z0-9-]{0,31}$'
+HEX_RE='^[0-9a-f]{64}$'
+
+usage() {
+  sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# --- output -------------------------------------------------------------------------------------------
+
+clean() { printf '%s' "$*" | tr -c '[:print:]\n' '?'; }
+step() { STEP=$1; shift; printf 'step %s: %s\n' "$STEP" "$(clean "$*")"; }
+ok() { printf '  ok: %s\n' "$(clean "$*")"; }
+note() { printf '  note: %s\n' "$(clean "$*")"; }
+fail() {
+  printf 'verify-independent: FAILED at step %s: %s\n' "$STEP" "$(clean "$*")" >&2
+  exit 1
+}
+incomplete() {
+  INCOMPLETE+=("step $STEP: $*")
+  printf '  NOT CHECKED: %s\n' "$(clean "$*")"
+}
+need() { command -v "$1" >/dev/null 2>&1 || { echo "verify-independent: $1 is needed ($2)" >&2; exit 2; }; }
+
+# --- files, hashes, signatures ------------------------------------------------------------------------
+
+# A regular file (never a symbolic link) of at most LIMIT bytes.
+readable() {
+  [[ -f $1 && ! -L $1 ]] || fail "$1: missing, or not a regular file"
+  local size
+  size=$(wc -c <"$1")
+  ((size <= LIMIT)) || fail "$1: $size bytes, more than the $LIMIT a record may have"
+}
+sha() { readable "$1"; sha256sum "$1" | cut -d' ' -f1; }
+j() { jq -r "$@"; }  # one value of a JSON file, raw
+US=$'\x1f'  # the separator of several values read at once (never in our values; tabs would merge empty fields)
+json() { readable "$1"; jq -e 'type == "object"' "$1" >/dev/null 2>&1 || fail "$1: not a JSON object"; }
+
+fingerprint_of() { openssl pkey -pubin -in "$1" -outform DER 2>/dev/null | sha256sum | cut -d' ' -f1; }
+hint_of() { openssl pkey -pubin -in "$1" -outform DER 2>/dev/null | openssl dgst -sha256 -binary | openssl base64 -A; }
+
+# verify_sig KEY DATA B64SIG WHAT: an ECDSA P-256 signature over SHA-256 of DATA (cosign sign-blob's format).
+verify_sig() {
+  local der="$WORK/sig.der"
+  printf '%s' "$3" | tr -d ' \n\r\t' | openssl base64 -d -A >"$der" 2>/dev/null || true
+  [[ -s $der ]] || fail "$4: the signature is not base64"
+  openssl dgst -sha256 -verify "$1" -signature "$der" "$2" >/dev/null 2>&1 ||
+    fail "$4: its signature does not verify with $(basename "$1") (the file changed after signing, or another key signed it)"
+}
+
+# verify_bundle KEY DATA BUNDLE: a Sigstore bundle v0.3 of DATA: digest, algorithm, key hint, signature.
+verify_bundle() {
+  local key=$1 data=$2 bundle=$3 media alg digest hint sig
+  json "$bundle"
+  IFS=$US read -r media alg digest hint sig < <(jq -r '[(.mediaType // "" | tostring),
+      (.messageSignature.messageDigest.algorithm // "" | tostring), (.messageSignature.messageDigest.digest // "" | tostring),
+      (.verificationMaterial.publicKey.hint // "" | tostring), (.messageSignature.signature // "" | tostring)] | join("\u001f")' "$bundle")
+  case $media in
+    application/vnd.dev.sigstore.bundle.v0.3+json | "application/vnd.dev.sigstore.bundle+json;version=0."[123]) ;;
+    *) fail "$bundle: not a Sigstore bundle (mediaType $media)" ;;
+  esac
+  [[ $alg == SHA2_256 ]] || fail "$bundle: the message digest is not SHA2_256"
+  [[ $digest == "$(openssl dgst -sha256 -binary "$data" | openssl base64 -A)" ]] ||
+    fail "$bundle: the bundle of other bytes (its message digest is not $(basename "$data")'s sha256)"
+  [[ -z $hint || $hint == "$(hint_of "$key")" ]] || fail "$bundle: names another key (hint $hint)"
+  verify_sig "$key" "$data" "$sig" "$bundle"
+}
+
+# verify_signed KEY FILE: FILE.sig verifies, and FILE.sigstore.json holds when it is there.
+verify_signed() {
+  readable "$2"
+  readable "$2.sig"
+  verify_sig "$1" "$2" "$(cat "$2.sig")" "$2"
+  if [[ -e $2.sigstore.json ]]; then verify_bundle "$1" "$2" "$2.sigstore.json"; fi
+}
+
+# canonical FILE: a JSON object written as the toolkit writes signed records (one key per line), no key written
+# twice (the toolkit refuses duplicates, jq keeps the last: as many key lines as distinct keys); prints its schema.
+canonical() {
+  local lines keys schema
+  readable "$1"
+  IFS=$US read -r keys schema < <(jq -r 'if type == "object" then [([.. | objects | keys | length] | add // 0 | tostring),
+      (.schema // "" | tostring)] | join("\u001f") else empty end' "$1" 2>/dev/null) || fail "$1: not a JSON object"
+  lines=$(jq -R -s '[split("\n")[] | select(test("^ *\"([^\"\\\\]|\\\\.)*\": "))] | length' "$1")
+  [[ $lines == "$keys" ]] || fail "$1: $lines keys written, $keys distinct: a key is written twice"
+  printf '%s' "$schema"
+}
+
+# signed_record FILE SCHEMA...: a record signed with the release key, canonical, of one of the schemas.
+signed_record() {
+  local schema
+  verify_signed "$KEY" "$1"
+  schema=$(canonical "$1")
+  [[ " ${*:2} " == *" $schema "* ]] || fail "$1: schema $schema, expected ${*:2}"
+}
+
+# --- jq functions shared by the steps ---------------------------------------------------------------------
+
+# shellcheck disable=SC2016  # jq code: its $names are jq's
+JQ_LIB='
+def rank: {"unsupported": 0, "unverified": 1, "experimental": 2, "baseline": 3, "optimized": 4}[.] // 0;
+def lower: {"optimized": "experimental", "baseline": "experimental", "experimental": "unverified"}[.] // .;
+def utc: capture("^(?<d>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt](?<t>[0-9]{2}:[0-9]{2}:[0-9]{2})(\\.[0-9]{1,9})?(?<z>[Zz]|[+-][0-9]{2}:[0-9]{2})$")
+  | ((.d + "T" + .t + "Z") | fromdateiso8601)
+    - (if (.z | ascii_downcase) == "z" then 0
+       else ((.z[1:3] | tonumber) * 3600 + (.z[4:6] | tonumber) * 60) * (if .z[0:1] == "+" then 1 else -1 end) end)
+  | todate;
+def text: if . == null then "" elif type == "string" then . else tostring end;
+# seed 000 by an allow-list over the required checks (release/evidence.py: outcome_of); input: the checks
+def outcome($required; $seen; $capability):
+  [.[] | objects | select((.id // "" | text) as $i | any($required[]; . == $i))] as $listed
+  | if any($listed[]; .status == "fail") then "product-failure"
+    elif any($required[]; . as $r | all($listed[]; (.id | text) != $r)) then "infrastructure"
+    elif any($listed[]; .status != "pass") then "infrastructure"
+    elif $seen != $capability then "infrastructure"
+    else "pass" end;
+# the rule over the runs in time order (release/promote.py: standing); input: [{identity, time, outcome}]
+def standing($n; $intended; $released):
+  (($intended | rank) >= 3) as $can
+  | sort_by(.time, .identity)
+  | reduce .[] as $c ({level: $released, streak: 0};
+      if $c.outcome == "pass" then
+        .streak += 1
+        | if .streak >= $n and $can and ((.level | rank) < 3) then .level = "baseline"
+          elif (.level | rank) < 2 then .level = "experimental" else . end
+      elif $c.outcome == "product-failure" then .level |= lower | .streak = 0
+      else . end);
+'
+
+# ------------------------------------------------------------------------------------------------------
+
+FOLDER="" PIN_KEY="" PIN_FP="" HOSTS="" HISTORY="" REGISTRY=0 FETCH="" CA="" AUTH_FILE=""
+while (($#)); do
+  case $1 in
+    --key) PIN_KEY=${2:?--key PUB}; shift 2 ;;
+    --fingerprint) PIN_FP=${2:?--fingerprint sha256:HEX}; shift 2 ;;
+    --hosts) HOSTS=${2:?--hosts FILE}; shift 2 ;;
+    --hosts-history) HISTORY=${2:?--hosts-history DIR}; shift 2 ;;
+    --registry) REGISTRY=1; shift ;;
+    --fetch) FETCH=${2:?--fetch skopeo|curl}; shift 2 ;;
+    --ca) CA=${2:?--ca FILE}; shift 2 ;;
+    --auth-file) AUTH_FILE=${2:?--auth-file FILE}; shift 2 ;;
+    -h | --help) usage ;;
+    -*) echo "verify-independent: unknown option $1" >&2; usage ;;
+    *) [[ -z $FOLDER ]] || usage; FOLDER=$1; shift ;;
+  esac
+done
+[[ -n $FOLDER ]] || usage
+need openssl "signatures and digests"
+need jq "JSON"
+need sha256sum "file hashes"
+[[ -d $FOLDER && ! -L $FOLDER ]] || { echo "verify-independent: $FOLDER: not a release folder" >&2; exit 2; }
+FOLDER=${FOLDER%/}
+TAG=$(basename "$FOLDER")
+HOSTS=${HOSTS:-$(dirname "$FOLDER")/hosts.json}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# --- 1. the release key ----------------------------------------------------------------------------------
+step 1 "the release key ($FOLDER/cosign.pub)"
+KEY="$FOLDER/cosign.pub"
+readable "$KEY"
+openssl pkey -pubin -in "$KEY" -noout -text 2>/dev/null | grep -q 'ASN1 OID: prime256v1' ||
+  fail "$KEY: not an ECDSA P-256 public key (PEM, SubjectPublicKeyInfo)"
+FP="sha256:$(fingerprint_of "$KEY")"
+HINT=$(hint_of "$KEY")
+ok "fingerprint $FP (sha256 of the DER SubjectPublicKeyInfo); bundle key hint $HINT (the same digest, base64)"
+if [[ -n $PIN_KEY ]]; then
+  readable "$PIN_KEY"
+  [[ "sha256:$(fingerprint_of "$PIN_KEY")" == "$FP" ]] || fail "$KEY is $FP, not the key you trust ($PIN_KEY)"
+  ok "it is the key you trust ($PIN_KEY)"
+elif [[ -n $PIN_FP ]]; then
+  [[ $PIN_FP == "$FP" ]] || fail "$KEY is $FP, not the pinned $PIN_FP"
+  ok "it is the pinned fingerprint"
+else
+  note "no --key or --fingerprint: the folder's own key is trusted (trust on first use; pin the announced fingerprint)"
+fi
+
+# --- 2. release.json ----------------------------------------------------------------------------------------
+INDEX="$FOLDER/release.json"
+step 2 "release.json: signature, bundle, tag, key, targets"
+signed_record "$INDEX" "$NS/release/v2"
+RSHA=$(sha "$INDEX")
+[[ $(j .tag "$INDEX") == "$TAG" ]] || fail "$INDEX: the index of release $(j .tag "$INDEX"), but the folder is named $TAG"
+jq -e --arg tag "$TAG" '
+  ($tag | test("^v?(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-((0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)(\\.(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*))*))?$")) as $semver
+  | .version == (if $semver then ($tag | ltrimstr("v")) else null end)' "$INDEX" >/dev/null ||
+  fail "$INDEX: version $(j .version "$INDEX") is not what tag $TAG says"
+jq -e --arg fp "$FP" --arg hint "$HINT" '.public_key == {"file": "cosign.pub", "fingerprint": $fp, "hint": $hint}' \
+  "$INDEX" >/dev/null || fail "$INDEX: names release key $(j .public_key.fingerprint "$INDEX"), not the folder's $FP"
+[[ $(j '.files["cosign.pub"] // ""' "$INDEX") == "$(sha "$KEY")" ]] || fail "$INDEX: files[cosign.pub] is not cosign.pub's sha256"
+jq -e '(.sequence | type == "number" and . >= 1) and (.time | test("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"))
+       and (.allow_partial == (.withheld | length > 0)) and ([.targets[].target] | length == (unique | length))' \
+  "$INDEX" >/dev/null || fail "$INDEX: sequence, time, allow_partial or the target list is not as a release writes it"
+mapfile -t TARGETS < <(j '.targets[].target' "$INDEX")
+for t in "${TARGETS[@]}"; do [[ $t =~ $TARGET_RE ]] || fail "$INDEX: target $t is not a target name"; done
+RTIME=$(j .time "$INDEX")
+ok "release $TAG, sequence $(j .sequence "$INDEX"), time $RTIME, sha256 $RSHA; targets: ${TARGETS[*]:-none}"
+
+# --- 3. the policy section ------------------------------------------------------------------------------------
+step 3 "release.json's policy (the promotion rule promote applies)"
+if jq -e 'has("policy")' "$INDEX" >/dev/null; then
+  jq -e '.policy.version == 1' "$INDEX" >/dev/null || fail "$INDEX: policy version $(j .policy.version "$INDEX"): this recipe knows version 1"
+  jq -e '([.policy.targets[].target] | sort) == ([.targets[].target] | sort)
+         and (.policy.targets | map(.intended_level | IN("baseline", "optimized", "experimental")) | all)
+         and (.policy.promotion.consecutive_passes | type == "number" and . >= 1)
+         and (.policy.promotion.required_gpu_checks | length > 0 and length == (unique | length))' "$INDEX" >/dev/null ||
+    fail "$INDEX: the policy does not name each released target once, or its pass count or checks are not usable"
+  jq -e '(.policy.level_checks | length) == 0 and (.policy.allreduce_floors | length) == 0' "$INDEX" >/dev/null ||
+    fail "$INDEX: the policy sets level_checks or allreduce_floors, which this recipe does not apply (refused, as the toolkit refuses a rule it does not apply)"
+  POLICY_VERSION=1
+  ok "version 1: $(j .policy.promotion.consecutive_passes "$INDEX") consecutive passes of $(j '.policy.promotion.required_gpu_checks | join(", ")' "$INDEX")"
+else
+  POLICY_VERSION=0
+  note "no policy (signed before it existed): the implied rule, $IMPLIED_PASSES passes of $IMPLIED_CHECKS, the manifest's intended level"
+fi
+# rule_of TARGET: {n, required, intended} as JSON
+rule_of() {
+  jq -c --arg t "$1" --argjson checks "$IMPLIED_CHECKS" --argjson n "$IMPLIED_PASSES" --slurpfile m "$FOLDER/$1.json" '
+    if has("policy") then {n: .policy.promotion.consecutive_passes, required: .policy.promotion.required_gpu_checks,
+                           intended: (.policy.targets[] | select(.target == $t) | .intended_level)}
+    else {n: $n, required: $checks, intended: ($m[0].predicate.target.intended_support_level
+          | if IN("baseline", "optimized", "experimental") then . else "experimental" end)} end' "$INDEX"
+}
+
+# --- 4. the enrolled hosts chain ----------------------------------------------------------------------------
+step 4 "the enrolled hosts ($HOSTS): signature, chain, the version each promotion was checked against"
+mkdir -p "$WORK/hosts"
+# Every version at hand, by sha256: the file, --hosts-history DIR, and what git's history holds of it.
+keep_version() {  # keep_version FILE SIGFILE [BUNDLE]
+  local s
+  [[ -f $1 && -f $2 ]] || return 0
+  s=$(sha "$1")
+  cp "$1" "$WORK/hosts/$s.json"
+  cp "$2" "$WORK/hosts/$s.json.sig"
+  if [[ -n ${3:-} && -f $3 ]]; then cp "$3" "$WORK/hosts/$s.json.sigstore.json"; fi
+}
+HOSTS_SHA="" HOSTS_SEQ=0
+if [[ -e $HOSTS || -L $HOSTS ]]; then
+  signed_record "$HOSTS" "$NS/enrolled-hosts/v2" "$NS/enrolled-hosts/v1"
+  HOSTS_SHA=$(sha "$HOSTS")
+  HOSTS_SEQ=$(j .sequence "$HOSTS")
+  keep_version "$HOSTS" "$HOSTS.sig" "$HOSTS.sigstore.json"
+  if [[ -n $HISTORY ]]; then
+    for f in "$HISTORY"/*; do [[ $f == *.sig || $f == *.sigstore.json ]] || keep_version "$f" "$f.sig" "$f.sigstore.json"; done
+  fi
+  hdir=$(dirname "$HOSTS") hname=$(basename "$HOSTS")
+  if command -v git >/dev/null 2>&1 && git -C "$hdir" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    while read -r rev; do
+      git -C "$hdir" show "$rev:./$hname" >"$WORK/h.json" 2>/dev/null || continue
+      git -C "$hdir" show "$rev:./$hname.sig" >"$WORK/h.json.sig" 2>/dev/null || continue
+      git -C "$hdir" show "$rev:./$hname.sigstore.json" >"$WORK/h.json.sigstore.json" 2>/dev/null || rm -f "$WORK/h.json.sigstore.json"
+      keep_version "$WORK/h.json" "$WORK/h.json.sig" "$WORK/h.json.sigstore.json"
+    done < <(git -C "$hdir" log --format=%H -- "$hname" 2>/dev/null)
+  fi
+  # the chain back from the current file, as far as versions are at hand
+  cur="$HOSTS" seq=$HOSTS_SEQ
+  while :; do
+    prev=$(j '.previous_sha256 // empty' "$cur")
+    if [[ -z $prev ]]; then
+      ok "sequence $seq is the first of its chain"
+      break
+    fi
+    [[ $prev =~ $HEX_RE ]] || fail "$cur: previous_sha256 is not a sha256"
+    if [[ ! -f $WORK/hosts/$prev.json ]]; then
+      note "sequence $seq names sequence $((seq - 1)) (sha256 ${prev:0:12}...), which is not at hand (commit hosts.json, or --hosts-history DIR): the chain is checked from there on"
+      break
+    fi
+    signed_record "$WORK/hosts/$prev.json" "$NS/enrolled-hosts/v2" "$NS/enrolled-hosts/v1"
+    [[ $(j .sequence "$WORK/hosts/$prev.json") == $((seq - 1)) ]] ||
+      fail "$cur: names a predecessor whose sequence is $(j .sequence "$WORK/hosts/$prev.json"), not $((seq - 1))"
+    ok "sequence $seq names sequence $((seq - 1)) (sha256 ${prev:0:12}...), which verifies"
+    cur="$WORK/hosts/$prev.json" seq=$((seq - 1))
+  done
+  jq -e '[.hosts[].name] | length == (unique | length)' "$HOSTS" >/dev/null || fail "$HOSTS: a host name is enrolled twice"
+  ok "sequence $HOSTS_SEQ, sha256 $HOSTS_SHA: $(j '[.hosts[].name] | join(", ")' "$HOSTS")"
+else
+  note "no enrolled-hosts file: only promotions without evidence checks against one can verify"
+fi
+# host_version SHA SEQUENCE: the path of that hosts version, verified; "" when not at hand
+host_version() {
+  local f="$WORK/hosts/$1.json"
+  [[ -f $f ]] || { echo ""; return 0; }
+  signed_record "$f" "$NS/enrolled-hosts/v2" "$NS/enrolled-hosts/v1" >/dev/null
+  [[ $2 == 0 || $(j .sequence "$f") == "$2" ]] || fail "hosts.json sha256 ${1:0:12}... is sequence $(j .sequence "$f"), not $2"
+  echo "$f"
+}
+
+# --- 5 to 8, per target --------------------------------------------------------------------------------------
+declare -A CURRENT_SEQ CURRENT_MANIFEST_SHA SUPERSEDED
+for t in "${TARGETS[@]}"; do
+  ENTRY=$(jq -c --arg t "$t" '.targets[] | select(.target == $t)' "$INDEX")
+  DIGEST=$(jq -r .image.digest <<<"$ENTRY")
+  P="$FOLDER/$t.promotion.json"
+
+  # --- 5. the promotion ledger ---------------------------------------------------------------------------
+  step 5 "$t: the promotion ledger ($t.promotion.json and the kept $t.promotion.<n>.json)"
+  mapfile -t KEPT < <(cd "$FOLDER" && for f in "$t".promotion.*.json; do
+    [[ $f =~ ^$t\.promotion\.([1-9][0-9]{0,8})\.json$ ]] && echo "${BASH_REMATCH[1]}"; done | sort -n)
+  declare -A VISITED=()
+  CHAIN=()  # record files, newest first
+  if [[ -e $P || -L $P ]]; then
+    signed_record "$P" "$NS/promotion/v3" "$NS/promotion/v2"
+    jq -e --arg tag "$TAG" --arg r "$RSHA" --arg t "$t" '.release == $tag and .release_sha256 == $r and .target == $t' \
+      "$P" >/dev/null || fail "$P: a promotion of $(j .target "$P") in release $(j .release "$P") (release.json $(j .release_sha256 "$P" | cut -c1-12)...), not of $t in this release"
+    CHAIN=("$P")
+    cur=$P
+    while [[ $(j .schema "$cur") == "$NS/promotion/v3" ]] && (($(j .sequence "$cur") > 1)); do
+      n=$(($(j .sequence "$cur") - 1))
+      k="$FOLDER/$t.promotion.$n.json"
+      [[ -e $k ]] || fail "$cur: the ledger is cut: $t.promotion.$n.json, the record promotion $((n + 1)) replaced, is missing"
+      signed_record "$k" "$NS/promotion/v3" "$NS/promotion/v2"
+      [[ $(sha "$k") == "$(j .previous_sha256 "$cur")" ]] ||
+        fail "$k: not the promotion $n that promotion $((n + 1)) names (sha256 $(sha "$k" | cut -c1-12)..., it names $(j .previous_sha256 "$cur" | cut -c1-12)...): the ledger was rewritten"
+      jq -e --arg tag "$TAG" --arg r "$RSHA" --arg t "$t" --argjson n "$n" \
+        '.release == $tag and .release_sha256 == $r and .target == $t and .sequence == $n' "$k" >/dev/null ||
+        fail "$k: its sequence, release or target is not promotion $n of $t in this release"
+      VISITED[$n]=1
+      CHAIN+=("$k")
+      cur=$k
+    done
+    if [[ $(j .schema "$cur") == "$NS/promotion/v3" ]]; then
+      [[ $(j .previous_sha256 "$cur") == null ]] || fail "$cur: promotion 1 names a predecessor"
+      ok "promotion $(j .sequence "$P") and every record before it, back to promotion 1, each named by its successor"
+    else
+      note "the ledger starts at $(basename "$cur") (promotion/v2, sequence $(j .sequence "$cur")): the records before it were overwritten by the toolkit of that time"
+    fi
+    for n in "${KEPT[@]}"; do
+      [[ -n ${VISITED[$n]:-} ]] || fail "$FOLDER/$t.promotion.$n.json is kept as a replaced record, but the ledger from promotion $(j .sequence "$P") does not lead to it (old files copied back over a demotion?)"
+    done
+    CURRENT_SEQ[$t]=$(j .sequence "$P")
+    EXPECTED=$(j .manifest_sha256 "$P")
+    SUPERSEDED[$t]=1
+  else
+    ((${#KEPT[@]} == 0)) || fail "$P is missing, but ${#KEPT[@]} replaced promotion record(s) of $t are kept: the current record was removed"
+    CURRENT_SEQ[$t]=0
+    EXPECTED=$(jq -r .manifest_sha256 <<<"$ENTRY")
+    ok "not promoted: release.json's manifest_sha256 counts"
+  fi
+
+  # --- 6. the manifest, and which hash counts ---------------------------------------------------------------
+  M="$FOLDER/$t.json"
+  step 6 "$t: the manifest $t.json (the sha256 that counts: $([[ -e $P ]] && echo "the promotion record's" || echo "release.json's"))"
+  [[ $(sha "$M") == "$EXPECTED" ]] ||
+    fail "$M: sha256 $(sha "$M" | cut -c1-12)..., but $([[ -e $P ]] && echo "the promotion record" || echo "release.json") names $(cut -c1-12 <<<"$EXPECTED")... (a manifest of another release or an older promotion)"
+  verify_signed "$KEY" "$M"
+  canonical "$M" >/dev/null
+  jq -e --arg st "$STATEMENT" --arg pt "$QUALIFICATION" --argjson e "$ENTRY" '
+    ._type == $st and .predicateType == $pt and (.subject | length == 1)
+    and ("sha256:" + .subject[0].digest.sha256) == $e.image.digest
+    and ((.predicate.image.digest // $e.image.digest) == $e.image.digest)
+    and .predicate.target.name == $e.target and .predicate.target.capability == $e.capability
+    and .predicate.target.platform == $e.platform' "$M" >/dev/null ||
+    fail "$M: does not describe what release.json names ($t, $DIGEST, capability $(jq -r .capability <<<"$ENTRY"), $(jq -r .platform <<<"$ENTRY"))"
+  LEVEL=$(j .predicate.support_level "$M")
+  if [[ -e $P ]]; then
+    [[ $LEVEL == "$(j .level "$P")" ]] || fail "$M: says level $LEVEL, its promotion record $(j .level "$P")"
+  else
+    [[ $LEVEL == "$(jq -r .support_level <<<"$ENTRY")" ]] || fail "$M: says level $LEVEL, release.json $(jq -r .support_level <<<"$ENTRY")"
+  fi
+  CURRENT_MANIFEST_SHA[$t]=$EXPECTED
+  ok "sha256 $EXPECTED, signed; $DIGEST; level $LEVEL"
+
+  ((${#CHAIN[@]})) || continue
+  # --- 7. the evidence each record accepted --------------------------------------------------------------
+  step 7 "$t: the evidence the promotion records accepted (file, identity, binding, outcome, host signature)"
+  RULE=$(rule_of "$t")
+  PROBE=$(j '.predicate.toolkit.probe_sha256 // ""' "$M")
+  CAP=$(jq -r .capability <<<"$ENTRY")
+  [[ ! -L $FOLDER/evidence && ! -L $FOLDER/evidence/$t ]] || fail "$FOLDER/evidence: a symbolic link"
+  declare -A FIRST=()  # evidence sha256 -> the record that first accepted it (records oldest first)
+  for ((i = ${#CHAIN[@]} - 1; i >= 0; i--)); do
+    R=${CHAIN[$i]}
+    V2=$([[ $(j .schema "$R") == "$NS/promotion/v2" ]] && echo 1 || echo 0)
+    IFS=$US read -r hsha hseq unsigned_ok count < <(jq -r '[(.hosts_sha256 // ""), (.hosts_sequence // 0 | tostring),
+        (.unsigned_evidence_allowed | tostring), (.evidence | length | tostring)] | join("\u001f")' "$R")
+    jq -e '[.evidence[].identity] | length == (unique | length)' "$R" >/dev/null || fail "$R: the same run is counted twice"
+    while IFS=$US read -r s file ident etime eout host; do
+      [[ $s =~ $HEX_RE && $file == "evidence/$t/$s.json" ]] || fail "$R: evidence file $file is not evidence/$t/<sha256>.json"
+      E="$FOLDER/$file"
+      [[ $(sha "$E") == "$s" ]] || fail "$E: not the evidence the signed record accepted (sha256 differs)"
+      # The run's fields, from either form: start.sh's record or a probe manifest (qualify gpu-evidence).
+      RUN=$(jq -c "$JQ_LIB"'
+        if type != "object" then error("not an object")
+        elif ._type == "https://in-toto.io/Statement/v1" then
+          ([.predicate.gpu.devices[]? | objects][0] // {}) as $d
+          | {form: "statement", release: "", target: .predicate.target.name, capability: .predicate.target.capability,
+             image_digest: ("sha256:" + .subject[0].digest.sha256), probe: (.predicate.toolkit.probe_sha256 // ""),
+             uuid_text: ($d.uuid | text | sub("^\\s+"; "") | sub("\\s+$"; "")),
+             host_text: (.predicate.host.hostname | text | sub("^\\s+"; "") | sub("\\s+$"; "")),
+             gpu_capability: (if ($d.compute_cap | text) == "" then "none" else ($d.compute_cap | text) end),
+             run_id: (.predicate.run_id | if type == "string" then . else "" end),
+             time: (.predicate.created | utc),
+             checks: [.predicate.checks[]? | objects | select(.id | text | startswith("gpu."))]}
+        elif .schema == "https://blackwell-qualify.dev/gpu-evidence/v1" then
+          {form: "record", release: .release, target: .target, capability: .capability, image_digest: .image_digest,
+           probe: .probe_sources_digest, uuid_sha256: .gpu.uuid_sha256, host_id_sha256: .host_id_sha256,
+           gpu_capability: .gpu.capability, run_id: (.run_id // ""), time: (.time | utc), checks: .checks}
+        else error("not GPU evidence") end' "$E" 2>/dev/null) || fail "$E: neither a gpu-evidence/v1 record nor a probe manifest"
+      if [[ $RUN == *'"form":"statement"'* ]]; then  # the probe hashed nothing: the GPU UUID and host name, hashed here
+        IFS=$US read -r uuid_text host_text < <(jq -j '[.uuid_text, .host_text] | join("\u001f")' <<<"$RUN"; echo)
+        RUN=$(jq -c --arg u "sha256:$(printf '%s' "$uuid_text" | sha256sum | cut -d' ' -f1)" \
+          --arg h "sha256:$(printf '%s' "$host_text" | sha256sum | cut -d' ' -f1)" '. + {uuid_sha256: $u, host_id_sha256: $h}' <<<"$RUN")
+      fi
+      # identity: the sha256 of canonical JSON (sorted keys, two-space indent, a newline) of the run's fields
+      if ((V2)); then
+        got=$(jq -S --indent 2 --arg host "$host" '{gpu_uuid_sha256: .uuid_sha256, image_digest, probe_sources_digest: .probe,
+            host: (if $host == "unsigned" then "unsigned:" + .host_id_sha256 else $host end), run_id, time}' <<<"$RUN" |
+          sha256sum | cut -d' ' -f1)
+      else
+        got=$(jq -S --indent 2 '{gpu_uuid_sha256: .uuid_sha256, host_id_sha256, image_digest, probe_sources_digest: .probe,
+            run_id, time}' <<<"$RUN" | sha256sum | cut -d' ' -f1)
+      fi
+      [[ $got == "$ident" ]] || fail "$E: its identity is $got, the record $(basename "$R") says $ident"
+      problem=$(jq -r --arg tag "$TAG" --arg t "$t" --arg d "$DIGEST" --arg cap "$CAP" --arg probe "$PROBE" \
+        --arg rt "$RTIME" --arg etime "$etime" --arg eout "$eout" --argjson rule "$RULE" "$JQ_LIB"'
+        . as $run | (.checks | outcome($rule.required; $run.gpu_capability; $cap)) as $outcome
+        | if .time != $etime then "its time \(.time) is not the record'"'"'s \($etime)"
+          elif (.release != "" and .release != $tag) or .target != $t or .image_digest != $d or .capability != $cap
+            then "it is about \(.release) \(.target) \(.image_digest) (capability \(.capability)), not \($tag) \($t) \($d) (\($cap))"
+          elif (.gpu_capability | IN($cap, "none") | not) then "it was taken on a GPU of capability \(.gpu_capability)"
+          elif $probe != "" and .probe != $probe then "it comes from probe \(.probe), the release'"'"'s is \($probe)"
+          elif (.time | fromdateiso8601) < ($rt | fromdateiso8601) then "it is dated \(.time), before the release (\($rt))"
+          elif $outcome != $eout then "its checks give \($outcome) under the release'"'"'s rule, the record says \($eout)"
+          else "" end' <<<"$RUN")
+      [[ -z $problem ]] || fail "$E ($(basename "$R")): $problem"
+      [[ -z ${FIRST[$s]:-} ]] || continue
+      FIRST[$s]=$R
+      # Who vouched: the enrolled host, in the hosts version the record that first accepted it was checked against.
+      if [[ $host == unsigned ]]; then
+        [[ $unsigned_ok == true ]] || fail "$R: counts unsigned evidence $s, but does not say it was allowed"
+        note "$s: UNSIGNED evidence, counted with --allow-unsigned-evidence (the record says so)"
+        continue
+      fi
+      [[ -n $hsha ]] || fail "$R: names host $host for $s, but no enrolled-hosts file"
+      hv=$(host_version "$hsha" "$hseq")
+      if [[ -z $hv ]]; then
+        incomplete "$s: signed by $host, enrolled in hosts.json sha256 ${hsha:0:12}... (sequence $hseq), which is not at hand (commit hosts.json, or --hosts-history DIR)"
+        continue
+      fi
+      hk="$WORK/hosts/$hsha.$host.pub"
+      if [[ ! -f $hk ]]; then
+        IFS=$US read -r kind pem_fp identity < <(jq -r --arg h "$host" '[.hosts[] | select(.name == $h)][0] // {} |
+            [(if .key then "key" elif .keyless then "keyless" else "" end), (.key.fingerprint // ""),
+             (.keyless.identity // "")] | join("\u001f")' "$hv")
+        [[ -n $kind ]] || fail "$R: counts $s from $host, who is not enrolled in the hosts version it was checked against"
+        if [[ $kind == keyless ]]; then
+          incomplete "$s: signed keylessly by $host ($identity): a Fulcio certificate needs cosign verify-blob"
+          continue
+        fi
+        jq -r --arg h "$host" '.hosts[] | select(.name == $h) | .key.pem' "$hv" >"$hk"
+        [[ "sha256:$(fingerprint_of "$hk")" == "$pem_fp" ]] || fail "$hv: $host's key is not its fingerprint"
+      fi
+      if [[ -e $E.sig ]]; then
+        verify_sig "$hk" "$E" "$(cat "$E.sig")" "$E (host $host)"
+        if [[ -e $E.sigstore.json ]]; then verify_bundle "$hk" "$E" "$E.sigstore.json"; fi
+      elif [[ -e $E.sigstore.json ]]; then
+        verify_bundle "$hk" "$E" "$E.sigstore.json"
+      else
+        fail "$E: the record says $host signed it, but no .sig or .sigstore.json is kept beside it"
+      fi
+    done < <(jq -r '.evidence[] | [.sha256, .file, .identity, .time, .outcome, .host] | map(tostring) | join("\u001f")' "$R")
+    ok "$(basename "$R"): $count run(s), each file, identity, binding and outcome as recomputed"
+  done
+  ok "every run's signature verifies with the key of the host the record names, as enrolled when it was accepted"
+
+  # --- 8. the rule, recomputed ------------------------------------------------------------------------------
+  step 8 "$t: each promotion record's level, from the release's rule and the runs it lists"
+  for R in "${CHAIN[@]}"; do
+    if [[ $(j .schema "$R") == "$NS/promotion/v2" ]]; then
+      note "$(basename "$R") is promotion/v2 (made under the targets file's rule, before release.json signed one): its level is not recomputed"
+      continue
+    fi
+    expect=$(jq -c --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" "$JQ_LIB"'
+      .evidence | standing($rule.n; $rule.intended; $released)' "$R")
+    jq -e --argjson s "$expect" --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" \
+      --argjson pv "$POLICY_VERSION" '.level == $s.level and .consecutive_passes == $s.streak
+        and .required_consecutive_passes == $rule.n and .released_level == $released and .policy_version == $pv' "$R" \
+      >/dev/null || fail "$R: says $(j .level "$R") after $(j .consecutive_passes "$R") of $(j .required_consecutive_passes "$R") passes (policy $(j .policy_version "$R")); the rule gives $(jq -r .level <<<"$expect") after $(jq -r .streak <<<"$expect") of $(jq -r .n <<<"$RULE") (policy $POLICY_VERSION)"
+    ok "$(basename "$R"): $(j .level "$R"), $(j .consecutive_passes "$R") of $(j .required_consecutive_passes "$R") consecutive passes"
+  done
+  if [[ $(j .schema "$P") == "$NS/promotion/v3" ]]; then
+    hs=$(j .hosts_sequence "$P")
+    if ((hs > 0)); then
+      [[ -n $HOSTS_SHA ]] || fail "$P: was checked against hosts.json sequence $hs, but $HOSTS is missing"
+      ((hs <= HOSTS_SEQ)) || fail "$HOSTS: sequence $HOSTS_SEQ, older than sequence $hs, which promotion $(j .sequence "$P") of $t was checked against (an older file restored)"
+      ((hs < HOSTS_SEQ)) || [[ $(j .hosts_sha256 "$P") == "$HOSTS_SHA" ]] ||
+        fail "$HOSTS: sequence $HOSTS_SEQ, but not the version promotion $(j .sequence "$P") of $t was checked against"
+      ok "hosts.json sequence $HOSTS_SEQ is not older than the one promotion $(j .sequence "$P") was checked against ($hs)"
+    fi
+  fi
+  unset VISITED FIRST
+done
+
+# --- 9. release.json's files ------------------------------------------------------------------------------
+step 9 "release.json's files: each still the bytes the release wrote (a promoted target's manifest excepted)"
+while IFS=$'\t' read -r name want; do
+  base=${name%.sigstore.json}
+  base=${base%.sig}
+  if [[ $base == *.json && -n ${SUPERSEDED[${base%.json}]:-} ]]; then
+    note "$name: rewritten by promote (the promotion record names the manifest now)"
+    continue
+  fi
+  [[ $name =~ ^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$ ]] || fail "$INDEX: files names $name, which is not a file name"
+  readable "$FOLDER/$name"
+  [[ $(sha "$FOLDER/$name") == "$want" ]] || fail "$FOLDER/$name: not the file the release wrote (sha256 differs)"
+done < <(j '.files | to_entries[] | "\(.key)\t\(.value)"' "$INDEX")
+ok "$(j '.files | length' "$INDEX") file(s)"
+
+# --- 10. published.json -----------------------------------------------------------------------------------
+PUB="$FOLDER/published.json"
+if [[ -e $PUB || -L $PUB ]]; then
+  step 10 "published.json: signature, bound to this release.json, naming the released digests"
+  signed_record "$PUB" "$NS/publication/v2"
+  jq -e --arg tag "$TAG" --arg r "$RSHA" --arg fp "$FP" '.tag == $tag and .release_sha256 == $r and .key_fingerprint == $fp' \
+    "$PUB" >/dev/null || fail "$PUB: the publication of release $(j .tag "$PUB") (release.json $(j .release_sha256 "$PUB" | cut -c1-12)...), not of this one"
+  jq -e --slurpfile idx "$INDEX" '
+    ($idx[0].targets | map({key: .target, value: .image.digest}) | from_entries) as $released
+    | .destination as $dest
+    | all(.images[]; $released[.target] == .digest and .reference == "\($dest)/\(.target)@\(.digest)"
+          and .tag == "\($dest)/\(.target):\($idx[0].tag)"
+          and .attestations == "\($dest)/\(.target):sha256-\(.digest | ltrimstr("sha256:")).att")
+    and all(.indexes[]; (.reference | test("@sha256:[0-9a-f]{64}$")) and all(.targets[]; $released[.] != null))' \
+    "$PUB" >/dev/null || fail "$PUB: names an image, tag or attestation that is not the released digest at its destination"
+  ok "$(j '.images | length' "$PUB") image(s) at $(j .destination "$PUB")"
+elif ((REGISTRY)); then
+  fail "$PUB is missing: --registry verifies what published.json names"
+fi
+
+# --- 11. the registry ---------------------------------------------------------------------------------------
+if ((REGISTRY)); then
+  step 11 "the registry: images by digest, the version tags, the DSSE attestations beside each image"
+  if [[ -z $FETCH ]]; then FETCH=$(command -v skopeo >/dev/null 2>&1 && echo skopeo || echo curl); fi
+  need "$FETCH" "fetching from the registry"
+  AUTH_FILE=${AUTH_FILE:-${REGISTRY_AUTH_FILE:-$HOME/.docker/config.json}}
+  [[ -f $AUTH_FILE ]] || AUTH_FILE=""
+  if [[ -n $CA ]]; then readable "$CA"; mkdir -p "$WORK/certs"; cp "$CA" "$WORK/certs/ca.crt"; fi
+  host_of() { echo "${1%%/*}"; }
+  # fetch_manifest NAME REF OUT: the manifest bytes the registry serves for NAME:REF or NAME@REF
+  fetch_manifest() {
+    local sep=":"
+    [[ $2 == sha256:* ]] && sep="@"
+    if [[ $FETCH == skopeo ]]; then
+      skopeo inspect --raw ${CA:+--cert-dir "$WORK/certs"} ${AUTH_FILE:+--authfile "$AUTH_FILE"} "docker://$1$sep$2" >"$3" 2>"$WORK/err" ||
+        fail "$1$sep$2: skopeo could not fetch it: $(head -c 300 "$WORK/err")"
+    else
+      curl_get "$1" "manifests/$2" "$3"
+    fi
+  }
+  fetch_blob() {  # fetch_blob NAME DIGEST OUT
+    if [[ $FETCH == skopeo ]]; then
+      [[ -f $WORK/att/${2#sha256:} ]] || fail "$1@$2: not among the blobs skopeo copied"
+      cp "$WORK/att/${2#sha256:}" "$3"
+    else
+      curl_get "$1" "blobs/$2" "$3"
+    fi
+  }
+  curl_get() {  # basic auth from the auth file (htpasswd registries); token registries: use skopeo
+    local host path auth
+    host=$(host_of "$1") path=${1#*/}
+    auth=""
+    if [[ -n $AUTH_FILE ]]; then auth=$(jq -r --arg h "$host" '.auths[$h].auth // empty' "$AUTH_FILE"); fi
+    curl -fsSL --max-filesize "$LIMIT" ${CA:+--cacert "$CA"} ${auth:+-H "Authorization: Basic $auth"} \
+      -H 'Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json' \
+      "https://$host/v2/$path/$2" -o "$3" 2>"$WORK/err" || fail "https://$host/v2/$path/$2: $(head -c 300 "$WORK/err")"
+  }
+  mapfile -t IMAGES < <(jq -c '.images[]' "$PUB")
+  for img in "${IMAGES[@]}"; do
+    t=$(jq -r .target <<<"$img") digest=$(jq -r .digest <<<"$img")
+    name=$(jq -r '.reference | sub("@sha256:[0-9a-f]{64}$"; "")' <<<"$img")
+    fetch_manifest "$name" "$digest" "$WORK/image.json"
+    [[ "sha256:$(sha "$WORK/image.json")" == "$digest" ]] || fail "$name@$digest: the registry serves other bytes"
+    fetch_manifest "$name" "$TAG" "$WORK/tagged.json"
+    [[ "sha256:$(sha "$WORK/tagged.json")" == "$digest" ]] || fail "$name:$TAG is not $digest (the version tag moved)"
+    ok "$t: $name@$digest, and $name:$TAG is that digest"
+    att="sha256-${digest#sha256:}.att"
+    fetch_manifest "$name" "$att" "$WORK/att.json"
+    if [[ $FETCH == skopeo ]]; then
+      rm -rf "$WORK/att"
+      skopeo copy -q ${CA:+--src-cert-dir "$WORK/certs"} ${AUTH_FILE:+--src-authfile "$AUTH_FILE"} \
+        "docker://$name:$att" "dir:$WORK/att" >/dev/null 2>"$WORK/err" || fail "$name:$att: skopeo copy: $(head -c 300 "$WORK/err")"
+    fi
+    mapfile -t LAYERS < <(jq -r '.layers[]? | "\(.digest)\t\(.annotations.predicateType // "")"' "$WORK/att.json")
+    ((${#LAYERS[@]})) || fail "$name:$att: no layers (not an attestation image)"
+    : >"$WORK/verified.jsonl"
+    n=0
+    for layer in "${LAYERS[@]}"; do
+      ld=${layer%%$'\t'*} ptype=${layer#*$'\t'} n=$((n + 1))
+      [[ $ld =~ ^sha256:[0-9a-f]{64}$ ]] || fail "$name:$att: layer $n's digest is not sha256"
+      fetch_blob "$name" "$ld" "$WORK/layer"
+      [[ "sha256:$(sha "$WORK/layer")" == "$ld" ]] || fail "$name:$att: layer $ld does not match its content"
+      # DSSE: the signature is over PAE(type, payload) = "DSSEv1 <len(type)> <type> <len(payload)> <payload>".
+      if ! jq -e --arg it "$IN_TOTO" 'type == "object" and .payloadType == $it' "$WORK/layer" >/dev/null 2>&1; then
+        note "layer $n ($ptype): not an in-toto DSSE envelope, not ours"
+        continue
+      fi
+      j .payload "$WORK/layer" | openssl base64 -d -A >"$WORK/payload" 2>/dev/null || true
+      { printf 'DSSEv1 %d %s %d ' "${#IN_TOTO}" "$IN_TOTO" "$(wc -c <"$WORK/payload")"; cat "$WORK/payload"; } >"$WORK/pae"
+      good=0
+      while read -r sig; do
+        printf '%s' "$sig" | openssl base64 -d -A >"$WORK/dsse.der" 2>/dev/null || continue
+        if openssl dgst -sha256 -verify "$KEY" -signature "$WORK/dsse.der" "$WORK/pae" >/dev/null 2>&1; then good=1; fi
+      done < <(j '.signatures[]?.sig // empty' "$WORK/layer")
+      if ((!good)); then
+        note "layer $n ($ptype): not signed by the release key (another tool's attestation, or a forgery): it does not count"
+        continue
+      fi
+      jq -e --arg st "$STATEMENT" --arg pt "$ptype" --arg d "${digest#sha256:}" \
+        '._type == $st and .predicateType == $pt and .subject[0].digest.sha256 == $d' "$WORK/payload" >/dev/null 2>&1 ||
+        fail "$name:$att: layer $n is signed with the release key, but is not a Statement of type $ptype about $digest"
+      jq -c --arg sha "$(sha "$WORK/payload")" --arg n "$n" '{layer: $n, sha256: $sha, type: .predicateType,
+          subject: .subject[0].name, predicate: (if .predicateType == "'"$RELEASE_STATEMENT"'" then .predicate else null end)}' \
+        "$WORK/payload" >>"$WORK/verified.jsonl"
+      cp "$WORK/payload" "$WORK/payload.$n"
+      ok "layer $n: $ptype, DSSE signature over its PAE verifies with the release key, about $digest"
+    done
+    # The release statement of this release and promotion decides; the qualification statement it names.
+    cur=${CURRENT_SEQ[$t]}
+    rs=$(jq -s -c --arg rt "$RELEASE_STATEMENT" --arg tag "$TAG" --arg r "$RSHA" --arg t "$t" \
+      '[.[] | select(.type == $rt) | .predicate | select(.tag == $tag and .release_sha256 == $r and .target == $t)]' \
+      "$WORK/verified.jsonl")
+    if [[ $(jq 'length' <<<"$rs") == 0 ]]; then
+      other=$(jq -s -r --arg rt "$RELEASE_STATEMENT" '[.[] | select(.type == $rt) | .predicate.tag] | unique | join(", ")' "$WORK/verified.jsonl")
+      fail "$name:$att: no signed release statement of release $TAG (release.json ${RSHA:0:12}...)${other:+; it attests release(s) $other}"
+    fi
+    top=$(jq -r 'map(.promotion) | max' <<<"$rs")
+    ((top <= cur)) || fail "$name:$att: attests promotion $top of $t, but this folder holds promotion $cur: the folder is older than what was published"
+    ((top == cur)) || fail "$name:$att: attests promotion $top of $t; this folder holds promotion $cur: publish again (nox -s publish -- $TAG --to ...)"
+    [[ $(jq --argjson c "$cur" '[.[] | select(.promotion == $c)] | unique | length' <<<"$rs") == 1 ]] ||
+      fail "$name:$att: two different signed release statements claim promotion $cur of $TAG"
+    stmt=$(jq -c --argjson c "$cur" '[.[] | select(.promotion == $c)][0]' <<<"$rs")
+    jq -e --argjson s "$stmt" --arg m "${CURRENT_MANIFEST_SHA[$t]}" '$s.sequence == .sequence and $s.time == .time and $s.manifest_sha256 == $m' \
+      "$INDEX" >/dev/null || fail "$name:$att: the release statement's sequence, time or manifest_sha256 is not this release's"
+    [[ $(jq -r .manifest_subject <<<"$stmt") == "$(j '.subject[0].name' "$FOLDER/$t.json")" ]] ||
+      fail "$name:$att: the release statement names the manifest's subject $(jq -r .manifest_subject <<<"$stmt"), the manifest $(j '.subject[0].name' "$FOLDER/$t.json")"
+    q=$(jq -s -r --arg q "$QUALIFICATION" --arg s "$(jq -r .statement_sha256 <<<"$stmt")" \
+      '[.[] | select(.type == $q and .sha256 == $s) | .layer][0] // empty' "$WORK/verified.jsonl")
+    [[ -n $q ]] || fail "$name:$att: no signed qualification statement is the one the release statement names ($(jq -r .statement_sha256 <<<"$stmt" | cut -c1-12)...)"
+    [[ $(j '.subject[0].name' "$WORK/payload.$q") == "$name" ]] ||
+      fail "$name:$att: the qualification statement names $(j '.subject[0].name' "$WORK/payload.$q"), not the repository it was published to"
+    # Renamed back to the released subject it is the released manifest (compared as JSON values: jq 1.6 rewrites 1.0 as 1).
+    [[ $(jq -S -c --arg n "$(jq -r .manifest_subject <<<"$stmt")" '.subject[0].name = $n' "$WORK/payload.$q") == \
+       "$(jq -S -c . "$FOLDER/$t.json")" ]] || fail "$name:$att: the qualification statement, renamed back, is not the released manifest $t.json"
+    ok "$t: release statement $TAG (sequence $(jq -r .sequence <<<"$stmt"), promotion $cur) names the qualification statement in layer $q, which is $t.json renamed for $name"
+  done
+  while read -r ref; do
+    [[ -n $ref ]] || continue
+    iname=${ref%@*} idigest=${ref##*@}
+    fetch_manifest "$iname" "$idigest" "$WORK/index.json"
+    [[ "sha256:$(sha "$WORK/index.json")" == "$idigest" ]] || fail "$ref: the registry serves other bytes"
+    jq -e --slurpfile p "$PUB" --arg ref "$ref" '($p[0].indexes[] | select(.reference == $ref) | .targets) as $ts
+      | ($p[0].images | map({key: .target, value: .digest}) | from_entries) as $d
+      | [.manifests[].digest] as $have | all($ts[]; . as $x | $have | index([$d[$x]]) != null)' "$WORK/index.json" >/dev/null ||
+      fail "$ref: the index does not hold every target's published digest"
+    ok "index $ref holds its targets' digests"
+  done < <(j '.indexes[].reference' "$PUB")
+fi
+
+if ((${#INCOMPLETE[@]})); then
+  printf 'verify-independent: %s verified, except what could not be checked here:\n' "$FOLDER"
+  printf '  %s\n' "${INCOMPLETE[@]}"
+  exit 3
+fi
+printf 'verify-independent: %s verified (release %s, key %s)%s\n' "$FOLDER" "$TAG" "$FP" "$( ((REGISTRY)) && echo ", and what the registry holds")"
