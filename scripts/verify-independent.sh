@@ -460,7 +460,7 @@ for t in "${TARGETS[@]}"; do
       [[ -n $hsha ]] || fail "$R: names host $host for $s, but no enrolled-hosts file"
       hv=$(host_version "$hsha" "$hseq")
       if [[ -z $hv ]]; then
-        incomplete "$s: signed by $host, enrolled in hosts.json sha256 ${hsha:0:12}... (sequence $hseq), which is not at hand (commit hosts.json, or --hosts-history DIR)"
+        incomplete "$s: signed by $host, enrolled in hosts.json sha256 ${hsha:0:12}... ($([[ $hseq == 0 ]] && echo "a promotion/v2 record names no sequence" || echo "sequence $hseq")), which is not at hand (commit hosts.json, or --hosts-history DIR)"
         continue
       fi
       hk="$WORK/hosts/$hsha.$host.pub"
@@ -492,12 +492,16 @@ for t in "${TARGETS[@]}"; do
   # --- 8. the rule, recomputed ------------------------------------------------------------------------------
   step 8 "$t: each promotion record's level, from the release's rule and the runs it lists"
   for R in "${CHAIN[@]}"; do
-    if [[ $(j .schema "$R") == "$NS/promotion/v2" ]]; then
-      note "$(basename "$R") is promotion/v2 (made under the targets file's rule, before release.json signed one): its level is not recomputed"
-      continue
-    fi
     expect=$(jq -c --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" "$JQ_LIB"'
       .evidence | standing($rule.n; $rule.intended; $released)' "$R")
+    if [[ $(j .schema "$R") == "$NS/promotion/v2" ]]; then  # made under the targets file's rule: not signed
+      if jq -e --argjson s "$expect" '.level == $s.level and .consecutive_passes == $s.streak' "$R" >/dev/null; then
+        ok "$(basename "$R") (promotion/v2): $(j .level "$R"), as the implied rule gives"
+      else
+        note "$(basename "$R") (promotion/v2, made under its checkout's targets file, which nothing signed) says $(j .level "$R"); the implied rule gives $(jq -r .level <<<"$expect")"
+      fi
+      continue
+    fi
     jq -e --argjson s "$expect" --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" \
       --argjson pv "$POLICY_VERSION" '.level == $s.level and .consecutive_passes == $s.streak
         and .required_consecutive_passes == $rule.n and .released_level == $released and .policy_version == $pv' "$R" \

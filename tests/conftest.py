@@ -171,3 +171,21 @@ def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory):
         finally:
             d.timings["stop_s"] = round(time.monotonic() - began, 1)
             print(f"\ncpu deployment timings: {d.timings}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def release_chain(docker_engine, loopback_registry, tmp_path_factory):
+    """tests/release_chain.py: the smoke image qualified, released, promoted three times under two versions of the
+    enrolled hosts and published, each by the README's command; the TLS registry it went to stays up until the
+    session ends. Tests that change anything work on `chain.copy(tmp_path)`."""
+    import release_chain as chain
+    import tls_registry
+
+    _require(os.path.exists(tls_registry.REGISTRY_BINARY) and all(shutil.which(t) for t in ("skopeo", "openssl", "jq")),
+             "docker-registry, skopeo, openssl and jq are needed")
+    gen = tls_registry.start(tmp_path_factory.mktemp("chain-registry"))
+    registry = next(gen)
+    try:
+        yield chain.make(tmp_path_factory.mktemp("chain"), registry)
+    finally:
+        gen.close()

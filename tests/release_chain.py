@@ -10,9 +10,11 @@ uses (release/evidence.py: Evidence, write; the host's built-in signer) with the
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ class Chain:
     destination: str = ""  # where it was published ("" when not)
     hosts_keys: Dict[str, Path] = field(default_factory=dict)
     log: List[str] = field(default_factory=list)
+    registry: Optional[object] = None  # the tls_registry.TlsRegistry it was published to
 
     @property
     def manifests(self) -> Path:
@@ -117,6 +120,26 @@ class Chain:
         return self.qualify("promote", TAG, "--key", "cosign.key", "--manifests", "manifests",
                             "--hosts", str(self.hosts_file), "--evidence", *map(str, paths)).stdout
 
+    def copy(self, dest: Path) -> Chain:
+        """The whole repository (its git history too: hosts.json's earlier versions), with promoter marks of its own."""
+        shutil.copytree(self.repo, dest / "repo", symlinks=True)
+        for key in self.hosts_keys.values():
+            shutil.copy2(key, dest / key.name)
+        env = {**self.env, "QUALIFY_TRUST_DIR": str(dest / "promoter-trust")}
+        return dataclasses.replace(self, repo=dest / "repo", env=env, log=[],
+                                   hosts_keys={n: dest / k.name for n, k in self.hosts_keys.items()})
+
+    def gpu_evidence(self, host: str, out: Path) -> Path:
+        """`qualify gpu-evidence sm120 --image REF --gpus none --sign-key HOST.key`: the probe's GPU checks in a
+        container of the released image, on a host without a GPU (the checks are not-run: infrastructure)."""
+        env = {**self.env, "COSIGN_PASSWORD": HOST_PASSWORD}
+        done = subprocess.run([sys.executable, "-m", "qualify", "gpu-evidence", "sm120", "--image",
+                               f"{self.reference}", "--profile", "smoke", "--gpus", "none", "--out", str(out),
+                               "--sign-key", str(self.hosts_keys[host])], cwd=self.repo, env=env, text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL, timeout=900)
+        assert done.returncode == 0 and out.is_file(), done.stdout[-2000:] + done.stderr[-3000:]
+        return out
+
     def verify(self, folder: Optional[Path] = None, *args: str, env: Optional[Dict[str, str]] = None
                ) -> subprocess.CompletedProcess:
         """scripts/verify-independent.sh FOLDER ARGS, with a PATH of the system's tools only (no venv)."""
@@ -137,7 +160,7 @@ def make(root: Path, registry=None) -> Chain:
            "COSIGN_PASSWORD": PASSWORD, "QUALIFY_TRUST_DIR": str(root / "promoter-trust")}
     if registry is not None:
         env.update(registry.env())
-    chain = Chain(repo, env, record.digest, record.image_reference)
+    chain = Chain(repo, env, record.digest, record.image_reference, registry=registry)
     chain.qualify("sign", "generate-key")
     with open(repo / ".gitignore", "a") as ignore:
         ignore.write("/cosign.key\n")  # as the toolkit's own .gitignore says

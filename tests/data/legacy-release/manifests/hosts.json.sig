@@ -1,0 +1,1 @@
+MEUCIHTtMbRpbVnQBN9GZ/EUAurilux/QPylH7w6ijj5TInCAiEA7Ffub3hBxqVzduWggPsGRBZNVvy4Dgbi/gux/FQ9SXI=

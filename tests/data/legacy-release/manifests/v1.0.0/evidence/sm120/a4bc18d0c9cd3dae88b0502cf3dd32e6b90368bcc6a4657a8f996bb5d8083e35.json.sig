@@ -1,0 +1,1 @@
+MEQCICWzXEY2A1TM9NXhwtM+keU08AaLvPqhMjr1+JP1QjR+AiAp/dYuonAI0Q/bAl72uAenrqjzigd6OVMZDiRf4ziQtw==

@@ -1,0 +1,1 @@
+MEUCICrGvtKreMSZ53IN1SkltxxNBTW3hMr3NSTcPdT2ZoqgAiEA15Kvvuva5irJfzY1rVh3XjXjXb+XzbHCpqEi9rmxMkY=
