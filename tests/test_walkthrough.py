@@ -138,3 +138,22 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
     assert "sm120: unverified (0 of 7 consecutive passes; 1 records, 1 new)" in promoted.stdout, promoted.stdout
     assert "infrastructure" in promoted.stdout
     sh("python", "-m", "qualify", "verify", "manifests/v0.1.0/sm120.json", "--key", "cosign.pub")
+
+    # Independently (README: Release and verify; VERIFYING.md): openssl, jq and sha256sum over the promoted folder,
+    # the probe-manifest evidence's identity among them; publish again after the promote, then the registry too.
+    independent = sh("bash", "scripts/verify-independent.sh", "manifests/v0.1.0", "--fingerprint", fingerprint)
+    assert "sm120.promotion.json: 1 run(s)" in independent.stdout, independent.stdout[-3000:]
+    sh("python", "-m", "nox", "-s", "publish", "--", "v0.1.0", "--to", dest, timeout=1800)
+    registry_check = sh("bash", "scripts/verify-independent.sh", "manifests/v0.1.0", "--fingerprint", fingerprint,
+                        "--registry")
+    assert "release statement v0.1.0 (sequence 1, promotion 1)" in registry_check.stdout, registry_check.stdout[-3000:]
+    # Every record the walkthrough's commands wrote, against its schema (check-jsonschema, as a consumer runs it).
+    folder = clone / "manifests" / "v0.1.0"
+    kept = [p for p in (folder / "evidence" / "sm120").glob("*.json") if not p.name.endswith(".sigstore.json")]
+    for schema, files in (("release", [folder / "release.json"]), ("promotion", [folder / "sm120.promotion.json"]),
+                          ("manifest", [folder / "sm120.json"]), ("publication", [folder / "published.json"]),
+                          ("enrolled-hosts", [clone / "manifests" / "hosts.json"]), ("evidence", [evidence, *kept])):
+        done = subprocess.run([str(Path(sys.executable).parent / "check-jsonschema"), "--schemafile",
+                               str(clone / "manifests" / f"{schema}.schema.json"), *map(str, files)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{schema}: {done.stdout}{done.stderr}"
