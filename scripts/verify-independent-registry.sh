@@ -82,8 +82,10 @@ for img in "${IMAGES[@]}"; do
     jq -e --arg st "$STATEMENT" --arg pt "$ptype" --arg d "${digest#sha256:}" \
       '._type == $st and .predicateType == $pt and .subject[0].digest.sha256 == $d' "$WORK/payload" >/dev/null 2>&1 ||
       fail "$name:$att: layer $n is signed with the release key, but is not a Statement of type $ptype about $digest"
-    jq -c --arg sha "$(sha "$WORK/payload")" --arg n "$n" '{layer: $n, sha256: $sha, type: .predicateType,
-        subject: .subject[0].name, predicate: (if .predicateType == "'"$RELEASE_STATEMENT"'" then .predicate else null end)}' \
+    jq -c --arg sha "$(sha "$WORK/payload")" --arg n "$n" --arg ns "$NS/release-statement/" '{layer: $n, sha256: $sha,
+        type: .predicateType, subject: .subject[0].name,
+        predicate: (if (.predicateType | startswith($ns)) then .predicate else null end),
+        level: (if .predicateType == "'"$QUALIFICATION"'" then (.predicate.support_level // "" | tostring) else null end)}' \
       "$WORK/payload" >>"$WORK/verified.jsonl"
     cp "$WORK/payload" "$WORK/payload.$n"
     ok "layer $n: $ptype, DSSE signature over its PAE verifies with the release key, about $digest"
@@ -116,6 +118,15 @@ for img in "${IMAGES[@]}"; do
   [[ $(jq -S -c --arg n "$(jq -r .manifest_subject <<<"$stmt")" '.subject[0].name = $n' "$WORK/payload.$q") == \
      "$(jq -S -c . "$FOLDER/$t.json")" ]] || fail "$name:$att: the qualification statement, renamed back, is not the released manifest $t.json"
   ok "$t: release statement $TAG (sequence $(jq -r .sequence <<<"$stmt"), promotion $cur) names the qualification statement in layer $q, which is $t.json renamed for $name"
+  # Which is current: a publish after promote replaces the older level's statements (and says which). Any other
+  # signed statement of ours still at the tag is one a consumer reading the attestations by type also gets.
+  stale=$(jq -s -r --arg q "$QUALIFICATION" --arg ns "$NS/release-statement/" --arg ql "$q" --argjson s "$stmt" '
+    [.[] | select((.type == $q and .layer != $ql) or ((.type | startswith($ns)) and .predicate != $s))
+     | if .type == $q then "layer \(.layer): qualification statement (level \(.level))"
+       else "layer \(.layer): release statement \(.predicate.tag // "?") (sequence \(.predicate.sequence // "?"), promotion \(.predicate.promotion // "?"))" end]
+    | join("; ")' "$WORK/verified.jsonl")
+  [[ -z $stale ]] || fail "$name:$att: also holds signed statements the current ones supersede ($stale): a consumer reading them by type sees more than the current level; publish again (nox -s publish -- $TAG --to ...)"
+  ok "$t: no superseded statement of ours is left at $att: the current level ($(j .predicate.support_level "$FOLDER/$t.json")) is the only one"
 done
 while read -r ref; do
   [[ -n $ref ]] || continue

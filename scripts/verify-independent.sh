@@ -571,7 +571,7 @@ fi
 
 # --- 11. the registry (scripts/verify-independent-registry.sh) ---------------------------------------
 if ((REGISTRY)); then
-  # shellcheck source=scripts/verify-independent-registry.sh
+  # shellcheck source-path=SCRIPTDIR source=verify-independent-registry.sh
   source "$(dirname "${BASH_SOURCE[0]}")/verify-independent-registry.sh"
 fi
 

@@ -55,7 +55,9 @@ def test_the_implied_rule_is_the_toolkits(tmp_path):
     text = SCRIPT.read_text()
     assert int(re.search(r"^IMPLIED_PASSES=(\d+)$", text, re.M).group(1)) == policy.IMPLIED_PASSES
     assert json.loads(re.search(r"^IMPLIED_CHECKS='(.*)'$", text, re.M).group(1)) == list(REQUIRED_GPU_CHECKS)
-    assert subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True).returncode == 0
+    # -x: follow the sourced registry step (nox -s lint names both files, so it needs no -x)
+    lint = subprocess.run(["shellcheck", "-x", str(SCRIPT)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout[-3000:]
 
 
 def test_a_real_release_verifies_step_by_step(release_chain):
@@ -203,9 +205,12 @@ def test_evidence_from_qualify_gpu_evidence_is_checked_too(release_chain, tmp_pa
     assert "sm120.promotion.json: 8 run(s)" in said and "promotion 4 and every record before it" in said
 
 
-def test_the_registry_must_hold_the_folders_promotion_and_a_signed_release_statement(release_chain, tmp_path):
+def test_the_registry_must_hold_the_folders_promotion_and_a_signed_release_statement(release_chain, tmp_path,
+                                                                                     monkeypatch):
     """Published again elsewhere, then promoted without publishing: the registry attests an older promotion
-    (publish again); published again: it verifies; the release statement removed: no signed release statement."""
+    (publish again); published again: publish says what it superseded, and the registry holds the current level
+    only; the older level's signed statements pushed back beside the current ones: refused (which is current must
+    be unambiguous to a consumer reading by type); the release statement removed: no signed release statement."""
     from qualify.core import manifest as mf
     from qualify.publish import attestation_verify, oci, publish
     from qualify.release import records as rec
@@ -216,21 +221,30 @@ def test_the_registry_must_hold_the_folders_promotion_and_a_signed_release_state
     dest = f"{reg.address}/stale"
     chain.qualify("publish", TAG, "--to", dest, "--key", "cosign.key", "--no-build-attestations", timeout=1800)
     passed(chain.verify(None, "--registry", env=env))
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(reg.auth_file))
+
+    def layers():
+        return [(d, layer.predicate_type) for layer, d in attestation_verify.fetch_layers(f"{dest}/sm120", chain.digest)]
+
+    def push(docs):
+        publish.push_document(oci.attestation_image(docs), f"{dest}/sm120:{oci.att_tag(chain.digest)}", "test",
+                              lambda _m: None)
+
+    older = [(d, t) for d, t in layers() if t in (mf.PREDICATE_TYPE, rec.RELEASE_STATEMENT_TYPE)]
+    assert len(older) == 2
     chain.promote(chain.runs("lab-b", 20, 1))
     failed(chain.verify(None, "--registry", env=env), 11, "attests promotion 3", "holds promotion 4", "publish again")
-    chain.qualify("publish", TAG, "--to", dest, "--key", "cosign.key", "--no-build-attestations", timeout=1800)
-    passed(chain.verify(None, "--registry", env=env))
-
-    import os
-    os.environ["REGISTRY_AUTH_FILE"] = str(reg.auth_file)
-    try:
-        layers = [(d, layer.predicate_type) for layer, d in attestation_verify.fetch_layers(f"{dest}/sm120", chain.digest)]
-        kept = [(d, t) for d, t in layers if t != rec.RELEASE_STATEMENT_TYPE]
-        assert len(kept) == len(layers) - 1 and kept[0][1] == mf.PREDICATE_TYPE
-        publish.push_document(oci.attestation_image(kept), f"{dest}/sm120:{oci.att_tag(chain.digest)}", "test",
-                              lambda _m: None)
-    finally:
-        del os.environ["REGISTRY_AUTH_FILE"]
+    done = chain.qualify("publish", TAG, "--to", dest, "--key", "cosign.key", "--no-build-attestations", timeout=1800)
+    out = done.stdout + done.stderr  # what it superseded is progress (stderr)
+    assert "superseded at" in out and "release statement v1.0.0 (sequence 1, promotion 3)" in out, out[-3000:]
+    said = passed(chain.verify(None, "--registry", env=env))
+    assert "no superseded statement of ours is left" in said and "the current level (baseline)" in said
+    current = layers()
+    push(current + older)  # the promotion-3 statements back beside promotion 4's
+    failed(chain.verify(None, "--registry", env=env), 11, "also holds signed statements the current ones supersede",
+           "release statement v1.0.0 (sequence 1, promotion 3)", "qualification statement (level baseline)")
+    push([(d, t) for d, t in current if t != rec.RELEASE_STATEMENT_TYPE])
+    assert [t for _, t in layers()][0] == mf.PREDICATE_TYPE
     failed(chain.verify(None, "--registry", env=env), 11, "no signed release statement of release v1.0.0")
 
 
