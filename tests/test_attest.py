@@ -117,12 +117,17 @@ def test_the_filesystem_reader_finds_every_python_environment_and_reports_damage
         "usr/lib/python3/dist-packages/six-1.16.0.egg-info": b"Metadata-Version: 1.1\nName: six\nVersion: 1.16.0\n",
         "root/.local/lib/python3.11/site-packages/a_b-1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: A_b\nVersion: 1\n",
         "opt/other/site-packages/broken-1.dist-info/METADATA": b"Summary: no name\n",
+        # an unpacked egg (setuptools' pkg_resources/tests/data in the vLLM image: syft lists it)
+        "opt/venv/lib/python3.11/site-packages/pkg_resources/tests/data/my-test-package_unpacked-egg/"
+        "my_test_package-1.0-py3.7.egg/EGG-INFO/PKG-INFO": b"Metadata-Version: 1.0\nName: my-test-package\nVersion: 1.0\n",
         "usr/share/python-wheels/pip-23.0.1-py3-none-any.whl": wheel,
     })
     c = imagefs.read_contents(fs, "test image")
-    assert (c.os_id, c.os_version, c.members) == ("debian", "12", 7)
+    assert (c.os_id, c.os_version, c.members) == ("debian", "12", 8)
+    egg = "/opt/venv/lib/python3.11/site-packages/pkg_resources/tests/data/my-test-package_unpacked-egg"
     assert [(d.name, d.version, d.environment) for d in c.python] == [
         ("triton", "3.8.0", "/opt/venv/lib/python3.11/site-packages"),
+        ("my-test-package", "1.0", f"{egg}/my_test_package-1.0-py3.7.egg"),
         ("a-b", "1", "/root/.local/lib/python3.11/site-packages"),
         ("six", "1.16.0", "/usr/lib/python3/dist-packages")]
     assert c.wheel_files == (imagefs.WheelFile("/usr/share/python-wheels/pip-23.0.1-py3-none-any.whl", "pip", "23.0.1",

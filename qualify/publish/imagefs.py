@@ -2,8 +2,9 @@
 never started container: nothing of the image runs, and a foreign platform needs no emulation):
 
 - dpkg's database (`/var/lib/dpkg/status`, and `status.d/*` where a distroless base keeps it),
-- every Python distribution's metadata wherever it is (`*.dist-info/METADATA`, `*.egg-info/PKG-INFO`, or an
-  `*.egg-info` file): the payload's venv, the system's Python, any other environment,
+- every Python distribution's metadata wherever it is (`*.dist-info/METADATA`, `*.egg-info/PKG-INFO`, an
+  `*.egg-info` file, or an unpacked egg's `*.egg/EGG-INFO/PKG-INFO`): the payload's venv, the system's Python,
+  any other environment (setuptools' own test data among them: syft lists it, so do we, with its location),
 - wheel files lying in the image (Debian's `/usr/share/python-wheels`, ensurepip's bundled ones): their sha256,
   which is the hash of what `python3 -m venv` installed from them,
 - the hermetic base's record of the CUDA wheels it unpacked into `/usr/local/cuda-<ver>/`
@@ -31,7 +32,9 @@ DPKG_STATUS_D = "/var/lib/dpkg/status.d/"
 MAX_STATUS_BYTES = 32 * 1024 * 1024
 MAX_METADATA_BYTES = 1024 * 1024  # the headers come first; a long description after them is not needed
 MAX_RECORD_BYTES = 1024 * 1024
-_METADATA = re.compile(r".*/[^/]+\.dist-info/METADATA|.*/[^/]+\.egg-info/PKG-INFO|.*/[^/]+\.egg-info")
+# an unpacked egg (`x.egg/EGG-INFO/`) too: pkg_resources still imports them, and syft counts them
+_METADATA = re.compile(r".*/[^/]+\.dist-info/METADATA|.*/[^/]+\.egg-info/PKG-INFO|.*/[^/]+\.egg-info"
+                       r"|.*/[^/]+\.egg/EGG-INFO/PKG-INFO")
 _CUDA_RECORD = re.compile(rf"/usr/local/cuda-[0-9][0-9.]*/{re.escape(hermetic.WHEELS_RECORD)}")
 _WHEEL = re.compile(r".*/([A-Za-z0-9][A-Za-z0-9_.+]*)-([^-/]+)(?:-[^-/]+){2,3}\.whl")
 _HEX = re.compile(r"[0-9a-f]{64}")
