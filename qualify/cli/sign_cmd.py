@@ -8,6 +8,7 @@ from pathlib import Path
 
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.fsutil import create_exclusive
+from qualify.core.report import emit
 from qualify.host import cmd
 from qualify.signing import formats, signer
 from qualify.signing import keys as cosign_keys
@@ -106,11 +107,10 @@ def _signer_for(args):
             raise ConfigError(f"--identity-token {args.identity_token}: no such file",
                               hint="pass the token in a file or in SIGSTORE_ID_TOKEN, never on the command line")
         if args.identity_token is None and "SIGSTORE_ID_TOKEN" not in os.environ:
-            print("note: no SIGSTORE_ID_TOKEN or --identity-token; cosign will look for an ambient identity",
-                  file=sys.stderr)
+            emit("note: no SIGSTORE_ID_TOKEN or --identity-token; cosign will look for an ambient identity")
         from qualify.signing.cosign import CosignKeylessSigner
 
-        return CosignKeylessSigner(args.identity_token), None
+        return CosignKeylessSigner(args.identity_token)
     return signer.key_signer(args.signer, args.key)
 
 
@@ -120,10 +120,9 @@ def execute(args) -> int:
     blob = Path(args.manifest)
     if not blob.is_file():
         raise ConfigError(f"{blob}: no such manifest")
-    sign, public_key = _signer_for(args)
-    sig_out = args.signature or formats.signature_path(blob)
-    bundle_out = args.bundle or formats.bundle_path(blob)
-    done = sign.sign_file(blob, sig_out, bundle_out)
+    chosen = _signer_for(args)
+    public_key = chosen.public_key()
+    done = signer.write_signature(chosen, blob, args.signature, args.bundle)
     if public_key is not None:
         sig = formats.decode_signature(done.signature.read_bytes())
         if not formats.verify_bytes(public_key, blob.read_bytes(), sig):

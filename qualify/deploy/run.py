@@ -19,8 +19,8 @@ from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import cmd, paths
 from qualify.release import evidence as ev
-from qualify.release.folder import KeyAnchor, TrustedKey
-from qualify.release.records import PUBLICATION_FILE
+from qualify.trust.records import PUBLICATION_FILE
+from qualify.trust.verify import KeyAnchor, TrustedKey
 
 HEALTH_POLL_S = 2
 PROGRESS_EVERY_S = 10
@@ -272,7 +272,7 @@ class Deploy:
                          "only evidence an enrolled host signed")
             return
         try:
-            sig = ev.sign(self.evidence[0], key)
+            sig = ev.sign(self.evidence[0], ev.host_signer(key))
             self.ui.say(f"GPU evidence signed with this host's key: {sig}")
         except QualifyError as exc:
             self.ui.warn(f"the evidence is not signed: {exc}")

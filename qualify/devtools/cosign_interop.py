@@ -35,8 +35,7 @@ def run(work: Path) -> None:
     pub.write_bytes(pair.public_pem)
     blob = manifest.write(work / "m.json", manifest.statement("example/image", "sha256:" + "a1" * 32,
                                                               {"schema_version": 1, "checks": []}))
-    signer.BuiltinSigner.from_key_file(key, PASSWORD.encode()).sign_file(
-        blob, formats.signature_path(blob), formats.bundle_path(blob))
+    signer.write_signature(signer.BuiltinSigner.from_key_file(key, PASSWORD.encode()), blob)
     req = cosign.VerifyBlobRequest(blob, signature=formats.signature_path(blob), bundle=formats.bundle_path(blob), key=pub)
     subprocess.run(cosign.verify_blob_args(version, req), check=True, stdin=subprocess.DEVNULL)
     print(f"1. cosign {version} verified the built-in signer's signature")

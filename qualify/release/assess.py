@@ -14,9 +14,9 @@ from qualify.core.readlimit import MANIFEST_LIMIT, read_small
 from qualify.core.report import Progress
 from qualify.host import paths
 from qualify.imagebuild import image
-from qualify.release import policy
 from qualify.release.model import Candidate, ReleasedTarget, ReleaseOptions, Withheld
 from qualify.release.verify import ImageResolver, match_digest
+from qualify.trust import policy
 
 
 def collect(source: Path) -> List[Candidate]:
