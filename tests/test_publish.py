@@ -328,13 +328,13 @@ def test_credentials_never_in_arguments_or_logs(published, smoke, creds, monkeyp
     assert all(secret not in line for line in published["lines"])
     assert secret not in creds.log_text()
     seen = []
-    real = skopeo.subprocess.Popen
+    real = skopeo.cmd.spawn
 
-    def recording(args, *a, **kw):  # the real Popen runs; we only keep its argument list
+    def recording(args, *a, **kw):  # the real runner runs it; we only keep its argument list
         seen.append(list(args))
         return real(args, *a, **kw)
 
-    monkeypatch.setattr(skopeo.subprocess, "Popen", recording)
+    monkeypatch.setattr(skopeo.cmd, "spawn", recording)
     attestation_verify.verify_image(f"{creds.address}/qualify/sm120@{smoke.digest}", published["pub"])
     assert seen and all(secret not in " ".join(a) and tls_registry.USER not in " ".join(a) for a in seen)
     assert all(not x.startswith(("--creds", "--authfile", "--src-creds", "--dest-creds")) for a in seen for x in a)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
@@ -46,8 +45,8 @@ def _warn_if_tracked(path: Path) -> None:
     except ExternalCommandError:  # no git: nothing to warn about
         return
     if inside and not ignored:
-        print(f"warning: {path} is inside a git work tree and not ignored; add it to .gitignore "
-              "or keep it outside the repository", file=sys.stderr)
+        emit(f"warning: {path} is inside a git work tree and not ignored; add it to .gitignore "
+             "or keep it outside the repository")
 
 
 def generate_key(args) -> int:
@@ -124,9 +123,14 @@ def execute(args) -> int:
     public_key = chosen.public_key()
     done = signer.write_signature(chosen, blob, args.signature, args.bundle)
     if public_key is not None:
-        sig = formats.decode_signature(done.signature.read_bytes())
-        if not formats.verify_bytes(public_key, blob.read_bytes(), sig):
-            raise VerificationError(f"{done.signer} made a signature that does not verify with {args.key}")
+        from qualify.trust.verify import TrustedKey, verify_blob
+
+        try:  # what was written, read back: the signature and its bundle both
+            verify_blob(TrustedKey.of_signer(chosen, str(args.key)), blob.read_bytes(), done.signature.read_bytes(),
+                        done.bundle.read_bytes(), str(blob))
+        except VerificationError as exc:
+            raise VerificationError(f"{done.signer} made a signature that does not verify with {args.key}: "
+                                    f"{exc.message}") from None
         print(f"Signed {blob} with {done.signer} (key {cosign_keys.fingerprint(public_key)})")
     else:
         print(f"Signed {blob} with {done.signer}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qualify.core import manifest
 from qualify.core.errors import ExternalCommandError, QualifyError
+from qualify.core.report import emit
 from qualify.signing import cosign, formats, signer
 from qualify.signing import keys as cosign_keys
 
@@ -54,7 +55,7 @@ def main() -> int:
             run(Path(tmp))
         return 0
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        emit(f"error: {exc}")
         return exc.exit_code
 
 

@@ -116,7 +116,7 @@ def _run(args: Sequence[str], timeout: float, env: Optional[Mapping[str, str]], 
     return Result(args, proc.returncode, proc.stdout or "", proc.stderr or "")
 
 
-def streamed(argv: List[str], timeout: float, on_line: Callable[[str], None]) -> subprocess.CompletedProcess:
+def streamed(argv: List[str], timeout: float, on_line: Callable[[str], None]) -> Result:
     """subprocess.run with stderr handed to `on_line` line by line while the command runs."""
     import threading
 
@@ -142,7 +142,15 @@ def streamed(argv: List[str], timeout: float, on_line: Callable[[str], None]) ->
         raise
     for t in threads:
         t.join(timeout=10)
-    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out_chunks), "".join(err_lines))
+    return Result(argv, proc.returncode, "".join(out_chunks), "".join(err_lines))
+
+
+def captured(args: Sequence[str], *, timeout: Optional[float] = None) -> Result:
+    """Run a command for its text output, its status the caller's to judge; a timeout raises TimeoutExpired
+    (the caller knows what to clean up: a container by name), a missing program OSError."""
+    args = [str(a) for a in args]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return Result(args, proc.returncode, proc.stdout or "", proc.stderr or "")
 
 
 @dataclass(frozen=True)

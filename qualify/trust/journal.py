@@ -110,6 +110,7 @@ class SignedWrite:
         bad = [n for n in self.remove if not rec.FILE_NAME.fullmatch(n)]
         if bad:
             raise VerificationError(f"refusing to remove {bad[0]!r} from {folder}: not a file name a release writes")
+        self.created = not self.folder.exists()  # made for this write: taken away again if it is abandoned
         self.folder.mkdir(parents=True, exist_ok=True)
         self.journal = Path(tempfile.mkdtemp(prefix=JOURNAL_PREFIX, dir=str(self.folder)))
         self.staged: List[str] = []
@@ -173,6 +174,9 @@ class SignedWrite:
     def abandon(self) -> None:
         if self.journal.is_dir() and not (self.journal / COMPLETE).exists():
             shutil.rmtree(self.journal, ignore_errors=True)
+            if self.created:
+                with contextlib.suppress(OSError):
+                    self.folder.rmdir()  # only when empty: nothing was written there
 
     def __enter__(self) -> SignedWrite:
         return self
