@@ -255,6 +255,33 @@ def signed_records_outside_verifier(root: Path) -> List[str]:
     return out
 
 
+# --- the one signer interface (issue 40) ---------------------------------------------------------------
+
+# Who may hold a private key: signing/ (the Signer implementations), and, with reasons, the places that
+# cannot or need not go through one.
+PRIVATE_KEY_ALLOWED: Dict[str, str] = {
+    "signing/": "the Signer protocol and its implementations (built-in, cosign): the one place keys are opened",
+    "probe/": "image side: signs the probe's record inside the image, where signing/ is not staged",
+    "devtools/": "interop checks that make keys of their own to compare our formats with cosign and sigstore-js",
+}
+_PRIVATE_KEY_NAMES = {"private_key", "load_private_key", "read_key_file", "load_pem_private_key",
+                      "load_der_private_key", "ECDSA", "decrypt_private_key"}
+
+
+def private_keys_outside_signer(root: Path) -> List[str]:
+    """A private key opened, held or used outside signing/: a stage that signs takes a Signer (signing/signer.py:
+    sign_blob, sign_dsse, public_key), so a cosign, KMS or keyless signer can sign everything it writes."""
+    out = []
+    for rel, _, tree in modules(root):
+        if _allowed(rel, PRIVATE_KEY_ALLOWED):
+            continue
+        for node in ast.walk(tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            if name in _PRIVATE_KEY_NAMES:
+                out.append(f"{rel}:{node.lineno}: {name} outside signing/: sign through a Signer (signing/signer.py)")
+    return out
+
+
 RULES = {
     "subprocess": subprocess_outside_runner,
     "stderr": stderr_outside_reporter,
@@ -263,4 +290,5 @@ RULES = {
     "imageref": image_references_by_hand,
     "python": python_versions,
     "verifier": signed_records_outside_verifier,
+    "signer": private_keys_outside_signer,
 }

@@ -39,6 +39,10 @@ PLANTED = {
     "python": ("scaleout/planted.py", '"""Docstrings may say 3.11."""\n\nPYTHON = "3.11"\nLOCK = f"py{\'3.12\'}"\n', 2),
     "verifier": ("deploy/planted.py", "from qualify.trust import records as rec\n\n\n"
                  "def index(data):\n    return rec.ReleaseIndex.parse(data, 'release.json')\n", 1),
+    # publish as it was before issue 40: the key loaded by hand and DSSE signed with it
+    "signer": ("publish/planted.py", "from qualify.signing import formats\n\n\n"
+               "def sign(path, password, pae):\n    key = formats.read_key_file(path, password)\n"
+               "    return key.sign(pae, ec.ECDSA(hashes.SHA256()))\n", 2),
 }
 
 
@@ -52,7 +56,8 @@ def test_a_planted_violation_breaks_the_rule(rule, tmp_path):
 
 
 def test_every_allowance_names_a_real_place_and_a_reason():
-    for allowed in (rules.SUBPROCESS_ALLOWED, rules.STDERR_ALLOWED, rules.IMAGEREF_ALLOWED, rules.PYTHON_ALLOWED):
+    for allowed in (rules.SUBPROCESS_ALLOWED, rules.STDERR_ALLOWED, rules.IMAGEREF_ALLOWED, rules.PYTHON_ALLOWED,
+                    rules.PRIVATE_KEY_ALLOWED):
         for where, why in allowed.items():
             assert (PACKAGE / where).exists() and len(why) > 20, (where, why)
 
