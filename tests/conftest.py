@@ -31,6 +31,20 @@ def _own_promoter_state(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path_factory.getbasetemp() / "trust" / uuid.uuid4().hex))
 
 
+# The fixtures that reach a container engine (or a registry it serves): a test that uses one, directly or
+# through another fixture, is marked `engine` here, so `-m "not engine and not slow"` is the fast lane that
+# needs no engine at all (tests/test_house_rules.py checks it).
+ENGINE_FIXTURES = {"docker_engine", "podman_engine", "loopback_registry", "own_registry", "debian_python_image",
+                   "cpu_deployment"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
 def _require(condition: bool, why: str) -> None:
     if condition:
         return

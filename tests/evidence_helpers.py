@@ -14,11 +14,12 @@ from qualify.config import targets
 from qualify.core import manifest as mf
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.release import evidence as ev
-from qualify.release import folder, promote
-from qualify.release import hosts as hosts_chain
-from qualify.release import records as rec
-from qualify.signing import formats, signer
+from qualify.release import promote
 from qualify.signing import keys as cosign_keys
+from qualify.signing import signer
+from qualify.trust import folder
+from qualify.trust import hosts as hosts_chain
+from qualify.trust import records as rec
 
 TF = targets.load()
 PROBE = "sha256:" + "c" * 64
@@ -40,13 +41,9 @@ def gpu_checks(outcome: ev.Outcome) -> tuple:
 
 
 def sign_with(key_file: Path, password: str = PASSWORD):
-    """(sign(path), TrustedKey) for a key file, with the test password (no terminal, no environment)."""
-    s, public = signer.key_signer("builtin", key_file, password.encode())
-
-    def sign(path: Path) -> None:
-        s.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
-
-    return sign, folder.TrustedKey.from_bytes(cosign_keys.public_key_pem(public), str(key_file))
+    """(Signer, TrustedKey) for a key file, with the test password (no terminal, no environment)."""
+    s = signer.key_signer("builtin", key_file, password.encode())
+    return s, folder.TrustedKey.from_bytes(cosign_keys.public_key_pem(s.public_key()), str(key_file))
 
 
 class Lab:
@@ -110,7 +107,7 @@ class Lab:
         for r in records:
             path = ev.write(where / ev.file_name(r.target, r.time, ev.hashed(f"host-{len(out)}")), r)
             if host is not None:
-                host.sign_file(path, formats.signature_path(path), formats.bundle_path(path))  # as ev.sign signs
+                ev.sign(path, host)
             out.append(path)
         return out
 
@@ -118,7 +115,7 @@ class Lab:
         """The host's built-in signer, its key decrypted once per key (scrypt costs 0.75 s a time)."""
         cache = self.__dict__.setdefault("_signers", {})
         if key not in cache:
-            cache[key] = signer.key_signer("builtin", key, PASSWORD.encode())[0]
+            cache[key] = signer.key_signer("builtin", key, PASSWORD.encode())
         return cache[key]
 
     def promote(self, paths: Sequence[Path], allow_unsigned: bool = False, hosts_file: Optional[Path] = None

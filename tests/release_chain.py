@@ -31,7 +31,7 @@ from qualify.core.fsutil import canonical_json
 from qualify.host.engine import Engine
 from qualify.qualification import stage as qualification
 from qualify.release import evidence as ev
-from qualify.release import records as rec
+from qualify.trust import records as rec
 from qualify.signing import formats, signer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ class Chain:
         """`count` passing GPU runs of sm120 on the stand-in, as start.sh writes and signs them (one file each)."""
         t0 = rec.parse_time(json.loads((self.folder / rec.INDEX_FILE).read_text())["time"], "release time")
         manifest = mf.Manifest.load(self.folder / "sm120.json")
-        sign, _ = signer.key_signer("builtin", self.hosts_keys[host], HOST_PASSWORD.encode())
+        sign = signer.key_signer("builtin", self.hosts_keys[host], HOST_PASSWORD.encode())
         out = self.repo.parent / "handed-in"
         out.mkdir(exist_ok=True)
         paths = []
@@ -112,7 +112,7 @@ class Chain:
                 time=rec.format_time(t0 + dt.timedelta(seconds=n)), outcome=outcome.outcome, reason=outcome.reason,
                 checks=checks, figures={"bf16_matmul_tflops": 200.0 + n / 4}, run_id=f"{n:032x}")
             path = ev.write(out / ev.file_name("sm120", record.time, record.host_id_sha256), record)
-            sign.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
+            signer.write_signature(sign, path, formats.signature_path(path), formats.bundle_path(path))
             paths.append(path)
         return paths
 

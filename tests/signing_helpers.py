@@ -264,18 +264,14 @@ def promote_to_baseline(folder: Path, key_file: Path, password: str, targets: Li
 
     from qualify.probe.gpu import REQUIRED_GPU_CHECKS
     from qualify.release import evidence as ev
-    from qualify.release import hosts, promote
-    from qualify.release import records as rec
-    from qualify.release.folder import KeyAnchor, TrustedKey, read_release
-    from qualify.signing import formats as fmt
+    from qualify.release import promote
     from qualify.signing import signer as sgn
+    from qualify.trust import hosts
+    from qualify.trust import records as rec
+    from qualify.trust.folder import KeyAnchor, TrustedKey, read_release
 
-    s, public = sgn.key_signer("builtin", key_file, password.encode())
-
-    def sign(path: Path) -> None:
-        s.sign_file(path, fmt.signature_path(path), fmt.bundle_path(path))
-
-    key = TrustedKey.from_bytes(cosign_keys.public_key_pem(public), str(key_file))
+    sign = sgn.key_signer("builtin", key_file, password.encode())
+    key = TrustedKey.of_signer(sign, str(key_file))
     side = folder.parent.parent.parent / f".{folder.parent.parent.name}-gpu-host"
     side.mkdir(exist_ok=True)
     host_key, host_pub = side / "gpu-host.key", side / "gpu-host.pub"
@@ -289,7 +285,7 @@ def promote_to_baseline(folder: Path, key_file: Path, password: str, targets: Li
     t0 = dt.datetime.strptime(release.index.time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
     runs = side / f"evidence-{folder.name}"
     runs.mkdir(exist_ok=True)
-    host_signer, _ = sgn.key_signer("builtin", host_key, PASSWORD.encode())  # once: its scrypt costs 0.75 s
+    host_signer = sgn.key_signer("builtin", host_key, PASSWORD.encode())  # once: its scrypt costs 0.75 s
     paths = []
     for target in targets:
         vt = release.target(target)
@@ -304,7 +300,7 @@ def promote_to_baseline(folder: Path, key_file: Path, password: str, targets: Li
                                  ev.hashed("stand-in host"), rec.format_time(t0 + dt.timedelta(seconds=n)),
                                  out.outcome, out.reason, checks, {}, f"{n:032x}")
             path = ev.write(runs / f"{target}-{n}.json", record)
-            host_signer.sign_file(path, fmt.signature_path(path), fmt.bundle_path(path))  # as ev.sign signs
+            ev.sign(path, host_signer)
             paths.append(path)
     promote.promote(folder, folder.name, paths, sign, key, hosts_file,
                     now=t0 + dt.timedelta(days=1))

@@ -19,6 +19,7 @@ from qualify.core.errors import VerificationError
 from qualify.devtools import attest_interop
 from qualify.publish import dsse, imagefs, oci
 from qualify.signing import keys as cosign_keys
+from qualify.signing.signer import BuiltinSigner
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_pae_is_the_dsse_spec_example():
 
 def test_round_trip_and_failures_say_which(key):
     private, _ = key
-    env = dsse.sign(private, b'{"_type":"x"}')
+    env = dsse.sign(BuiltinSigner(private), b'{"_type":"x"}')
     assert dsse.verify(dsse.parse(env.to_json()), private.public_key()) == b'{"_type":"x"}'
     changed = dsse.Envelope(env.payload_type, b'{"_type":"y"}', env.signatures)
     with pytest.raises(VerificationError, match="payload or signature was changed"):
@@ -53,7 +54,8 @@ def test_openssl_verifies_our_pae_signature(key, tmp_path):
     require(shutil.which("openssl") is not None, "openssl is needed")
     private, public_pem = key
     (tmp_path / "k.pub").write_bytes(public_pem)
-    assert attest_interop.openssl_check(tmp_path, dsse.sign(private, b'{"a":1}'), tmp_path / "k.pub").startswith("openssl")
+    envelope = dsse.sign(BuiltinSigner(private), b'{"a":1}')
+    assert attest_interop.openssl_check(tmp_path, envelope, tmp_path / "k.pub").startswith("openssl")
 
 
 def test_attest_interop_session_runs_sigstore_js(tmp_path):

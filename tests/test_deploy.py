@@ -24,7 +24,7 @@ from qualify.config import targets
 from qualify.core import manifest as mf
 from qualify.core.errors import VerificationError
 from qualify.deploy import api, choice, compose, errors, gate, memory, netcheck
-from qualify.release.folder import KeyAnchor, TrustedKey
+from qualify.trust.verify import KeyAnchor, TrustedKey
 
 TF = targets.load()
 SM120, SM121 = TF.get("sm120").runtime, TF.get("sm121").runtime

@@ -139,8 +139,7 @@ def test_fifo_and_oversized_inputs_are_refused(tmp_path, what):
 
 
 def sign(manifest: Path, key: Path) -> None:
-    signer.BuiltinSigner.from_key_file(key, PASSWORD.encode()).sign_file(
-        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
+    signer.write_signature(signer.BuiltinSigner.from_key_file(key, PASSWORD.encode()), manifest)
 
 
 def signed_with(tmp_path: Path, mutate) -> tuple:

@@ -131,7 +131,7 @@ def test_editing_image_side_code_changes_the_probe_identity(tmp_path, image_modu
 def test_stage_folders_read_as_the_data_flow():
     folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     assert folders == sorted(["core", "probe", "config", "host", "imagebuild", "repro", "qualification", "signing",
-                              "release", "deploy", "devtools", "cli", "publish", "scaleout", "tinymodel"])
+                              "trust", "release", "deploy", "devtools", "cli", "publish", "scaleout", "tinymodel"])
 
 
 def test_the_host_probe_needs_no_host_only_dependency():

@@ -22,10 +22,11 @@ from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, make_key_pair
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, VerificationError
 from qualify.release import evidence as ev
-from qualify.release import folder, journal, promote, verify
-from qualify.release import records as rec
+from qualify.release import promote, verify
 from qualify.scaleout import merge
-from qualify.signing import formats
+from qualify.signing import formats, signer
+from qualify.trust import folder, journal
+from qualify.trust import records as rec
 
 N = TF.promotion_passes
 
@@ -187,7 +188,7 @@ def test_whoever_writes_the_folder_cannot_enroll_themselves(lab, tmp_path):
     path.write_bytes(hosts.to_bytes())
     from evidence_helpers import sign_with
     sign, _ = sign_with(attacker_key)
-    sign(path)
+    signer.write_signature(sign, path)
     with pytest.raises(VerificationError, match="signature check failed"):
         folder.read_hosts(path, lab.key)
     paths = lab.write([lab.record(1)], key=attacker_key)
@@ -235,7 +236,7 @@ def test_a_failure_cannot_hide_behind_its_timestamp(lab, stamp, message):
     doc = json.loads(path.read_text())
     doc["time"] = stamp
     path.write_text(json.dumps(doc))
-    ev.sign(path, lab.host_key, PASSWORD.encode())
+    ev.sign(path, ev.host_signer(lab.host_key, PASSWORD.encode()))
     with pytest.raises(ev.EvidenceError, match=message):
         lab.promote(passes + [path])
 
@@ -244,7 +245,7 @@ def test_a_probe_statement_without_created_is_refused(lab, tmp_path):
     stmt = probe_statement(lab, 1)
     del stmt["predicate"]["created"]
     path = mf.write(tmp_path / "no-time.json", stmt)
-    ev.sign(path, lab.host_key, PASSWORD.encode())
+    ev.sign(path, ev.host_signer(lab.host_key, PASSWORD.encode()))
     with pytest.raises(ev.EvidenceError, match="predicate.created.*is not an RFC 3339 time"):
         lab.promote([path])
 
@@ -279,7 +280,7 @@ def test_promote_validates_probe_statements_against_the_schema(lab, tmp_path):
     stmt = probe_statement(lab, 1)
     stmt["predicate"]["verdict"] = "great"
     path = mf.write(tmp_path / "broken.json", stmt)
-    ev.sign(path, lab.host_key, PASSWORD.encode())
+    ev.sign(path, ev.host_signer(lab.host_key, PASSWORD.encode()))
     with pytest.raises(ev.EvidenceError, match="manifest does not match"):
         lab.promote([path])
 
@@ -298,7 +299,7 @@ def test_the_same_run_counts_once_however_it_is_serialised(lab, respell):
     other = lab.root / "respelled" / path.name
     other.parent.mkdir()
     other.write_text(json.dumps(respell(json.loads(path.read_text()))))
-    ev.sign(other, lab.host_key, PASSWORD.encode())
+    ev.sign(other, ev.host_signer(lab.host_key, PASSWORD.encode()))
     done = lab.promote([path, other])
     assert (done.new, done.standing.consecutive_passes) == (1, 1)
 
@@ -360,7 +361,7 @@ def probe_statement(lab: Lab, n: int, status: str = "pass", cap: str = "12.0", p
 
 def _signed_statement(lab: Lab, tmp_path: Path, name: str, stmt: dict) -> Path:
     path = mf.write(tmp_path / name, stmt)
-    ev.sign(path, lab.host_key, PASSWORD.encode())
+    ev.sign(path, ev.host_signer(lab.host_key, PASSWORD.encode()))
     return path
 
 
@@ -466,7 +467,7 @@ def test_a_restored_promotion_never_undoes_a_demotion_and_routine_promotes_canno
     """High 2: after a demotion, the previous promotion's signed files restored. The ledger beside them says the
     current record is older than one it replaced; with that kept record removed too, the folder is exactly as
     it was after promotion 1, which this promoter saw superseded: every later promote is refused."""
-    from qualify.release.highwater import RollbackError
+    from qualify.trust.highwater import RollbackError
 
     assert lab.run([lab.record(i) for i in range(1, 8)]).standing.level == "baseline"
     saved = tmp_path / "after-promotion-1"
@@ -505,8 +506,8 @@ def test_a_complete_journal_that_does_not_verify_is_reported_and_left(lab, tmp_p
 
 def test_an_older_hosts_file_never_re_enrolls_a_removed_host(lab, tmp_path):
     """High 3: enrolled (2), removed (3), the sequence-2 file restored: refused, before any promotion exists."""
-    from qualify.release import hosts
-    from qualify.release.highwater import RollbackError
+    from qualify.trust import hosts
+    from qualify.trust.highwater import RollbackError
 
     rogue_key, rogue_pub = make_key_pair(tmp_path, prefix="rogue")
     lab.enroll(("rogue", rogue_pub))
@@ -523,7 +524,7 @@ def test_an_older_hosts_file_never_re_enrolls_a_removed_host(lab, tmp_path):
 
 def test_the_promotion_record_binds_its_hosts_file_and_a_fresh_promoter_refuses_an_older_one(lab, tmp_path,
                                                                                                 monkeypatch):
-    from qualify.release.highwater import RollbackError
+    from qualify.trust.highwater import RollbackError
 
     saved = tmp_path / "hosts-1"
     saved.mkdir()
@@ -541,7 +542,7 @@ def test_the_promotion_record_binds_its_hosts_file_and_a_fresh_promoter_refuses_
 
 def test_a_refused_promote_still_records_the_hosts_sequence_it_read(lab, tmp_path, monkeypatch):
     """The promoter's mark is raised by every promote that reads the file, refused or not."""
-    from qualify.release.highwater import RollbackError
+    from qualify.trust.highwater import RollbackError
 
     saved = tmp_path / "hosts-1"
     saved.mkdir()
@@ -559,7 +560,7 @@ def test_a_refused_promote_still_records_the_hosts_sequence_it_read(lab, tmp_pat
 
 
 def test_hosts_add_never_restarts_a_lost_chain_at_one_unless_told_and_says_so(lab, tmp_path, monkeypatch):
-    from qualify.release import hosts
+    from qualify.trust import hosts
 
     _, pub = make_key_pair(tmp_path, prefix="new")
     key = folder.TrustedKey.read(pub)
@@ -582,7 +583,7 @@ def test_hosts_add_never_restarts_a_lost_chain_at_one_unless_told_and_says_so(la
 
 
 def test_hosts_add_never_replaces_a_hosts_key_silently(lab, tmp_path):
-    from qualify.release import hosts
+    from qualify.trust import hosts
 
     _, pub = make_key_pair(tmp_path, prefix="other")
     key = folder.TrustedKey.read(pub)
@@ -595,7 +596,7 @@ def test_hosts_add_never_replaces_a_hosts_key_silently(lab, tmp_path):
 
 def test_one_run_counts_once_after_its_host_is_renamed(lab):
     """Medium: the identity is the run's (its hashed host id), never the enrolled name."""
-    from qualify.release import hosts
+    from qualify.trust import hosts
 
     paths = lab.write([lab.record(1)])
     assert lab.promote(paths).new == 1
@@ -639,7 +640,7 @@ def test_a_release_signed_before_the_policy_keeps_its_implied_rule(lab):
     del index["policy"]  # as releases were signed before issue 37
     path = lab.folder / "release.json"
     path.write_bytes(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
-    lab.sign(path)
+    signer.write_signature(lab.sign, path)
     rule = folder.read_release(lab.folder).rule("sm120")
     assert (rule.signed, rule.consecutive_passes, rule.capability, rule.intended_level) == (False, 7, "12.0",
                                                                                            "experimental")
@@ -678,7 +679,7 @@ def test_a_product_failure_always_lowers_the_level(lab):
     """High 6: a target released at baseline (an older toolkit's) is demoted by product failures; one released
     at experimental falls to unverified."""
     from qualify.probe.gpu import REQUIRED_GPU_CHECKS
-    from qualify.release.policy import TargetRule
+    from qualify.trust.policy import TargetRule
 
     rule = TargetRule("sm120", "12.0", "linux/amd64", "baseline", 7, REQUIRED_GPU_CHECKS, True, 1)
     failures = [promote.Counted(lab.record(i, ev.Outcome.PRODUCT_FAILURE), "a" * 64, "h", str(i),

@@ -24,11 +24,17 @@ from qualify.core.errors import RegistryError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.host import skopeo
 from qualify.publish import attestation_verify, dsse, oci, publish
-from qualify.release import records
-from qualify.release.folder import read_release
 from qualify.signing import keys as cosign_keys
+from qualify.signing.signer import BuiltinSigner
+from qualify.trust import records
+from qualify.trust.folder import read_release
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def _signer(key: Path) -> BuiltinSigner:
+    """The release key's signer, as the CLI makes it (the password given, not read from a terminal)."""
+    return BuiltinSigner.from_key_file(key, PASSWORD)
 PASSWORD = b"release-key-password"
 TAG = "v0.1.0-test"
 
@@ -86,8 +92,7 @@ def published(smoke, registry, tmp_path_factory):
     os.environ["REGISTRY_AUTH_FILE"] = str(registry.auth_file)
     try:
         dest = publish.Destination.parse(f"{registry.address}/qualify")
-        opts = publish.PublishOptions(tag=TAG, destination=dest, release_root=manifests, key=key,
-                                      password=PASSWORD)
+        opts = publish.PublishOptions(tag=TAG, destination=dest, release_root=manifests, signer=_signer(key))
         start = time.monotonic()
         lines = []
         done = publish.publish(opts, progress=lines.append)
@@ -248,12 +253,12 @@ def _release_statement(published, smoke, tag: str, sequence: int, promotion: int
     statement = records.ReleaseStatement(tag, sequence, promotion, "2026-12-01T00:00:00Z", "0" * 64, "sm120",
                                          sha, sha, json.loads(manifest)["subject"][0]["name"])
     body = canonical_json(statement.statement(f"{smoke.image_reference.split('@')[0]}", smoke.digest))
-    return dsse.sign(key, body).to_json(), records.RELEASE_STATEMENT_TYPE
+    return dsse.sign(BuiltinSigner(key), body).to_json(), records.RELEASE_STATEMENT_TYPE
 
 
 def _qualification(published, manifest: bytes) -> tuple:
     key = cosign_keys.load_private_key(published["key"].read_bytes(), PASSWORD)
-    return dsse.sign(key, manifest).to_json(), mf.PREDICATE_TYPE
+    return dsse.sign(BuiltinSigner(key), manifest).to_json(), mf.PREDICATE_TYPE
 
 
 def test_the_newest_signed_release_statement_chooses_whatever_is_pushed_in_front(published, smoke, creds):
@@ -311,7 +316,7 @@ def test_push_without_credentials_is_refused_clearly(smoke, registry, monkeypatc
     key, _ = _key_pair(tmp_path)
     manifests = _release(tmp_path, "v0.0.1-nocreds", smoke, key)
     opts = publish.PublishOptions(tag="v0.0.1-nocreds", destination=publish.Destination.parse(f"{registry.address}/x"),
-                                  release_root=manifests, key=key, password=PASSWORD, attest_build=False)
+                                  release_root=manifests, signer=_signer(key), attest_build=False)
     with pytest.raises(RegistryError, match="without valid credentials") as info:
         publish.publish(opts, progress=lambda _m: None)
     assert "docker login" in info.value.hint
@@ -323,13 +328,13 @@ def test_credentials_never_in_arguments_or_logs(published, smoke, creds, monkeyp
     assert all(secret not in line for line in published["lines"])
     assert secret not in creds.log_text()
     seen = []
-    real = skopeo.subprocess.Popen
+    real = skopeo.cmd.spawn
 
-    def recording(args, *a, **kw):  # the real Popen runs; we only keep its argument list
+    def recording(args, *a, **kw):  # the real runner runs it; we only keep its argument list
         seen.append(list(args))
         return real(args, *a, **kw)
 
-    monkeypatch.setattr(skopeo.subprocess, "Popen", recording)
+    monkeypatch.setattr(skopeo.cmd, "spawn", recording)
     attestation_verify.verify_image(f"{creds.address}/qualify/sm120@{smoke.digest}", published["pub"])
     assert seen and all(secret not in " ".join(a) and tls_registry.USER not in " ".join(a) for a in seen)
     assert all(not x.startswith(("--creds", "--authfile", "--src-creds", "--dest-creds")) for a in seen for x in a)
@@ -345,11 +350,12 @@ def test_interrupted_publish_resumes_without_resending_blobs(smoke, creds, tmp_p
     key, _ = _key_pair(tmp_path)
     manifests = _release(tmp_path, "v0.0.2-resume", smoke, key)
     opts = publish.PublishOptions(tag="v0.0.2-resume", destination=publish.Destination.parse(f"{creds.address}/resume"),
-                                  release_root=manifests, key=key, password=PASSWORD, attest_build=False)
+                                  release_root=manifests, signer=_signer(key), attest_build=False)
     # Interrupt: the python process publishing is killed once the first blob upload has finished.
     script = ("import os,sys; from pathlib import Path; from qualify.publish import publish as p; "
+              "from qualify.signing.signer import BuiltinSigner; "
               f"o=p.PublishOptions(tag='v0.0.2-resume', destination=p.Destination.parse('{creds.address}/resume'), "
-              f"release_root=Path('{manifests}'), key=Path('{key}'), password={PASSWORD!r}, "
+              f"release_root=Path('{manifests}'), signer=BuiltinSigner.from_key_file(Path('{key}'), {PASSWORD!r}), "
               "attest_build=False); p.publish(o)")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
                             env={**os.environ, **creds.env()}, start_new_session=True,
@@ -562,8 +568,8 @@ def test_a_qualification_statement_that_is_not_the_released_manifest_is_refused(
                                     smoke.image_reference.split("@")[0])
     _copy_image(creds, smoke, "bound/sm120")
     _push_att(creds, "bound/sm120", smoke.digest, [
-        (dsse.sign(key, canonical_json(stmt.statement(f"{creds.address}/bound/sm120", smoke.digest))).to_json(),
-         records.RELEASE_STATEMENT_TYPE), (dsse.sign(key, forged).to_json(), mf.PREDICATE_TYPE)])
+        (dsse.sign(BuiltinSigner(key), canonical_json(stmt.statement(f"{creds.address}/bound/sm120", smoke.digest))).to_json(),
+         records.RELEASE_STATEMENT_TYPE), (dsse.sign(BuiltinSigner(key), forged).to_json(), mf.PREDICATE_TYPE)])
     with pytest.raises(VerificationError, match="is not the released manifest the release statement names"):
         attestation_verify.verify_image(f"{creds.address}/bound/sm120@{smoke.digest}", published["pub"])
 
@@ -580,8 +586,9 @@ def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_rel
 
     def run(tag: str, attest_build: bool = False):
         lines: list = []
-        opts = publish.PublishOptions(tag=tag, destination=dest, release_root=lab.manifests, key=lab.release_key,
-                                      password=LAB_PASSWORD.encode(), attest_build=attest_build)
+        opts = publish.PublishOptions(tag=tag, destination=dest, release_root=lab.manifests,
+                                      signer=BuiltinSigner.from_key_file(lab.release_key, LAB_PASSWORD.encode()),
+                                      attest_build=attest_build)
         return publish.publish(opts, progress=lines.append).attached["sm120"], lines
 
     first, _ = run("v1.0.0", attest_build=True)  # with SLSA and the SBOM (this host has the build record)
@@ -594,7 +601,7 @@ def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_rel
         "predicateType": "https://example.com/scan/v1"}
     layers = _layers(creds, "promoted/sm120", smoke.digest)
     _push_att(creds, "promoted/sm120", smoke.digest,
-              [*layers, (dsse.sign(other, canonical_json(scan)).to_json(), "https://example.com/scan/v1")])
+              [*layers, (dsse.sign(BuiltinSigner(other), canonical_json(scan)).to_json(), "https://example.com/scan/v1")])
 
     lab.run([lab.record(i, digest=smoke.digest, image_reference=smoke.image_reference) for i in range(1, 7)])
     second, lines = run("v1.0.0")

@@ -258,24 +258,28 @@ class RandomisedSigner:
     def __init__(self, inner: signer.BuiltinSigner):
         self.inner = inner
 
-    def sign_file(self, blob, signature_out, bundle_out):
-        data = blob.read_bytes()
+    def public_key(self):
+        return self.inner.public_key()
+
+    def sign_blob(self, data: bytes) -> formats.BlobSignature:
         sig = self.inner.private_key.sign(data, ec.ECDSA(hashes.SHA256()))
-        signature_out.write_bytes(formats.encode_signature(sig))
-        bundle_out.write_bytes(formats.bundle_bytes(formats.make_bundle(data, sig, self.inner.public_key)))
-        return formats.SignedFiles(blob, signature_out, bundle_out, self.name)
+        return formats.BlobSignature(sig, formats.bundle_bytes(formats.make_bundle(data, sig, self.public_key())),
+                                     self.name)
+
+    def sign_dsse(self, pae: bytes) -> bytes:
+        return self.inner.private_key.sign(pae, ec.ECDSA(hashes.SHA256()))
 
 
 def test_rerun_keeps_signatures_a_randomised_signer_made(repo, keys, monkeypatch):
     key_file, _ = keys
-    inner, public_key = signer.key_signer("builtin", key_file, PASSWORD.encode())
+    inner = signer.key_signer("builtin", key_file, PASSWORD.encode())
     monkeypatch.setattr(release, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
-        release.run_release(options(repo), lambda: (RandomisedSigner(inner), public_key), built_images,
+        release.run_release(options(repo), lambda: RandomisedSigner(inner), built_images,
                             progress=lambda m: None)
     sig = (repo / "manifests" / TAG / "sm100.json.sig").read_bytes()
     monkeypatch.undo()
-    outcome = release.run_release(options(repo), lambda: (RandomisedSigner(inner), public_key), built_images,
+    outcome = release.run_release(options(repo), lambda: RandomisedSigner(inner), built_images,
                                   progress=lambda m: None)
     assert outcome.written == [] and (repo / "manifests" / TAG / "sm100.json.sig").read_bytes() == sig
 

@@ -350,20 +350,24 @@ def test_force_re_signs_as_its_help_says(repo, keys):
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key_file, _ = keys
-    inner, public_key = signer.key_signer("builtin", key_file, PASSWORD.encode())
+    inner = signer.key_signer("builtin", key_file, PASSWORD.encode())
 
     class Randomised:
         name = "randomised"
 
-        def sign_file(self, blob, signature_out, bundle_out):
-            data = blob.read_bytes()
+        def public_key(self):
+            return inner.public_key()
+
+        def sign_blob(self, data: bytes) -> formats.BlobSignature:
             sig = inner.private_key.sign(data, ec.ECDSA(hashes.SHA256()))
-            signature_out.write_bytes(formats.encode_signature(sig))
-            bundle_out.write_bytes(formats.bundle_bytes(formats.make_bundle(data, sig, public_key)))
-            return formats.SignedFiles(blob, signature_out, bundle_out, self.name)
+            return formats.BlobSignature(sig, formats.bundle_bytes(formats.make_bundle(data, sig, inner.public_key())),
+                                         self.name)
+
+        def sign_dsse(self, pae: bytes) -> bytes:
+            return inner.private_key.sign(pae, ec.ECDSA(hashes.SHA256()))
 
     def run(**kw):
-        return release.run_release(options(repo, **kw), lambda: (Randomised(), public_key), served_as_recorded,
+        return release.run_release(options(repo, **kw), lambda: Randomised(), served_as_recorded,
                                    progress=lambda m: None)
 
     run()
@@ -378,14 +382,29 @@ def test_force_re_signs_as_its_help_says(repo, keys):
 
 def test_publishing_is_composed_between_writing_and_tagging_and_the_tag_names_the_published_images(repo, keys):
     """The CLI composes qualify/publish in (tested against real TLS registries in test_publish.py); here a
-    STAND-IN for it writes the publication record, as publish does, so the composition alone is checked."""
+    STAND-IN for it writes the publication record as publish does (signed by the release's own signer, which
+    the release hands it: one password), so the composition alone is checked."""
+    from qualify.trust import folder as trust_folder
+    from qualify.trust import journal
+    from qualify.trust import records as trust_records
+
     key_file, _ = keys
     published = f"registry.example/acme/sm100@{DIGEST_A}"
+    handed = []
 
-    def stand_in_publish():
-        (repo / "manifests" / TAG / "published.json").write_text(json.dumps({"images": [{"target": "sm100",
-                                                                                         "reference": published}]}))
-        return ["Published to registry.example/acme:", f"  sm100  {published}"], ["published.json"]
+    def stand_in_publish(release_signer):
+        handed.append(release_signer)
+        verified = trust_folder.read_release(repo / "manifests" / TAG)
+        image = trust_records.PublishedImage("sm100", published, f"registry.example/acme/sm100:{TAG}", DIGEST_A,
+                                             verified.target("sm100").manifest.subject,
+                                             f"registry.example/acme/sm100:sha256-{DIGEST_A[7:]}.att",
+                                             ("https://in-toto.io/attestation/release",), "not pushed")
+        record = trust_records.Publication(TAG, verified.index_sha256, "registry.example/acme",
+                                           verified.key.fingerprint, (image,))
+        journal.write_signed_files(repo / "manifests" / TAG, [("published.json", record.to_bytes())],
+                                   release_signer, verified.key)
+        return ["Published to registry.example/acme:", f"  sm100  {published}"], \
+            ["published.json", "published.json.sig", "published.json.sigstore.json"]
 
     outcome = release.run_release(options(repo), factory(key_file), served_as_recorded, progress=lambda m: None,
                                   registry_publish=stand_in_publish)
@@ -394,10 +413,11 @@ def test_publishing_is_composed_between_writing_and_tagging_and_the_tag_names_th
     message = git(repo, "cat-file", "-p", TAG)
     assert f"  sm100  {published}" in message and "Published to registry.example/acme:" in message
     assert published in git(repo, "show", f"{TAG}:manifests/{TAG}/published.json")
-    from qualify.release import folder, records
-    index = records.ReleaseIndex.parse((repo / "manifests" / TAG / "release.json").read_bytes(), "release.json")
-    assert "published.json" not in dict(index.files)  # written after the index, bound to it by its sha256
-    assert "published.json" in folder.removable_by_force(index)  # a later --force may replace it
+    from qualify.trust import verify as trust_verify
+    verified = trust_folder.read_release(repo / "manifests" / TAG)
+    assert verified.publication is not None and len(handed) == 1 and handed[0].public_key() is not None
+    assert "published.json" not in dict(verified.index.files)  # written after the index, bound to it by its sha256
+    assert "published.json" in trust_verify.removable_by_force(verified)  # a later --force may replace it
 
 
 def test_generate_key_says_what_to_commit_and_the_release_then_checks_its_key(repo, tmp_path):

@@ -419,8 +419,8 @@ def test_the_committed_h200_evidence_travels_signed_by_an_enrolled_test_host(tmp
     """The committed H200 probe manifests are signed by tests/keys/test-gpu-host (a labelled TEST key): merge
     carries the signatures, and an enrolled-hosts list naming that key recognises who signed them."""
     from qualify.release import evidence as ev
-    from qualify.release import records
-    from qualify.release.folder import TrustedKey
+    from qualify.trust import records
+    from qualify.trust.folder import TrustedKey
 
     merged = merge.merge([REAL, REPO / "manifests" / "evidence" / "h200x2" / "probe-sm120.json"])
     written = merge.write(merged, tmp_path / "out")
@@ -460,8 +460,8 @@ def test_the_pod_signs_its_evidence_with_the_key_its_secret_mounts_and_merge_kee
     from qualify.probe import staged
     from qualify.qualification import staging
     from qualify.release import evidence as ev
-    from qualify.release import records
-    from qualify.release.folder import TrustedKey
+    from qualify.trust import records
+    from qualify.trust.folder import TrustedKey
 
     key = ec.generate_private_key(ec.SECP256R1())
     pem = tmp_path / "key.pem"

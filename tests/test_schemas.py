@@ -18,7 +18,7 @@ from referencing import Registry, Resource
 
 from qualify.core import manifest as mf
 from qualify.release import evidence as ev
-from qualify.release import records as rec
+from qualify.trust import records as rec
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent

@@ -164,8 +164,7 @@ def test_other_pem_types_are_refused():
 def test_builtin_signature_verifies_with_openssl_and_bundle_layout(tmp_path):
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm120.json", "sm120", DIGEST_A)
-    done = signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
+    done = signer.write_signature(signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()), manifest)
     assert done.signature.name == "sm120.json.sig" and done.bundle.name == "sm120.json.sigstore.json"
     assert not done.signature.read_bytes().endswith(b"\n")  # cosign writes no newline either
     assert openssl_verify(pub, done.signature, manifest, tmp_path).stdout.strip() == "Verified OK"
@@ -308,9 +307,9 @@ def test_cosign_key_signing_through_double(version, tmp_path, cosign_double, mon
     monkeypatch.setenv("COSIGN_DOUBLE_VERSION", version)
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A)
-    sign, public_key = signer.key_signer("auto", key_file, PASSWORD.encode())
+    sign = signer.key_signer("auto", key_file, PASSWORD.encode())
     assert sign.name == "cosign"
-    done = sign.sign_file(manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
+    done = signer.write_signature(sign, manifest)
     assert done.signer == f"cosign {version}"
     calls = read_log(cosign_double)
     assert [c["argv"][0] for c in calls] == ["version", "sign-blob"]
@@ -330,11 +329,11 @@ def test_cosign_errors_name_the_command(tmp_path, cosign_double, monkeypatch):
     monkeypatch.setenv("COSIGN_DOUBLE_FAIL", "signing m.json: getting signer: reading key: decrypt: bad")
     key_file, _ = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "m.json", "sm120", DIGEST_A)
-    sign, _ = signer.key_signer("cosign", key_file, PASSWORD.encode())
+    sign = signer.key_signer("cosign", key_file, PASSWORD.encode())
     from qualify.core.errors import ExternalCommandError
 
     with pytest.raises(ExternalCommandError) as err:
-        sign.sign_file(manifest, tmp_path / "m.sig", tmp_path / "m.bundle")
+        signer.write_signature(sign, manifest, tmp_path / "m.sig", tmp_path / "m.bundle")
     assert "cosign sign-blob --yes --key" in str(err.value) and "decrypt: bad" in str(err.value)
     assert PASSWORD not in str(err.value)
 
@@ -361,7 +360,7 @@ def test_cosign_keyless_token_stays_out_of_argv(tmp_path, cosign_double, monkeyp
 def test_auto_signer_is_builtin_without_cosign(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     key_file, _ = make_key_pair(tmp_path)
-    sign, _ = signer.key_signer("auto", key_file, PASSWORD.encode())
+    sign = signer.key_signer("auto", key_file, PASSWORD.encode())
     assert sign.name == "builtin"
     with pytest.raises(ConfigError, match="keyless signing needs cosign"):
         signer.choose_backend("builtin", keyless=True)

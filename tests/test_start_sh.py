@@ -475,7 +475,7 @@ def test_the_gpu_gate_runs_the_real_probe_in_the_image_and_refuses_without_a_gpu
 def _publication(h: Host, reference: str, tamper: bool = False) -> Path:
     """published.json beside the manifests, as `nox -s publish` writes it: the signed publication record
     bound to the release's release.json (the records and writer publish itself uses)."""
-    from qualify.release import folder, journal, records
+    from qualify.trust import folder, journal, records
 
     release_dir = h.manifests / "v1.0.0"
     release = folder.read_release(release_dir)
@@ -485,11 +485,11 @@ def _publication(h: Host, reference: str, tamper: bool = False) -> Path:
                                    (mf.PREDICATE_TYPE,), "not pushed")
     record = records.Publication("v1.0.0", release.index_sha256, "registry.example:5000/acme",
                                  release.key.fingerprint, (image,))
-    from qualify.signing import formats, signer
+    from qualify.signing import signer
 
-    s, _ = signer.key_signer("builtin", Path(f"{h.key}.key"), PASSWORD.encode())
+    s = signer.key_signer("builtin", Path(f"{h.key}.key"), PASSWORD.encode())
     journal.write_signed_files(release_dir, [(records.PUBLICATION_FILE, record.to_bytes())],
-                              lambda p: s.sign_file(p, formats.signature_path(p), formats.bundle_path(p)), release.key)
+                              s, release.key)
     path = release_dir / records.PUBLICATION_FILE
     if tamper:
         path.write_text(path.read_text().replace("registry.example", "registry.evil"))
@@ -523,6 +523,7 @@ def test_without_a_release_folder_the_registry_attestation_is_the_trust_anchor(h
     qualification Statement comes from the signed attestation `nox -s publish` put beside the image."""
     import images
     from qualify.publish import publish
+    from qualify.signing import signer
 
     built = images.smoke("sm120")
     stmt = statement("sm120", built.digest, reference=built.image_reference, level="baseline")
@@ -530,7 +531,8 @@ def test_without_a_release_folder_the_registry_attestation_is_the_trust_anchor(h
     root = make_release(tmp_path / "release-repo", "v9.9.9", [stmt], Path(f"{host.key}.key"), PASSWORD).parent
     dest = publish.Destination.parse(f"{loopback_registry.address}/qualify-test-published")
     record = publish.publish(publish.PublishOptions(tag="v9.9.9", destination=dest, release_root=root,
-                                                    key=Path(f"{host.key}.key"), password=PASSWORD.encode()),
+                                                    signer=signer.key_signer("builtin", Path(f"{host.key}.key"),
+                                                                             PASSWORD.encode())),
                              progress=lambda _m: None).record
     image = record.images[0].reference
     empty = tmp_path / "no-manifests"

@@ -26,8 +26,8 @@ from qualify.core import manifest as mf
 from qualify.core import readlimit
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.deploy import choice, state
-from qualify.release import folder, records
-from qualify.release.folder import KeyAnchor, TrustedKey, read_release
+from qualify.trust import folder, records, verify
+from qualify.trust.folder import KeyAnchor, TrustedKey, read_release
 
 TAG = "v1.0.0"
 
@@ -351,7 +351,7 @@ def test_a_bundle_is_checked_even_beside_a_valid_signature(tmp_path, keys):
     bundle["messageSignature"]["messageDigest"]["algorithm"] = "SHA2_384"
     (genuine / "sm100.json.sigstore.json").write_text(json.dumps(bundle))
     with pytest.raises(VerificationError, match="not SHA2_256"):
-        folder.check_bundle(TrustedKey.read(keys[0][1]), (genuine / "sm100.json").read_bytes(),
+        verify.check_bundle(TrustedKey.read(keys[0][1]), (genuine / "sm100.json").read_bytes(),
                             (genuine / "sm100.json.sigstore.json").read_bytes(), "bundle")
 
 
@@ -638,7 +638,7 @@ def test_a_compat_libcuda_of_unknown_version_is_refused_not_skipped(host, docker
 
 
 def test_a_rewritten_ledger_is_a_fork_and_a_new_target_under_another_key_is_refused():
-    from qualify.release import highwater
+    from qualify.trust import highwater
 
     mark = highwater.ReleaseMark(1, "a" * 64, {"sm120": highwater.TargetMark(2, "b" * 64, "c" * 64)})
     fork = highwater.Seen(TAG, 1, "a" * 64, "sm120", 3, "d" * 64, "e" * 64, chain={2: "f" * 64, 3: "d" * 64}.get)
@@ -717,6 +717,7 @@ def test_a_duplicate_key_in_a_signed_registry_payload_is_named_as_the_cause(monk
     from qualify.publish import attestation_verify as av
     from qualify.publish import dsse, oci
     from qualify.signing import keys as cosign_keys
+    from qualify.signing.signer import BuiltinSigner
 
     (a, pub), _ = keys
     from signing_helpers import PASSWORD
@@ -729,7 +730,7 @@ def test_a_duplicate_key_in_a_signed_registry_payload_is_named_as_the_cause(monk
     release_stmt = canonical_json(rs.statement("127.0.0.1:5000/qualify/sm120", DIGEST_A))
     layers = []
     for payload, ptype in ((release_stmt, records.RELEASE_STATEMENT_TYPE), (qualification, mf.PREDICATE_TYPE)):
-        data = dsse.sign(private, payload).to_json()
+        data = dsse.sign(BuiltinSigner(private), payload).to_json()
         layers.append((oci.AttLayer("sha256:" + hashlib.sha256(data).hexdigest(), len(data), "application/vnd.dsse",
                                     ptype), data))
     monkeypatch.setattr(av, "resolve", lambda ref: DIGEST_A)
@@ -743,16 +744,17 @@ def test_verify_and_hosts_list_escape_control_characters(capsys, tmp_path, keys)
     from signing_helpers import PASSWORD
 
     from qualify.cli import hosts_cmd, verify_cmd
-    from qualify.release import hosts, verify
+    from qualify.release import verify
+    from qualify.trust import hosts
 
     verify_cmd._print_human(verify.VerifyResult("m\x1b[2J.json", "sm120\r", DIGEST_A, "key", None, None, "pass",
                                                 "baseline"))
     (a, pub), _ = keys
-    from qualify.signing import formats, signer
-    s, _ = signer.key_signer("builtin", a, PASSWORD.encode())
+    from qualify.signing import signer
+    s = signer.key_signer("builtin", a, PASSWORD.encode())
     key = TrustedKey.read(pub)
     hosts_file = tmp_path / "hosts.json"
-    hosts.change(hosts_file, lambda p: s.sign_file(p, formats.signature_path(p), formats.bundle_path(p)), key,
+    hosts.change(hosts_file, s, key,
                  add=records.EnrolledHost("ci", identity="repo\x1b[31m", issuer="https://issuer"))
 
     class Args:

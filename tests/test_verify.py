@@ -31,8 +31,7 @@ def signed(tmp_path):
     """A manifest for sm120 (image DIGEST_A) signed by the built-in signer, and its keys."""
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm120.json", "sm120", DIGEST_A)
-    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
+    signer.write_signature(signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()), manifest)
     return manifest, pub
 
 
@@ -99,8 +98,7 @@ def test_require_pass_refuses_failing_checks(tmp_path):
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A, level="unsupported",
                               statuses={"fatbin-arch": "pass", "triton-compile": "fail"})
-    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
+    signer.write_signature(signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()), manifest)
     result = verify.verify(verify.VerifyOptions(manifest, key=pub))  # reported, not refused
     assert result.verdict == "fail" and result.failing_checks == ["triton-compile"]
     with pytest.raises(VerificationError, match=r"^verdict check failed: verdict is fail; failing checks: "
@@ -112,8 +110,7 @@ def test_an_unverified_incomplete_manifest_passes_require_pass(tmp_path):
     key_file, pub = make_key_pair(tmp_path)
     manifest = write_manifest(tmp_path / "sm121.json", "sm121", DIGEST_A, level="unverified",
                               statuses={"fatbin-arch": "pass", "gpu-smoke": "not-run"})
-    signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()).sign_file(
-        manifest, formats.signature_path(manifest), formats.bundle_path(manifest))
+    signer.write_signature(signer.BuiltinSigner.from_key_file(key_file, PASSWORD.encode()), manifest)
     result = verify.verify(verify.VerifyOptions(manifest, key=pub, require_pass=True))
     assert (result.verdict, result.support_level) == ("incomplete", "unverified")
 

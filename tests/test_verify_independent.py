@@ -17,7 +17,7 @@ from release_chain import SCRIPT, TAG
 
 from qualify.core.fsutil import canonical_json
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
-from qualify.release import policy
+from qualify.trust import policy
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -175,8 +175,8 @@ def test_evidence_signed_by_a_host_not_enrolled_fails(release_chain, tmp_path):
 
     chain = release_chain.copy(tmp_path)
     path = kept_runs(chain.folder)[0]
-    s, _ = signer.key_signer("builtin", chain.repo / "cosign.key", PASSWORD.encode())
-    s.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
+    s = signer.key_signer("builtin", chain.repo / "cosign.key", PASSWORD.encode())
+    signer.write_signature(s, path, formats.signature_path(path), formats.bundle_path(path))
     failed(chain.verify(), 7, path.name, "its signature does not verify")
 
 
@@ -213,7 +213,7 @@ def test_the_registry_must_hold_the_folders_promotion_and_a_signed_release_state
     be unambiguous to a consumer reading by type); the release statement removed: no signed release statement."""
     from qualify.core import manifest as mf
     from qualify.publish import attestation_verify, oci, publish
-    from qualify.release import records as rec
+    from qualify.trust import records as rec
 
     reg = release_chain.registry
     chain = release_chain.copy(tmp_path)
@@ -258,9 +258,10 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
     from signing_helpers import PASSWORD
 
     from qualify.release import evidence as ev
-    from qualify.release import hosts, promote
-    from qualify.release import records as rec
-    from qualify.release.folder import TrustedKey, read_release
+    from qualify.release import promote
+    from qualify.trust import hosts
+    from qualify.trust import records as rec
+    from qualify.trust.folder import TrustedKey, read_release
     from qualify.signing import formats, signer
 
     env = {"PATH": "/usr/bin:/bin"}
@@ -284,7 +285,7 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
     hosts.change(root / "manifests" / rec.HOSTS_FILE, sign, key,
                  add=rec.EnrolledHost("lab-b", key_pem=host.pem.decode(), fingerprint=host.fingerprint))
     manifest = read_release(folder).target("sm120").manifest
-    host_signer, _ = signer.key_signer("builtin", root / "keys" / "gpu-host.key", PASSWORD.encode())
+    host_signer = signer.key_signer("builtin", root / "keys" / "gpu-host.key", PASSWORD.encode())
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     runs = []
     for n in range(2):
@@ -296,7 +297,7 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
                              host_id_sha256=ev.hashed("lab-b"), time=rec.format_time(now - dt.timedelta(seconds=n)),
                              outcome=outcome.outcome, reason=outcome.reason, checks=checks, run_id=f"{900 + n:032x}")
         path = ev.write(tmp_path / f"run-{n}.json", record)
-        host_signer.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
+        signer.write_signature(host_signer, path, formats.signature_path(path), formats.bundle_path(path))
         runs.append(path)
     (done,) = promote.promote(folder, "v1.0.0", runs, sign, key, root / "manifests" / rec.HOSTS_FILE,
                               state=tmp_path / "trust" / "promoter-state.json")

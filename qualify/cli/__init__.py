@@ -76,14 +76,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(module.execute(args) or 0)
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return exc.exit_code
     except ModuleNotFoundError as exc:  # a lazy import of a host dependency, under an interpreter without it
         if (exc.name or "").partition(".")[0] == "qualify":
             raise
         return _missing_dependency(exc.name or "a dependency", argv)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
     except BrokenPipeError:  # `... | head`: the reader went away; say nothing more to it
         import os
@@ -92,6 +92,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 141
     except OSError as exc:  # the host said no (a full disk, a permission): what, where, and what to do
         return _host_error(exc)
+
+
+def _say(text: str) -> None:
+    """To stderr through the Reporter's writer (imported here: the census's start-up never needs it)."""
+    from qualify.core.report import emit
+
+    emit(text)
 
 
 def _arguments(name: str, module, argv: List[str]):
@@ -126,7 +133,6 @@ def _lacking_dependency() -> Optional[str]:
 def _missing_dependency(missing: str, argv: List[str]) -> int:
     """A command whose dependencies this interpreter lacks (the host's python3, not the toolkit's): run it in
     the toolkit's venv when there is one, else say the one command that makes it. Never a traceback."""
-    import os
     from pathlib import Path
 
     from qualify import toolenv
@@ -135,10 +141,12 @@ def _missing_dependency(missing: str, argv: List[str]) -> int:
     # By prefix, not by executable: a venv's python is a symlink to the interpreter it was made from, so the
     # host's python3 and the venv's resolve to the same file.
     if venv_python.exists() and Path(sys.prefix).resolve() != toolenv.VENV.resolve():
-        os.execv(str(venv_python), [str(venv_python), "-m", "qualify", *argv])
-    print(f"error: `{argv[0]}` needs the toolkit's dependencies, and this Python ({sys.executable}) lacks "
-          f"{missing}\n  hint: run `bash scripts/setup-host.sh` once in {toolenv.REPO} (it makes {toolenv.VENV}, "
-          "which `python3 -m qualify` then uses), or activate a venv where `pip install -e .` ran", file=sys.stderr)
+        from qualify.host import cmd
+
+        cmd.replace_process([str(venv_python), "-m", "qualify", *argv])
+    _say(f"error: `{argv[0]}` needs the toolkit's dependencies, and this Python ({sys.executable}) lacks "
+         f"{missing}\n  hint: run `bash scripts/setup-host.sh` once in {toolenv.REPO} (it makes {toolenv.VENV}, "
+         "which `python3 -m qualify` then uses), or activate a venv where `pip install -e .` ran")
     return 2
 
 
@@ -154,5 +162,5 @@ def _host_error(exc: OSError) -> int:
             errno.EACCES: "run as a user who may write there (the toolkit's state folder is QUALIFY_STATE_DIR)",
             errno.EROFS: "the file system is read-only: point QUALIFY_STATE_DIR (or the output) elsewhere"}.get(
         exc.errno, "see the message above; run the same command again once it is fixed")
-    print(f"error: {printable(exc.strerror or str(exc))}{printable(where)}\n  hint: {hint}", file=sys.stderr)
+    _say(f"error: {printable(exc.strerror or str(exc))}{printable(where)}\n  hint: {hint}")
     return 12  # the table's "the host refused"

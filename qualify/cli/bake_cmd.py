@@ -8,13 +8,12 @@ metadata into the build record `qualify qualify` reads.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from qualify.config import targets
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_atomic
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 from qualify.scaleout import bake
 
 REPORT = Reporter("bake")
@@ -59,7 +58,7 @@ def execute(args) -> int:
         return 0
     if args.check:
         bake.check(args.out, tf)
-        print(f"{args.out}: matches {tf.path}", file=sys.stderr)
+        emit(f"{args.out}: matches {tf.path}")
         return 0
     write_atomic(args.out, bake.dumps(bake.generate(tf)))
     REPORT.say(f"wrote {args.out}")

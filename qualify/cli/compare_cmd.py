@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
+from qualify.core.report import emit
 from qualify.release import compare
 from qualify.signing import formats
 
@@ -31,8 +31,8 @@ def configure_parser(parser) -> None:
 def execute(args) -> int:
     manifests, skipped = formats.beside_their_files(args.manifests)
     if skipped:  # the README's `build/external/sm120-*.json` matches the bundles beside the manifests too
-        print(f"compare: skipped {len(skipped)} signature or bundle file(s) given beside their manifests: "
-              + ", ".join(str(p) for p in skipped), file=sys.stderr)
+        emit(f"compare: skipped {len(skipped)} signature or bundle file(s) given beside their manifests: "
+             + ", ".join(str(p) for p in skipped))
     result = compare.compare(manifests, args.target)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))

@@ -126,7 +126,7 @@ def host_refused(exc: OSError, s, args) -> Stop:
 def _seed(s: settings.Settings, ui: Ui) -> int:
     from qualify.core.errors import QualifyError
     from qualify.deploy import state
-    from qualify.release.folder import KeyAnchor, read_release
+    from qualify.trust.folder import KeyAnchor, read_release
 
     if not (s.release_tag and s.release_key_fingerprint):
         raise Stop(EX_USAGE, "seed records a known release: set RELEASE_TAG and RELEASE_KEY_FINGERPRINT (the tag and "

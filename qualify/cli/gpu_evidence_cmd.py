@@ -7,7 +7,6 @@ written as a probe manifest about that image: the input of `qualify merge`.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from qualify.config import targets
@@ -15,6 +14,7 @@ from qualify.config.imageref import parse_pinned
 from qualify.core import manifest
 from qualify.core.enums import Verdict
 from qualify.core.errors import ConfigError
+from qualify.core.report import emit
 
 
 def configure_parser(parser) -> None:
@@ -46,12 +46,11 @@ def execute(args) -> int:
     doc = manifest.statement(ref.name, ref.digest, predicate)
     manifest.write(args.out, doc)
     done = manifest.Manifest.from_statement(doc, str(args.out))
-    print(f"{args.out}: verdict {done.verdict}, support level {done.support_level}", file=sys.stderr)
+    emit(f"{args.out}: verdict {done.verdict}, support level {done.support_level}")
     if args.sign_key is not None:
         from qualify.release import evidence
 
-        print(f"{evidence.sign(args.out, args.sign_key)}: signed with this host's key", file=sys.stderr)
+        emit(f"{evidence.sign(args.out, evidence.host_signer(args.sign_key))}: signed with this host's key")
     else:
-        print("note: not signed (--sign-key): `qualify promote` counts only evidence an enrolled host signed",
-              file=sys.stderr)
+        emit("note: not signed (--sign-key): `qualify promote` counts only evidence an enrolled host signed")
     return 1 if done.verdict == Verdict.FAIL else 0

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from qualify.core.errors import ConfigError, printable
 from qualify.host import paths
-from qualify.release import folder
-from qualify.release import hosts as chain
-from qualify.release import records as rec
+from qualify.trust import folder
+from qualify.trust import hosts as chain
+from qualify.trust import records as rec
 
 
 def configure_parser(parser) -> None:
@@ -66,8 +66,8 @@ def execute(args) -> int:
         return 0
     from qualify.release.promote import release_signer
 
-    sign, key = release_signer(args.release_key)
-    done = chain.change(args.file, sign, key, add=_host(args) if args.action == "add" else None,
+    release, key = release_signer(args.release_key)
+    done = chain.change(args.file, release, key, add=_host(args) if args.action == "add" else None,
                         remove=args.name if args.action == "remove" else "", new_chain=args.new_chain,
                         replace=getattr(args, "replace", False))
     for note in done.notes:

@@ -72,7 +72,9 @@ def execute(args) -> int:
     else:
         sys.stdout.write(render(report))
     if report.unreadable:
-        sys.stderr.write(f"error: {len(report.unreadable)} path(s) could not be read; the census is incomplete\n")
+        from qualify.core.report import emit  # here only: the census's start-up never needs it
+
+        emit(f"error: {len(report.unreadable)} path(s) could not be read; the census is incomplete")
         return ParseError.exit_code
     return 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from qualify.config import targets
 from qualify.core.fsutil import write_atomic
+from qualify.core.report import emit
 from qualify.scaleout import k8s
 
 
@@ -33,7 +34,7 @@ def execute(args) -> int:
     text = k8s.dumps(job)
     if args.out:
         write_atomic(args.out, text)
-        print(f"[k8s] wrote {args.out}", file=sys.stderr)
+        emit(f"[k8s] wrote {args.out}")
     else:
         sys.stdout.write(text)
     return 0

@@ -6,15 +6,15 @@ The rule is the release's own (release.json's signed policy), never a targets fi
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from qualify.core.errors import ConfigError, printable
+from qualify.core.report import emit
 from qualify.host import paths
 from qualify.release import promote
-from qualify.release.order import tag_problem
-from qualify.release.records import HOSTS_FILE
 from qualify.signing import formats
+from qualify.trust.order import tag_problem
+from qualify.trust.records import HOSTS_FILE
 
 
 def configure_parser(parser) -> None:
@@ -44,20 +44,20 @@ def execute(args) -> int:
     release_dir = args.manifests / args.tag
     if not release_dir.is_dir():
         raise ConfigError(f"{release_dir}: no such release folder", hint="name a tag under manifests/")
-    sign, public = promote.release_signer(args.key)
+    release_signer, public = promote.release_signer(args.key)
     promote.check_key(public, release_dir)
     hosts_file = args.hosts or args.manifests / HOSTS_FILE
     if args.hosts is not None and not hosts_file.exists():
         raise ConfigError(f"--hosts {hosts_file}: no such file", hint="python -m qualify hosts add NAME --key HOST.pub")
     if args.allow_unsigned_evidence:
-        print("promote: WARNING: --allow-unsigned-evidence: evidence that no enrolled host signed counts; the "
-              "promotion record says so", file=sys.stderr)
+        emit("promote: WARNING: --allow-unsigned-evidence: evidence that no enrolled host signed counts; the "
+             "promotion record says so")
     evidence, skipped = formats.beside_their_files(args.evidence)
     if skipped:  # the README's `--evidence sm120.gpu-evidence.*.json` matches each record's bundle too
-        print(f"promote: skipped {len(skipped)} signature or bundle file(s) given beside their evidence records "
-              "(each record's own are read with it): " + ", ".join(printable(str(p)) for p in skipped), file=sys.stderr)
-    done = promote.promote(release_dir, args.tag, evidence, sign, public, hosts_file,
-                           args.allow_unsigned_evidence, progress=lambda m: print(printable(m), file=sys.stderr))
+        emit(f"promote: skipped {len(skipped)} signature or bundle file(s) given beside their evidence records "
+             "(each record's own are read with it): " + ", ".join(printable(str(p)) for p in skipped))
+    done = promote.promote(release_dir, args.tag, evidence, release_signer, public, hosts_file,
+                           args.allow_unsigned_evidence, progress=lambda m: emit(printable(m)))
     for p in done:
         print("\n".join(promote.summary_lines(p, args.allow_unsigned_evidence)))
     return 0

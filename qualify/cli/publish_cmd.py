@@ -9,7 +9,7 @@ from pathlib import Path
 from qualify.core.errors import ConfigError
 from qualify.publish import publish as pub
 from qualify.publish.record import tag_message_lines
-from qualify.signing.formats import read_password
+from qualify.signing import signer
 
 
 def configure_parser(parser) -> None:
@@ -17,6 +17,8 @@ def configure_parser(parser) -> None:
     parser.add_argument("--to", help=f"REGISTRY/NAMESPACE, e.g. ghcr.io/acme/blackwell (default: ${pub.DESTINATION_ENV})")
     parser.add_argument("--key", type=Path, default=Path("cosign.key"),
                         help="the release's cosign private key (password from COSIGN_PASSWORD or the terminal)")
+    parser.add_argument("--signer", choices=signer.SIGNERS, default="auto",
+                        help="auto: cosign when installed, else the built-in signer (default: %(default)s)")
     parser.add_argument("--manifests", type=Path, default=Path("manifests"), help="release folders (default: manifests)")
     parser.add_argument("--no-build-attestations", action="store_true",
                         help="attach only the qualification attestation (no SLSA provenance or SBOM)")
@@ -29,7 +31,7 @@ def execute(args) -> int:
     if not text:
         raise ConfigError("no destination registry", hint=f"pass --to REGISTRY/NAMESPACE or set {pub.DESTINATION_ENV}")
     opts = pub.PublishOptions(tag=args.tag, destination=pub.Destination.parse(text, where),
-                              release_root=args.manifests, key=args.key, password=read_password(),
+                              release_root=args.manifests, signer=signer.key_signer(args.signer, args.key),
                               attest_build=not args.no_build_attestations)
     record = pub.publish(opts).record
     if args.json:

@@ -70,14 +70,15 @@ def _print_human(o: model.ReleaseResult) -> None:
 
 
 def _registry_publish(args, opts: release.ReleaseOptions):
-    """The publish stage, composed into the release between writing its folder and tagging."""
+    """The publish stage, composed into the release between writing its folder and tagging; it signs with the
+    release's own signer (cosign or built-in, as --signer chose; the password was read once, at the key step)."""
 
-    def run():
+    def run(release_signer):
         from qualify.publish import publish, record
         from qualify.signing import formats
 
         popts = publish.PublishOptions(tag=opts.tag, destination=publish.Destination.parse(args.publish_to),
-                                       release_root=opts.out_root, key=args.key, password=formats.read_password())
+                                       release_root=opts.out_root, signer=release_signer)
         rec = publish.publish(popts).record
         path = opts.directory / record.RECORD_FILE
         written = [p.name for p in (path, formats.signature_path(path), formats.bundle_path(path)) if p.exists()]

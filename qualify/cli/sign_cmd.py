@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.fsutil import create_exclusive
+from qualify.core.report import emit
 from qualify.host import cmd
 from qualify.signing import formats, signer
 from qualify.signing import keys as cosign_keys
@@ -45,8 +45,8 @@ def _warn_if_tracked(path: Path) -> None:
     except ExternalCommandError:  # no git: nothing to warn about
         return
     if inside and not ignored:
-        print(f"warning: {path} is inside a git work tree and not ignored; add it to .gitignore "
-              "or keep it outside the repository", file=sys.stderr)
+        emit(f"warning: {path} is inside a git work tree and not ignored; add it to .gitignore "
+             "or keep it outside the repository")
 
 
 def generate_key(args) -> int:
@@ -106,11 +106,10 @@ def _signer_for(args):
             raise ConfigError(f"--identity-token {args.identity_token}: no such file",
                               hint="pass the token in a file or in SIGSTORE_ID_TOKEN, never on the command line")
         if args.identity_token is None and "SIGSTORE_ID_TOKEN" not in os.environ:
-            print("note: no SIGSTORE_ID_TOKEN or --identity-token; cosign will look for an ambient identity",
-                  file=sys.stderr)
+            emit("note: no SIGSTORE_ID_TOKEN or --identity-token; cosign will look for an ambient identity")
         from qualify.signing.cosign import CosignKeylessSigner
 
-        return CosignKeylessSigner(args.identity_token), None
+        return CosignKeylessSigner(args.identity_token)
     return signer.key_signer(args.signer, args.key)
 
 
@@ -120,14 +119,18 @@ def execute(args) -> int:
     blob = Path(args.manifest)
     if not blob.is_file():
         raise ConfigError(f"{blob}: no such manifest")
-    sign, public_key = _signer_for(args)
-    sig_out = args.signature or formats.signature_path(blob)
-    bundle_out = args.bundle or formats.bundle_path(blob)
-    done = sign.sign_file(blob, sig_out, bundle_out)
+    chosen = _signer_for(args)
+    public_key = chosen.public_key()
+    done = signer.write_signature(chosen, blob, args.signature, args.bundle)
     if public_key is not None:
-        sig = formats.decode_signature(done.signature.read_bytes())
-        if not formats.verify_bytes(public_key, blob.read_bytes(), sig):
-            raise VerificationError(f"{done.signer} made a signature that does not verify with {args.key}")
+        from qualify.trust.verify import TrustedKey, verify_blob
+
+        try:  # what was written, read back: the signature and its bundle both
+            verify_blob(TrustedKey.of_signer(chosen, str(args.key)), blob.read_bytes(), done.signature.read_bytes(),
+                        done.bundle.read_bytes(), str(blob))
+        except VerificationError as exc:
+            raise VerificationError(f"{done.signer} made a signature that does not verify with {args.key}: "
+                                    f"{exc.message}") from None
         print(f"Signed {blob} with {done.signer} (key {cosign_keys.fingerprint(public_key)})")
     else:
         print(f"Signed {blob} with {done.signer}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, List, Optional
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _REF = re.compile(
@@ -76,3 +76,18 @@ def parse_pinned(text: str, what: str, error: type = ImageRefError,
     if not ref.pinned:
         raise error(f"{what} {text!r} is not pinned by digest", hint=hint)
     return ref
+
+
+def try_parse(text: object) -> Optional[ImageRef]:
+    """`text` as a reference, or None when it is none (an engine's `<none>@<none>`, an empty value)."""
+    try:
+        return ImageRef.parse(str(text)) if text else None
+    except ImageRefError:
+        return None
+
+
+def digests_for(references: Iterable[object], name: Optional[str] = None) -> List[str]:
+    """The digests the references pin (an engine's RepoDigests), in order; only those of repository `name`
+    when it is given."""
+    refs = [try_parse(r) for r in references]
+    return [r.digest for r in refs if r is not None and r.digest and (name is None or r.name == name)]

@@ -171,6 +171,19 @@ class TargetsFile:
     build: BuildSettings = DEFAULT_BUILD
     drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # [drivers]: CUDA -> driver floor
 
+    @property
+    def pythons(self) -> Tuple[str, ...]:
+        """Every interpreter version a target's image has (the hermetic base's, each base pin's), oldest first:
+        the one place a Python version comes from (tests/test_house_rules.py)."""
+        found = {self.hermetic.python} | {t.base.python for t in self.targets.values()}
+        return tuple(sorted(found, key=lambda v: tuple(int(p) for p in v.split("."))))
+
+    @property
+    def toolkit_python(self) -> str:
+        """The interpreter the toolkit itself runs on where it installs one (a CI runner): the oldest an image
+        has, which is the hermetic base's, the toolkit's own floor (pyproject's requires-python)."""
+        return self.pythons[0]
+
     def get(self, name: str) -> Target:
         if name not in self.targets:
             raise ConfigError(

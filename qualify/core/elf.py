@@ -171,7 +171,10 @@ _SHT_CODES = {"SHT_PROGBITS": SHT_PROGBITS, "SHT_NOBITS": SHT_NOBITS}
 SECTION_READERS = {"own": section_table, "pyelftools": _section_table_pyelftools}
 
 
-ELF_READER = os.environ.get("QUALIFY_ELF_READER", "own")
+def section_reader():
+    """The section-table reader QUALIFY_ELF_READER chooses (`own`, the default, or `pyelftools`), read where
+    the census runs, not at import."""
+    return SECTION_READERS.get(os.environ.get("QUALIFY_ELF_READER", "own"), section_table)
 
 
 # Program headers: what the loader maps. Without a section table the

@@ -63,9 +63,7 @@ from qualify.core import arfile, cubin
 from qualify.core.arch import Variant
 from qualify.core.elf import (
     ELF_MAGIC,
-    ELF_READER,  # noqa: F401  (QUALIFY_ELF_READER, read where the census runs)
     EM_CUDA,
-    SECTION_READERS,
     SHF_ALLOC,
     SHF_EXECINSTR,
     SHT_NOBITS,
@@ -73,7 +71,7 @@ from qualify.core.elf import (
     ElfHeader,
     FormatError,
     Section,
-    section_table,
+    section_reader,
     segments,
 )
 from qualify.core.errors import internal_error
@@ -244,7 +242,7 @@ def _read_elf(mm: mmap.mmap, elf: ElfHeader, scan: FileScan, embedded: bool, dec
 def elf_walks(mm: mmap.mmap, elf: ElfHeader, embedded: bool) -> List[Walk]:
     """The steps that read an ELF file's containers, in file order."""
     try:
-        sections = SECTION_READERS.get(ELF_READER, section_table)(mm, elf)
+        sections = section_reader()(mm, elf)
     except (FormatError, struct.error, IndexError) as exc:
         return [_error(f"bad ELF section table: {exc}")]
     if not sections:

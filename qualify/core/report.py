@@ -23,12 +23,19 @@ from qualify.core.errors import printable
 Progress = Callable[[str], None]
 
 
+def emit(text: str, escape: bool = True, end: str = "\n") -> None:
+    """The one writer of stderr (tests/test_house_rules.py: no other module prints there): a message, an error,
+    a command's echo, its control characters escaped unless `escape` is False (a child's own output passed on)."""
+    sys.stderr.write((printable(text, newlines=True) if escape else text) + end)
+    sys.stderr.flush()
+
+
 @dataclass(frozen=True)
 class Reporter:
     stage: str  # build, qualify, probe, release, publish, ...
 
     def say(self, message: str) -> None:
-        print(f"[{self.stage}] {printable(message, newlines=True)}", file=sys.stderr, flush=True)
+        emit(f"[{self.stage}] {message}")
 
     def __call__(self, message: str) -> None:
         self.say(message)

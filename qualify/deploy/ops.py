@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from typing import Any, Dict, List
 
+from qualify.core.report import emit
 from qualify.deploy import api, preflight
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, Stop, Ui
@@ -23,7 +23,7 @@ def _show(result: cmd.Result) -> None:
     """What a tool answered, on the streams it used (status prints it for people)."""
     print(result.stdout, end="", flush=True)
     if result.stderr:
-        print(result.stderr, end="", file=sys.stderr, flush=True)
+        emit(result.stderr, escape=False, end="")
 
 
 def _section(title: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from qualify.config.imageref import ImageRef
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
 from qualify.deploy import api, choice, compose, gate, ops, preflight, state
@@ -19,8 +20,8 @@ from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import cmd, paths
 from qualify.release import evidence as ev
-from qualify.release.folder import KeyAnchor, TrustedKey
-from qualify.release.records import PUBLICATION_FILE
+from qualify.trust.records import PUBLICATION_FILE
+from qualify.trust.verify import KeyAnchor, TrustedKey
 
 HEALTH_POLL_S = 2
 PROGRESS_EVERY_S = 10
@@ -241,7 +242,7 @@ class Deploy:
                 figures["bf16_matmul_tflops"] = float(tflops)
         return ev.Evidence(
             release=trust.tag, target=self.target, capability=str(self.plan.target.capability),
-            image_reference=trust.image, image_digest="sha256:" + trust.image.split("@sha256:", 1)[1],
+            image_reference=trust.image, image_digest=ImageRef.parse(trust.image).digest or "",
             probe_sources_digest=sources,
             gpu=ev.Gpu(name=g.name, capability=g.capability, uuid_sha256=ev.hashed(g.uuid), driver=g.driver),
             host_id_sha256=ev.host_id(), time=ev.now(), outcome=outcome.outcome, reason=outcome.reason,
@@ -272,7 +273,7 @@ class Deploy:
                          "only evidence an enrolled host signed")
             return
         try:
-            sig = ev.sign(self.evidence[0], key)
+            sig = ev.sign(self.evidence[0], ev.host_signer(key))
             self.ui.say(f"GPU evidence signed with this host's key: {sig}")
         except QualifyError as exc:
             self.ui.warn(f"the evidence is not signed: {exc}")

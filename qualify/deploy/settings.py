@@ -58,7 +58,7 @@ def path_problem(value: str) -> str:
 
 def value_problems(values: Mapping[str, str]) -> list:
     """(key, problem) for every setting whose value cannot be used; checked before anything reads a path."""
-    from qualify.release.order import tag_problem
+    from qualify.trust.order import tag_problem
 
     out = [(key, f"{values[key]!r} is not a whole number") for key in INTEGERS
            if not re.fullmatch(r"[0-9]{1,9}", values[key])]

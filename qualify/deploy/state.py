@@ -30,9 +30,9 @@ from typing import Callable, Dict, Optional, Tuple
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, file_lock, write_atomic
 from qualify.core.readlimit import read_small, strict_json
-from qualify.release import highwater
-from qualify.release.order import ReleaseOrder
-from qualify.release.records import HEX, Fields, format_time
+from qualify.trust import highwater
+from qualify.trust.order import ReleaseOrder
+from qualify.trust.records import HEX, Fields, format_time
 
 STATE_FILE = "accepted-releases.json"
 SCHEMA = "https://blackwell-qualify.dev/deploy-state/v2"

@@ -7,10 +7,10 @@ to fix it and the exit code; the command prints it once and exits.
 
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
 from qualify.core.errors import EXIT_CODES, QualifyError, printable, shell_code
+from qualify.core.report import emit
 
 # The codes users rely on, from the one table in qualify/core/errors.py.
 EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK, EX_HOST, EX_INTERRUPTED = (
@@ -46,21 +46,21 @@ class Ui:
     # Every line goes through printable(): names from settings, folders and images reach these messages,
     # and a newline or an escape code in one must not forge a line or reach the terminal as a command.
     def say(self, text: str) -> None:
-        print(f"[{self.prog}] {printable(text)}", file=sys.stderr, flush=True)
+        emit(f"[{self.prog}] {printable(text)}")
 
     def warn(self, text: str) -> None:
-        print(f"[{self.prog}] WARNING: {printable(text)}", file=sys.stderr, flush=True)
+        emit(f"[{self.prog}] WARNING: {printable(text)}")
 
     def error(self, stop: Stop) -> int:
         lines = [f"[{self.prog}] ERROR: {printable(stop.what)}"] + [f"  fix: {printable(fix)}" for fix in stop.fixes]
-        print("\n".join(lines), file=sys.stderr, flush=True)
+        emit("\n".join(lines))
         return stop.code
 
     def raw(self, text: str) -> None:
         """A line of another program's output, or a check result, with control characters escaped."""
-        print(printable(text), file=sys.stderr, flush=True)
+        emit(printable(text))
 
     def banner(self, lines: Sequence[str]) -> None:
         """A box on stderr that nobody can miss."""
         body = "\n".join(f"## {printable(line)}" for line in lines)
-        print(f"\n{RULE}\n{body}\n{RULE}\n", file=sys.stderr, flush=True)
+        emit(f"\n{RULE}\n{body}\n{RULE}\n")

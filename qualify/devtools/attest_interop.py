@@ -58,7 +58,9 @@ try {
 def _sample(private_key) -> dsse.Envelope:
     stmt = mf.statement("registry.example/blackwell/sm120", "sha256:" + "ab" * 32,
                         {"schema_version": 1, "verdict": "pass", "checks": []})
-    return dsse.sign(private_key, canonical_json(stmt))
+    from qualify.signing.signer import BuiltinSigner
+
+    return dsse.sign(BuiltinSigner(private_key), canonical_json(stmt))
 
 
 def openssl_check(folder: Path, envelope: dsse.Envelope, pub: Path) -> str:

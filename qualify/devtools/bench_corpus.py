@@ -56,6 +56,7 @@ from typing import Dict, List, Optional, Tuple
 
 from qualify.core import workers
 from qualify.core.errors import ExternalCommandError, QualifyError
+from qualify.core.report import emit
 from qualify.devtools import bench_inventory as inv
 from qualify.devtools import bench_wheels
 from qualify.host.tables import table
@@ -415,7 +416,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             code = max(code, run(args.cuobjdump, site, runs, cuobjdump_runs, page_cache, wheels=not args.no_wheels))
         return code
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        emit(f"error: {exc}")
         return exc.exit_code
 
 

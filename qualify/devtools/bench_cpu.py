@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from qualify.config import targets
+from qualify.core.report import emit
 from qualify.deploy import api, compose
 from qualify.host import tables
 from qualify.host.engine import Engine
@@ -99,8 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         image.build(tf, image.BuildOptions(target="cpu", base="hermetic", engine=args.engine))
     record = image.load_record("cpu", "vllm", "hermetic")
     if record is None:
-        print("bench-cpu: no build of the cpu target here: run `nox -s build-cpu -- --base hermetic` (or --build)",
-              file=sys.stderr)
+        emit("bench-cpu: no build of the cpu target here: run `nox -s build-cpu -- --base hermetic` (or --build)")
         return 2
     engine = Engine(args.engine).check()
     size = _docker(engine, "image", "inspect", "-f", "{{.Size}}", record.image_tag).stdout.strip()

@@ -83,7 +83,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from qualify.core import census, fatbin_model, workers
 from qualify.core.arch import ArchError, CodeKind, CodeTarget
 from qualify.core.errors import ExternalCommandError, QualifyError
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 from qualify.host.tables import table
 
 REPORT = Reporter("bench")
@@ -549,7 +549,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run(Path(args.venv), args.cuobjdump, max(1, args.runs), args.site, max(1, args.cuobjdump_runs),
                    PageCache(args.page_cache))
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        emit(f"error: {exc}")
         return exc.exit_code
 
 

@@ -36,7 +36,14 @@ CACHE = inv.REPO / ".cache" / "bench-wheels"
 MAX_MEMBER = 2 << 30  # one unpacked library
 MAX_UNPACKED = 4 << 30  # all of them
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux2014_x86_64")
-PYTHON = "3.11"  # the tag of the two wheels built per interpreter; the libraries are read, never loaded
+
+
+def _python() -> str:
+    """The tag of the two wheels built per interpreter (the libraries are read, never loaded): the hermetic
+    base's interpreter, from the targets file."""
+    from qualify.config import targets
+
+    return targets.load().hermetic.python
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ def download(wheels: tuple, into: Path) -> List[Path]:
         requirements = fh.name
     try:
         argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--require-hashes",
-                "--python-version", PYTHON, "--implementation", "cp", "-d", str(into), "-r", requirements]
+                "--python-version", _python(), "--implementation", "cp", "-d", str(into), "-r", requirements]
         for platform in PLATFORMS:
             argv += ["--platform", platform]
         proc = subprocess.run(argv)

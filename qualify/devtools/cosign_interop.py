@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qualify.core import manifest
 from qualify.core.errors import ExternalCommandError, QualifyError
+from qualify.core.report import emit
 from qualify.signing import cosign, formats, signer
 from qualify.signing import keys as cosign_keys
 
@@ -35,8 +36,7 @@ def run(work: Path) -> None:
     pub.write_bytes(pair.public_pem)
     blob = manifest.write(work / "m.json", manifest.statement("example/image", "sha256:" + "a1" * 32,
                                                               {"schema_version": 1, "checks": []}))
-    signer.BuiltinSigner.from_key_file(key, PASSWORD.encode()).sign_file(
-        blob, formats.signature_path(blob), formats.bundle_path(blob))
+    signer.write_signature(signer.BuiltinSigner.from_key_file(key, PASSWORD.encode()), blob)
     req = cosign.VerifyBlobRequest(blob, signature=formats.signature_path(blob), bundle=formats.bundle_path(blob), key=pub)
     subprocess.run(cosign.verify_blob_args(version, req), check=True, stdin=subprocess.DEVNULL)
     print(f"1. cosign {version} verified the built-in signer's signature")
@@ -55,7 +55,7 @@ def main() -> int:
             run(Path(tmp))
         return 0
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        emit(f"error: {exc}")
         return exc.exit_code
 
 

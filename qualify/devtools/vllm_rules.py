@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 from qualify.config import targets
 from qualify.core.errors import ConfigError, QualifyError
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 from qualify.host import tables
 from qualify.host.engine import Engine
 from qualify.imagebuild.image import load_record
@@ -89,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{len(rows) - mismatches} of {len(rows)} choices agree")
         return 1 if mismatches else 0
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        emit(f"error: {exc}")
         return exc.exit_code
 
 

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -34,12 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional, Set
 
+from qualify.config.imageref import digests_for
 from qualify.config.targets import REPO_ROOT
 from qualify.core import killpoint, manifest
 from qualify.core.errors import QualifyError, RegistryError
 from qualify.core.fsutil import file_lock, write_atomic
 from qualify.core.report import Reporter
-from qualify.host import cleanstate, paths, skopeo, workdirs
+from qualify.host import cleanstate, cmd, paths, skopeo, workdirs
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 
@@ -127,11 +127,11 @@ def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bo
           state_dir: Optional[Path] = None, checkout: Path = REPO_ROOT) -> CleanReport:
     from qualify.host import ledger
 
-    state_dir = paths.STATE_DIR if state_dir is None else state_dir
+    state_dir = paths.state_dir() if state_dir is None else state_dir
     keep = set() if everything else released_digests(releases_dir)
     made = ledger.made(state_dir, checkout)
     mine = Mine(None, None) if everything else Mine({m.image_id for m in made},
-                                                    {m.reference.split("@", 1)[1] for m in made if "@" in m.reference})
+                                                    set(digests_for(m.reference for m in made)))
     report = CleanReport(dry_run=dry_run)
     engine_free = _free(engine.storage_root())
     _clean_images(engine, registry, keep, everything, report, mine)
@@ -155,7 +155,7 @@ def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything
         if not names:
             continue  # not named in our registry: not ours
         foreign = [t for t in info.get("RepoTags") or [] if not t.startswith(prefix) and not t.endswith(":<none>")]
-        digests = {d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if "@" in d}
+        digests = set(digests_for(info.get("RepoDigests") or []))
         hermetic = any(n.startswith(f"{registry.address}/{HERMETIC_REPOSITORY}") for n in names)
         if not hermetic and not mine.image(info["Id"], digests):
             report.other_checkouts.append(names[0])
@@ -268,8 +268,7 @@ def _collect_garbage(registry: Registry, data: Path, state_dir: Path, report: Cl
                     time.sleep(0.2)
                 killpoint.reached("clean:collecting")
                 binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
-                proc = subprocess.run([binary, "garbage-collect", str(config)], capture_output=True, text=True,
-                                      timeout=1800)
+                proc = cmd.ask([binary, "garbage-collect", str(config)], timeout=1800)
                 if proc.returncode != 0:
                     raise RegistryError(f"registry garbage-collect failed: {proc.stderr.strip()[-300:]}",
                                         hint="the registry was started again; run clean again to retry")

@@ -32,8 +32,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -44,10 +42,10 @@ from typing import IO, Callable, Dict, Iterator, List, Mapping, Optional, Sequen
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
 
-from qualify.config.imageref import ImageRef
+from qualify.config.imageref import ImageRef, digests_for
 from qualify.core import killpoint
 from qualify.core.errors import BaseImageError, BuildError, EngineError
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 from qualify.host import buildkit, cmd
 from qualify.host.progress import BuildSteps, PushProgress
 
@@ -132,11 +130,9 @@ class Engine:
             return "podman"
         if os.environ.get("DOCKER_BUILDKIT") == "0":
             return "classic"  # the user asked for the legacy builder
-        if subprocess.run([self.binary, "buildx", "version"], capture_output=True).returncode == 0:
+        if cmd.ask([self.binary, "buildx", "version"]).returncode == 0:
             return "buildx"
-        version = subprocess.run(
-            [self.binary, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True
-        ).stdout.strip()
+        version = cmd.ask([self.binary, "version", "--format", "{{.Client.Version}}"]).stdout.strip()
         major = int(version.split(".", 1)[0]) if version[:1].isdigit() else 0
         # Clients before 23.0 build with BuildKit themselves when DOCKER_BUILDKIT=1.
         return "buildkit" if 0 < major < 23 else "classic"
@@ -214,15 +210,13 @@ class Engine:
         REPORT.say("+ " + " ".join(argv))
         recent: deque = deque(maxlen=40)
         steps = BuildSteps()
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **env}, text=True, errors="replace",
-        )
+        proc = cmd.spawn(argv, stdout=cmd.PIPE, stderr=cmd.STDOUT, env={**os.environ, **env}, text=True,
+                         errors="replace")
         assert proc.stdout is not None
         for line in proc.stdout:
             recent.append(line.rstrip())
             steps.feed(line.rstrip())
-            print(log_prefix + line.rstrip(), file=sys.stderr, flush=True)
+            emit(log_prefix + line.rstrip())
         code = proc.wait()
         self.last_build_steps = dict(steps.seconds)
         if code != 0:
@@ -476,7 +470,7 @@ class Engine:
         gpus: Optional[str] = None,
         on_stderr_line: Optional[Callable[[str], None]] = None,
         init: bool = False,
-    ) -> subprocess.CompletedProcess:
+    ) -> cmd.Result:
         """Run a throw-away container; mounts are (host, container, 'ro'|'rw').
         `on_stderr_line` sees each stderr line as it is written (progress of long steps).
         `init`: the engine's init process is PID 1 (docker-init, podman's catatonit) and reaps the command's
@@ -501,10 +495,10 @@ class Engine:
         try:
             if on_stderr_line is not None:
                 return cmd.streamed(argv, timeout, on_stderr_line)
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
+            return cmd.captured(argv, timeout=timeout)
+        except cmd.TimeoutExpired:
             if name:
-                subprocess.run([self.binary, "rm", "-f", name], capture_output=True)
+                cmd.ask([self.binary, "rm", "-f", name])
             raise EngineError(f"container from {image} did not finish within {timeout:.0f} s") from None
 
     @contextlib.contextmanager
@@ -514,8 +508,7 @@ class Engine:
         cid = self._stdout([self.binary, "create", image, "true"]).strip()
         try:
             with tempfile.TemporaryFile() as err:
-                proc = subprocess.Popen([self.binary, "export", cid], stdout=subprocess.PIPE, stderr=err,
-                                        stdin=subprocess.DEVNULL)
+                proc = cmd.spawn([self.binary, "export", cid], stdout=cmd.PIPE, stderr=err)
                 try:
                     yield proc.stdout
                     proc.stdout.read()  # to its end: the exit status is then the whole export's
@@ -530,14 +523,14 @@ class Engine:
                     raise EngineError(f"{image}: cannot export its filesystem: "
                                       f"{err.read(4096).decode('utf-8', 'replace').strip()}")
         finally:
-            subprocess.run([self.binary, "rm", "-f", cid], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            cmd.ask([self.binary, "rm", "-f", cid], timeout=60)
 
     # --- helpers -----------------------------------------------------------------
 
-    def _exec(self, argv: List[str], timeout: float) -> subprocess.CompletedProcess:
+    def _exec(self, argv: List[str], timeout: float) -> cmd.Result:
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
+            proc = cmd.captured(argv, timeout=timeout)
+        except cmd.TimeoutExpired:
             raise EngineError(f"timed out after {timeout:.0f} s: {' '.join(argv)}") from None
         if proc.returncode != 0:
             raise EngineError(f"failed (exit {proc.returncode}): {' '.join(argv)}\n{(proc.stderr or proc.stdout)[-1500:]}")
@@ -557,7 +550,7 @@ class Engine:
         reference's own repository when there is one (what `name@sha256:` pins), else its id."""
         parsed = ImageRef.parse(ref)
         raw = self.inspect_raw([ref])[0]
-        own = [d.split("@", 1)[1] for d in raw.get("RepoDigests") or [] if d.split("@", 1)[0] == parsed.name]
+        own = digests_for(raw.get("RepoDigests") or [], parsed.name)
         if parsed.digest and parsed.digest in own:
             return parsed.digest
         return own[0] if own else raw["Id"]

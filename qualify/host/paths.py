@@ -2,8 +2,8 @@
 carry: the state folder's parts, a checkout's records (`build/`) and release folders (`manifests/`).
 
 Spelled once, here, so that a stage never composes `repo / "build" / "images" / ...` itself (issue 28 found
-five spellings). Functions read `STATE_DIR` when called, so one setting (QUALIFY_STATE_DIR, or a test that
-sets `paths.STATE_DIR`) moves every state path together.
+five spellings). Functions read the state folder when called (`state_dir()`), so one setting (QUALIFY_STATE_DIR,
+or a test that sets `paths.STATE_DIR`) moves every state path together.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from typing import Optional
 from qualify.config.targets import REPO_ROOT
 
 # The state folder: build contexts, wheelhouses, staged probes, the loopback registry's storage, locks.
-STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify"))
+# QUALIFY_STATE_DIR, read when a path is made (never at import: tests/test_house_rules.py); a test may set
+# STATE_DIR itself, which then wins.
+DEFAULT_STATE_DIR = Path("/var/lib/blackwell-qualify")
+STATE_DIR: Optional[Path] = None
+
+
+def state_dir() -> Path:
+    """The state folder as set now: STATE_DIR when a test set it, else QUALIFY_STATE_DIR, else the default."""
+    return Path(STATE_DIR) if STATE_DIR is not None else Path(os.environ.get("QUALIFY_STATE_DIR") or DEFAULT_STATE_DIR)
 
 # What `nox -s clean` (host/clean.py) may do with each part of the state folder; every checkout on the host
 # shares it, so clean takes only what is this checkout's or nobody's:
@@ -39,7 +47,7 @@ STATE_NEVER_REMOVED = ("checkouts", "locks", "trust")
 
 def state(*parts: str, root: Optional[Path] = None) -> Path:
     """A path in the state folder (`root`, else STATE_DIR as set now)."""
-    return Path(root if root is not None else STATE_DIR).joinpath(*parts)
+    return Path(root if root is not None else state_dir()).joinpath(*parts)
 
 
 def build_contexts(root: Optional[Path] = None) -> Path:
@@ -81,7 +89,7 @@ def work_dirs(root: Optional[Path] = None) -> Path:
 
 def never_removed(root: Optional[Path] = None) -> tuple:
     """The paths `clean` never removes, even with --all (STATE_NEVER_REMOVED, and every registry's storage)."""
-    base = Path(root if root is not None else STATE_DIR)
+    base = Path(root if root is not None else state_dir())
     return tuple(base / n for n in STATE_NEVER_REMOVED) + tuple(sorted(base.glob("registry-*")))
 
 

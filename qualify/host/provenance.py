@@ -6,19 +6,16 @@ import datetime as dt
 import hashlib
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Optional
 
 from qualify import __version__
 from qualify.config.targets import REPO_ROOT
+from qualify.host import cmd
 
 
 def _git(*args: str) -> Optional[str]:
-    try:
-        proc = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    proc = cmd.ask(["git", "-C", str(REPO_ROOT), *args], timeout=10)
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 

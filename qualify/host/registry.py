@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ from typing import Dict, Iterator, List, Optional, Set
 from qualify.core.errors import EngineError, HostError, RegistryError
 from qualify.core.fsutil import file_lock
 from qualify.core.report import Reporter
-from qualify.host import paths
+from qualify.host import cmd, paths
 
 REPORT = Reporter("registry")
 
@@ -173,9 +172,7 @@ class Registry:
         config.write_text(_CONFIG.format(root=root / "data", address=self.address))
         log = open(root / "registry.log", "ab")
         # A new session: the registry outlives the command that started it.
-        subprocess.Popen(
-            [binary, "serve", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+        cmd.spawn([binary, "serve", str(config)], stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self.answers():

@@ -1,4 +1,4 @@
-"""skopeo (containers/image) through subprocess: the registry client for
+"""skopeo (containers/image) through the runner (host/cmd.py): the registry client for
 publishing, reading manifests, tags and deletes.
 
 Credentials and trust come only from the standard places skopeo reads itself:
@@ -20,7 +20,6 @@ import re
 import select
 import shutil
 import struct
-import subprocess
 import termios
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import List, Optional, Sequence
 
 from qualify.core.errors import ExternalCommandError, RegistryError
 from qualify.core.report import Progress
+from qualify.host import cmd
 
 SKOPEO = "/usr/bin/skopeo"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # the OCI distribution spec lets registries refuse > 4 MiB
@@ -87,11 +87,10 @@ def explain(stderr: str, what: str) -> RegistryError:
 
 def _run(args: Sequence[str], what: str, timeout: float = 120, max_bytes: int = MAX_OUTPUT_BYTES) -> bytes:
     """Run skopeo; stdout up to `max_bytes` (more is an error, not a truncation)."""
-    proc = subprocess.Popen([binary(), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = cmd.spawn([binary(), *args], stdout=cmd.PIPE, stderr=cmd.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except cmd.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise RegistryError(f"{what}: skopeo did not answer within {timeout:.0f} s") from None
@@ -182,7 +181,7 @@ def copy(src: str, dst: str, *, label: str, progress: Progress, insecure_hosts: 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 240, 0, 0))
     start = time.monotonic()
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+    proc = cmd.spawn(args, stdout=slave, stderr=cmd.PIPE)
     os.close(slave)
     meter, buf, text = _Meter(label, progress), b"", []
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Iterator, List, Optional, Set, Tuple
 
 from qualify.core.fsutil import pid_alive
 from qualify.core.report import Reporter
-from qualify.host import paths
+from qualify.host import cmd, paths
 
 REPORT = Reporter("state")
 
@@ -103,12 +102,9 @@ def unmount_below(folder: Path) -> Tuple[List[str], List[str]]:
     done = []
     for point in mounts_under(folder):
         for argv in (["umount", point], ["umount", "--lazy", point]):
-            try:
-                if subprocess.run(argv, capture_output=True, timeout=60).returncode == 0:
-                    done.append(point)
-                    break
-            except (OSError, subprocess.TimeoutExpired):
-                continue
+            if cmd.ask(argv, timeout=60).returncode == 0:
+                done.append(point)
+                break
     return done, mounts_under(folder)
 
 

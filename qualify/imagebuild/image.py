@@ -90,7 +90,7 @@ class BuildRecord:
 
     @property
     def digest(self) -> str:
-        return self.image_reference.split("@", 1)[1]
+        return ImageRef.parse(self.image_reference).digest or ""
 
     def to_json(self) -> Dict[str, object]:
         return asdict(self)

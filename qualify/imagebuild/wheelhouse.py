@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import shlex
-import subprocess
 import sys
 import time
 import urllib.error
@@ -74,10 +73,8 @@ INDEX_PROBE_TIMEOUT = 10
 def pip_find_links() -> Tuple[str, ...]:
     """The find-links pip's own configuration names (`pip config list`: files and PIP_FIND_LINKS), existing
     folders only: a machine's local wheel folder (this project's build hosts keep torch's +cpu wheel there)."""
-    try:
-        done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                              timeout=PIP_CONFIG_TIMEOUT, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
+    done = cmd.ask([sys.executable, "-m", "pip", "config", "list"], timeout=PIP_CONFIG_TIMEOUT)
+    if done.returncode != 0:
         return ()
     found: List[str] = []
     for line in done.stdout.splitlines():

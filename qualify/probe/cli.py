@@ -21,7 +21,7 @@ from typing import List, Optional
 from qualify.core import fsutil, manifest
 from qualify.core.enums import Profile, Verdict
 from qualify.core.errors import QualifyError
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 from qualify.probe import runner, staged
 
 REPORT = Reporter("probe")
@@ -75,7 +75,7 @@ def execute(args, target: runner.ProbeTarget) -> int:
         REPORT.say(f"wrote {args.out}")
     else:
         sys.stdout.write(fsutil.canonical_json(doc).decode())
-    print(json.dumps({"verdict": predicate["verdict"], "support_level": predicate["support_level"]}), file=sys.stderr)
+    emit(json.dumps({"verdict": predicate["verdict"], "support_level": predicate["support_level"]}))
     return EXIT[predicate["verdict"]]
 
 
@@ -87,10 +87,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         target = probe_target(args)
     except (ValueError, TypeError) as exc:
-        print(f"error: --target-json: {exc}", file=sys.stderr)
+        emit(f"error: --target-json: {exc}")
         return 2
     try:
         return execute(args, target)
     except QualifyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        emit(f"error: {exc}")
         return exc.exit_code

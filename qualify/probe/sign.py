@@ -15,7 +15,7 @@ import base64
 import sys
 from typing import List, Optional
 
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 
 REPORT = Reporter("probe")
 
@@ -44,8 +44,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         import cryptography  # noqa: F401
     except ImportError:
-        print("error: cryptography is not staged for this interpreter (the probe bundle carries it for Python "
-              "3.11-3.13): the evidence stays unsigned", file=sys.stderr)
+        emit("error: cryptography is not staged for this interpreter (the probe bundle carries it for the "
+             "interpreters of the targets' images): the evidence stays unsigned")
         return 2
     try:
         with open(args.key, "rb") as fh:
@@ -56,7 +56,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             data = fh.read()
         signature = sign(key, data)
     except (OSError, ValueError, TypeError) as exc:
-        print(f"error: cannot sign {args.file}: {exc}", file=sys.stderr)
+        emit(f"error: cannot sign {args.file}: {exc}")
         return 2
     with open(args.file + ".sig", "wb") as fh:
         fh.write(signature)

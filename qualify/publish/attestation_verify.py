@@ -24,9 +24,9 @@ from qualify.core.readlimit import strict_json
 from qualify.host import skopeo
 from qualify.host.registry import Registry
 from qualify.publish import dsse, oci
-from qualify.release.folder import TrustedKey
-from qualify.release.records import RELEASE_STATEMENT_TYPE, ReleaseStatement
 from qualify.release.verify import check_verdict
+from qualify.trust.records import RELEASE_STATEMENT_TYPE, ReleaseStatement
+from qualify.trust.verify import TrustedKey
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 

@@ -1,5 +1,6 @@
 """DSSE v1 envelopes (secure-systems-lab/dsse envelope.md), signed with the
-release key (ECDSA P-256, the built-in signer's format).
+release key through the one Signer (signing/signer.py: `sign_dsse` over the PAE bytes), and the one
+verifier of a registry's DSSE payloads (`verify`).
 
 The signature covers the pre-authentication encoding, never the payload alone:
     PAE(type, body) = "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body
@@ -60,11 +61,12 @@ class Envelope:
         }
 
 
-def sign(private_key, payload: bytes, payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> Envelope:
-    sig = formats.sign_bytes(private_key, pae(payload_type, payload))
+def sign(signer, payload: bytes, payload_type: str = IN_TOTO_PAYLOAD_TYPE) -> Envelope:
+    """An envelope of `payload` signed by `signer` (a signing.signer.Signer)."""
+    sig = signer.sign_dsse(pae(payload_type, payload))
     # keyid: the key's fingerprint. Unsigned, so only a hint: it lets a failed check say whether
     # another key signed or the payload changed; cosign and sigstore-js do not need it.
-    return Envelope(payload_type, payload, (Signature(sig, cosign_keys.fingerprint(private_key.public_key())),))
+    return Envelope(payload_type, payload, (Signature(sig, cosign_keys.fingerprint(signer.public_key())),))
 
 
 def _b64(value: object, what: str) -> bytes:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -30,30 +29,31 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from qualify import __version__
+from qualify.config.targets import load as load_targets
 from qualify.config.targets import lock_path
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
-from qualify.core.report import Progress
+from qualify.core.report import Progress, Reporter
 from qualify.host import paths, skopeo
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import image, wheelhouse
 from qualify.publish import dsse, imagefs, oci, referrers, sbom, slsa, supersede
-from qualify.release import records as rec
-from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, VerifiedTarget, read_release
-from qualify.release.journal import release_lock, write_signed_files
 from qualify.signing import formats
-from qualify.signing import keys as cosign_keys
+from qualify.signing.signer import Signer
+from qualify.trust import records as rec
+from qualify.trust.folder import read_release
+from qualify.trust.journal import release_lock, write_signed_files
+from qualify.trust.verify import KeyAnchor, TrustedKey, VerifiedRelease, VerifiedTarget
 
 # host[:port]/namespace[/more]: lower case, as registries require.
 _DEST = re.compile(r"(?P<host>[a-z0-9.-]+(?::\d{1,5})?)(?P<ns>(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+)")
 DESTINATION_ENV = "QUALIFY_PUBLISH_TO"
 
 
-def stderr_progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+stderr_progress = Reporter("publish")
 
 
 @dataclass(frozen=True)
@@ -84,12 +84,10 @@ class PublishOptions:
     tag: str
     destination: Destination
     release_root: Path  # manifests/
-    key: Path
-    password: bytes
+    signer: Signer = field(repr=False)  # the release key's: every attestation and published.json
     docker: str = "/usr/bin/docker"
     build_dir: Path = paths.HERE.build_records
     attest_build: bool = True  # SLSA + SBOM (need the build record and the engine)
-
     @property
     def release_dir(self) -> Path:
         return self.release_root / self.tag
@@ -165,7 +163,7 @@ def release_statement(release: VerifiedRelease, img: VerifiedTarget, published: 
 
 
 def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, name: str,
-                           progress: Progress) -> List[Tuple[bytes, str]]:
+                           progress: Progress, tf=None) -> List[Tuple[bytes, str]]:
     """(statement bytes, predicateType) for the image: the qualification manifest as released with its subject
     named `name` (the published repository), the release statement that binds it to the released manifest and
     says which release (and promotion) it is, then SLSA provenance and the SBOM when the build record is here."""
@@ -179,8 +177,7 @@ def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: 
         progress(f"  {img.target}: no build record for {img.manifest.digest} in {opts.build_dir}: "
                  "no SLSA provenance or SBOM (publish from the build host to attach them)")
         return out
-    python = "3.11" if img.manifest.base_kind == "hermetic" else None
-    lock = _lock_for(img, record, python)
+    lock = _lock_for(img, record, tf if tf is not None else load_targets())
     facts = slsa.facts_from_record(record, lock, __version__)
     out.append((canonical_json(slsa.statement(name, img.manifest.digest, facts)), slsa.PREDICATE_TYPE))
     created = record.labels.get(paths.OCI_CREATED, "")
@@ -188,15 +185,20 @@ def attestation_statements(opts: PublishOptions, release: VerifiedRelease, img: 
     return out
 
 
-def _lock_for(img: VerifiedTarget, record: image.BuildRecord, python: Optional[str]) -> Path:
-    from qualify.config import targets as cfg
-
-    tf = cfg.load()
-    py = tf.get(img.target).python_for(img.manifest.base_kind, tf.hermetic) if img.target in tf.targets else python
-    lock = lock_path(img.manifest.profile, img.manifest.platform, py or "3.11")
-    label = record.labels.get(paths.LABEL_LOCK_SHA256, "")
+def _lock_for(img: VerifiedTarget, record: image.BuildRecord, tf) -> Path:
+    """The lock the image was built with, by the interpreter the targets file gives its base (never a Python
+    version of our own), checked against the build's label."""
     from qualify.core.fsutil import sha256_file
 
+    if img.target in tf.targets:
+        python = tf.get(img.target).python_for(img.manifest.base_kind, tf.hermetic)
+    elif img.manifest.base_kind == "hermetic":
+        python = tf.hermetic.python
+    else:
+        raise ConfigError(f"{img.target} is not a target of {tf.path}, so the lock its image was built with is not known",
+                          hint="check out the release's source revision and publish again")
+    lock = lock_path(img.manifest.profile, img.manifest.platform, python)
+    label = record.labels.get(paths.LABEL_LOCK_SHA256, "")
     if not lock.is_file() or (label and sha256_file(lock) != label):
         raise ConfigError(f"{lock}: not the lock {img.target} was built with (label lock.sha256 {label[:12]}...)",
                           hint="check out the release's source revision and publish again")
@@ -224,9 +226,9 @@ def push_document(doc: oci.Document, dest: str, label: str, progress: Progress, 
                     insecure_hosts=_insecure())
 
 
-def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, repo_ref: str, private_key,
-           progress: Progress) -> Attached:
-    statements = attestation_statements(opts, release, img, repo_ref, progress)
+def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, repo_ref: str, progress: Progress,
+           tf=None) -> Attached:
+    statements = attestation_statements(opts, release, img, repo_ref, progress, tf)
     att_ref = f"{repo_ref}:{oci.att_tag(img.manifest.digest)}"
     ours = release_statement(release, img, statements[0][0])
     done = supersede.plan(supersede.found(repo_ref, img.manifest.digest, release.key), statements, ours,
@@ -234,7 +236,7 @@ def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, 
     for line in done.lines(img.target, att_ref):
         progress(line)
     if done.push:
-        envelopes = [(dsse.sign(private_key, body).to_json(), ptype) for body, ptype in statements]
+        envelopes = [(dsse.sign(opts.signer, body).to_json(), ptype) for body, ptype in statements]
         push_document(oci.attestation_image([*envelopes, *done.kept]), att_ref, f"{img.target} attestations", progress)
     host, repository = repo_ref.split("/", 1)
     answer = referrers.supported(host, repository, img.manifest.digest)
@@ -245,20 +247,20 @@ def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, 
     elif not done.push:
         note = "not pushed: a newer release's attestations are there"
     else:
-        note = _push_referrers(img, repo_ref, private_key, statements, progress)
+        note = _push_referrers(img, repo_ref, opts.signer, statements, progress)
     progress(f"  {img.target}: attestations at {att_ref} ({', '.join(p for _, p in statements)}); referrers {note}")
     carried = tuple(p for _, p in done.kept if p in supersede.CARRIED) if done.push else ()
     return Attached(att_ref, tuple(p for _, p in statements) + carried, note, done)
 
 
-def _push_referrers(img, repo_ref, private_key, statements, progress) -> str:
+def _push_referrers(img, repo_ref, signer: Signer, statements, progress) -> str:
     # Not exercised here: Debian's distribution 2.8 has no referrers API.
     manifest = skopeo.inspect_raw(f"docker://{repo_ref}@{img.manifest.digest}", _insecure())
     media = json.loads(manifest).get("mediaType", oci.OCI_MANIFEST)
     subject = oci.Descriptor(media, img.manifest.digest, len(manifest))
     for body, ptype in statements:
-        envelope = dsse.sign(private_key, body)
-        bundle = formats.bundle_bytes(dsse.sigstore_bundle(envelope, private_key.public_key()))
+        envelope = dsse.sign(signer, body)
+        bundle = formats.bundle_bytes(dsse.sigstore_bundle(envelope, signer.public_key()))
         doc = oci.bundle_referrer(bundle, subject, ptype, "1970-01-01T00:00:00Z")
         push_document(doc, f"{repo_ref}@{doc.digest}", f"{img.target} referrer", progress)
     return "pushed"
@@ -293,11 +295,10 @@ def publish_index(opts: PublishOptions, cap: str, imgs: List[VerifiedTarget], pr
     return rec.PublishedIndex(cap, dest, f"{repo_ref}@{doc.digest}", tuple(i.target for i in imgs))
 
 
-def read_signed_release(opts: PublishOptions, private_key) -> VerifiedRelease:
-    """The release, verified with the public half of the key that signs the attestations: a release signed
+def read_signed_release(opts: PublishOptions) -> VerifiedRelease:
+    """The release, verified with the public half of the signer that signs the attestations: a release signed
     with another key is not published under this one."""
-    public = TrustedKey.from_bytes(cosign_keys.public_key_pem(private_key.public_key()), f"the public half of {opts.key}")
-    return read_release(opts.release_dir, KeyAnchor(trusted=public))
+    return read_release(opts.release_dir, KeyAnchor(trusted=TrustedKey.of_signer(opts.signer, "the publishing key")))
 
 
 @dataclass(frozen=True)
@@ -317,17 +318,16 @@ def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> Publi
 
 
 def _publish(opts: PublishOptions, progress: Progress) -> Published:
-    key = cosign_keys.load_private_key(formats._read(opts.key, "private key"), opts.password, what=str(opts.key))
-    formats._require_p256(key, str(opts.key))
-    release = read_signed_release(opts, key)
+    release = read_signed_release(opts)
     images = list(release.targets)  # every target the signed index lists, nothing else in the folder
+    tf = load_targets() if opts.attest_build else None  # once per publish, not once per image
     published, copies, attachments = [], {}, {}
     for img in images:
         repo_ref = opts.destination.ref(img.target)
         by_digest, dest_tag = f"{repo_ref}@{img.manifest.digest}", f"{repo_ref}:{opts.tag}"
         progress(f"[publish] {img.target}: {img.manifest.subject} -> {by_digest}")
         copied = copies[img.target] = _copy_image(img, by_digest, progress)
-        attached = attachments[img.target] = attach(opts, release, img, repo_ref, key, progress)
+        attached = attachments[img.target] = attach(opts, release, img, repo_ref, progress, tf)
         _copy_image(img, dest_tag, progress, source=by_digest)  # the version tag last: attested before it is named
         published.append(rec.PublishedImage(
             target=img.target, reference=by_digest, tag=dest_tag, digest=img.manifest.digest, source=img.manifest.subject,
@@ -337,18 +337,11 @@ def _publish(opts: PublishOptions, progress: Progress) -> Published:
     indexes = tuple(publish_index(opts, cap, imgs, progress) for cap, imgs in sorted(_groups(images).items()))
     record = rec.Publication(opts.tag, release.index_sha256, str(opts.destination), release.key.fingerprint,
                              tuple(published), indexes)
-    write_record(opts, record, key, release.key)
+    write_record(opts, record, release.key)
     return Published(record, copies, attachments)
 
 
-def write_record(opts: PublishOptions, record: rec.Publication, private_key, public: TrustedKey) -> Path:
+def write_record(opts: PublishOptions, record: rec.Publication, public: TrustedKey) -> Path:
     """published.json and its signature and bundle (cosign's blob formats), replaced together."""
-
-    def sign(path: Path) -> None:
-        data = path.read_bytes()
-        sig = formats.sign_bytes(private_key, data)
-        formats.signature_path(path).write_bytes(formats.encode_signature(sig))
-        formats.bundle_path(path).write_bytes(formats.bundle_bytes(formats.make_bundle(data, sig, public.key)))
-
-    write_signed_files(opts.release_dir, [(rec.PUBLICATION_FILE, record.to_bytes())], sign, public)
+    write_signed_files(opts.release_dir, [(rec.PUBLICATION_FILE, record.to_bytes())], opts.signer, public)
     return opts.release_dir / rec.PUBLICATION_FILE

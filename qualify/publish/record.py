@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import List
 
-from qualify.release.records import PUBLICATION_FILE as RECORD_FILE  # noqa: F401  (the CLI names it)
-from qualify.release.records import Publication, PublishedImage, PublishedIndex  # noqa: F401
+from qualify.trust.records import PUBLICATION_FILE as RECORD_FILE  # noqa: F401  (the CLI names it)
+from qualify.trust.records import Publication, PublishedImage, PublishedIndex  # noqa: F401
 
 
 def tag_message_lines(record: Publication) -> List[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
+from qualify.config.imageref import ImageRef
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError
 from qualify.host import paths
@@ -70,7 +71,8 @@ def _wheel_dependencies(lock: Path, wheels: Dict[str, str]) -> List[Dict]:
 
 
 def predicate(facts: BuildFacts) -> Dict:
-    base_name, _, base_digest = facts.base_image.partition("@")
+    base = ImageRef.parse(facts.base_image)
+    base_name, base_digest = base.tagged, base.digest or ""
     deps: List[Dict] = [
         {"uri": f"oci://{base_name}", "name": "base image", "digest": locks.digest_set(base_digest.split(":", 1)[-1])},
         {"uri": f"file:images/locks/{facts.lock.name}", "name": "lock file",

@@ -24,9 +24,9 @@ from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
 from qualify.core.readlimit import strict_json
 from qualify.publish import attestation_verify, dsse, sbom, slsa
-from qualify.release.folder import TrustedKey
-from qualify.release.order import ReleaseOrder
-from qualify.release.records import RELEASE_STATEMENT_TYPE, ReleaseStatement
+from qualify.trust.order import ReleaseOrder
+from qualify.trust.records import RELEASE_STATEMENT_TYPE, ReleaseStatement
+from qualify.trust.verify import TrustedKey
 
 RELEASE_STATEMENT_V1 = "https://blackwell-qualify.dev/release-statement/v1"
 OURS = {mf.PREDICATE_TYPE: "qualification statement", RELEASE_STATEMENT_TYPE: "release statement",

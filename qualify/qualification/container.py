@@ -16,7 +16,6 @@ of a checkout it might differ from (staging.py: private_run, copy_probe).
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 from qualify.config.targets import Target
 from qualify.core.errors import EngineError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
-from qualify.core.report import Reporter
+from qualify.core.report import Reporter, emit
 from qualify.host import paths, workdirs
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
@@ -106,7 +105,7 @@ class ProbeRun:
 def _forward_progress(line: str) -> None:
     """The probe's progress lines, shown live while it runs (a long step is not silence)."""
     if line.startswith("[probe]"):
-        print("  " + line, file=sys.stderr, flush=True)
+        emit("  " + line)
 
 
 _INTERPRETER = ("import platform, sys; print(sys.implementation.cache_tag + '-' + platform.machine(), "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from qualify.config.imageref import ImageRef, ImageRefError
+from qualify.config.imageref import ImageRef, ImageRefError, digests_for
 from qualify.config.targets import Target, TargetsFile
 from qualify.core import manifest
 from qualify.core.enums import Origin, Profile
@@ -131,7 +131,7 @@ def resolve(engine: Engine, requested: str, platform: str) -> ExternalImage:
         if raw is None:
             _pull(engine, ref.tagged, platform, requested)
             raw = _inspect(engine, ref.tagged, requested)
-        own = [d.split("@", 1)[1] for d in raw.get("RepoDigests") or [] if d.split("@", 1)[0] == ref.name]
+        own = digests_for(raw.get("RepoDigests") or [], ref.name)
         # An image built here and never pushed has no registry digest: its id is what it is.
         digest = own[0] if len(own) == 1 else raw["Id"]
         reference = f"{ref.name}@{digest}" if len(own) == 1 else raw["Id"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, TextIO
 
+from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, TargetsFile
 from qualify.core import manifest
 from qualify.core.enums import Origin, Verdict
@@ -44,7 +45,7 @@ def assemble(record: image.BuildRecord, run: ProbeRun) -> Dict[str, Any]:
     predicate["build"] = {"engine": record.engine, "builder": record.builder, "seconds": record.build_seconds}
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "source_revision": provenance.revision(),
                             "probe_sha256": run.probe_sha256}  # the digest of what was mounted
-    doc = manifest.statement(record.image_reference.split("@", 1)[0], record.digest, predicate)
+    doc = manifest.statement(ImageRef.parse(record.image_reference).tagged, record.digest, predicate)
     validate(doc)
     return doc
 

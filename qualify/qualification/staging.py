@@ -33,7 +33,7 @@ import stat
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from qualify.core import fsutil
 from qualify.core.errors import EngineError, LockError
@@ -214,7 +214,7 @@ def _unpack(wheel: Path, into: Path) -> None:
             zf.extract(info, into)
 
 
-def stage_all(platform_: str, pythons=("3.11", "3.12")) -> Path:
+def stage_all(platform_: str, pythons: Sequence[str]) -> Path:
     """A folder with the decoders for `pythons` on `platform_` (a probe bundle: the interpreter of the image
     it serves is not known when it is built)."""
     machine = next(m for m, p in MACHINES.items() if p == platform_)

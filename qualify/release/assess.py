@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
+from qualify.config.imageref import try_parse
 from qualify.core import manifest as mf
 from qualify.core.enums import Verdict
 from qualify.core.errors import EngineError, ExternalCommandError, RegistryError, ReleaseError, VerificationError
@@ -14,9 +15,9 @@ from qualify.core.readlimit import MANIFEST_LIMIT, read_small
 from qualify.core.report import Progress
 from qualify.host import paths
 from qualify.imagebuild import image
-from qualify.release import policy
 from qualify.release.model import Candidate, ReleasedTarget, ReleaseOptions, Withheld
 from qualify.release.verify import ImageResolver, match_digest
+from qualify.trust import policy
 
 
 def collect(source: Path) -> List[Candidate]:
@@ -76,12 +77,13 @@ def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[
     if reason:
         return Withheld(c.target, reason)
     reference = m.reference
-    if "@sha256:" not in reference:
+    pinned = try_parse(reference)
+    if pinned is None or not pinned.pinned:
         return Withheld(c.target, "the manifest records no image reference by digest")
     recorded = _recorded_build_digest(repo, m) if repo is not None else None
-    if recorded and recorded[1] != reference.split("@", 1)[1]:
+    if recorded and recorded[1] != pinned.digest:
         return Withheld(c.target, f"image digest check failed: the build recorded {recorded[1]} ({recorded[0]}), "
-                        f"the manifest is for {reference.split('@', 1)[1]}; re-qualify the target")
+                        f"the manifest is for {pinned.digest}; re-qualify the target")
     # By digest, never by a tag another checkout can move.
     try:
         served = resolve(reference)

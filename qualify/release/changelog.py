@@ -8,20 +8,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from qualify.core import manifest as mf
 from qualify.core.errors import VerificationError
 from qualify.release import report
-from qualify.release.folder import sha256
-from qualify.release.history import Released, _git_bytes
+from qualify.release.history import Released
 
 
-def _old_manifest(opts, previous: Released, target: str) -> Optional[Dict[str, Any]]:
-    """The predecessor's manifest of `target` from its tag, when its bytes are the ones its signed index names."""
-    entry = previous.index.entry(target)
-    tag = previous.index.tag
-    root = opts.out_root.relative_to(opts.repo).as_posix()
-    data = _git_bytes(opts.repo, "show", f"refs/tags/{tag}:{root}/{tag}/{target}.json")
-    if data is None or entry is None or sha256(data) != entry.manifest_sha256:
+def _old_manifest(previous: Released, target: str) -> Optional[Dict[str, Any]]:
+    """The predecessor's manifest of `target` as its tag holds it, verified with the rest of that release."""
+    if not previous.release.has(target):
         return None
     try:
-        return mf.parse(data, f"{tag}:{target}.json")
+        return mf.parse(previous.release.target(target).manifest_bytes, f"{previous.index.tag}:{target}.json")
     except VerificationError:
         return None
 
@@ -47,7 +42,7 @@ def changelog(opts, entries: Sequence[Any], manifests: Mapping[str, bytes], prev
         parts = [f"{what} {a} -> {b}" for what, a, b in zip(("digest", "level", "verdict"), was,
                                                            (e.digest, e.support_level, e.verdict)) if a != b]
         lines.append(f"  ~ {e.target}: " + ("; ".join(parts) or "manifest changed"))
-        old_stmt = _old_manifest(opts, previous, e.target)
+        old_stmt = _old_manifest(previous, e.target)
         if old_stmt is not None:
             changes = [c for c in report.diff(old_stmt, mf.parse(manifests[e.target], e.target))
                        if not c.startswith(("verdict:", "support_level:", "image:"))]  # in the line above

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from qualify.config.imageref import try_parse
 from qualify.core import manifest
 from qualify.core.errors import ConfigError
 from qualify.host.tables import table
@@ -52,8 +53,10 @@ class Column:
 
     @property
     def label(self) -> str:
-        name, _, digest = self.subject.partition("@")
-        return f"{name.rsplit('/', 1)[-1]}@{digest.split(':', 1)[-1][:12]}"
+        ref = try_parse(self.subject)
+        if ref is None:
+            return self.subject[:40]
+        return f"{ref.tagged.rsplit('/', 1)[-1]}@{(ref.digest or '').split(':', 1)[-1][:12]}"
 
 
 def _providers(entries: Any) -> Dict[str, str]:

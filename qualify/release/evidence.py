@@ -319,14 +319,19 @@ def _read(path: Path) -> bytes:
     return read_small(path, MAX_BYTES, "evidence file", EvidenceError)
 
 
-def sign(path: Path, key_file: Path, password: Optional[bytes] = None) -> Path:
-    """The host's own signature over the record: PATH.sig and PATH.sigstore.json beside it."""
-    from qualify.signing import formats
+def sign(path: Path, signer) -> Path:
+    """The host's own signature over the record (`signer`: a signing.signer.Signer of the host's key):
+    PATH.sig and PATH.sigstore.json beside it."""
+    from qualify.signing.signer import write_signature
+
+    return write_signature(signer, path).signature
+
+
+def host_signer(key_file: Path, password: Optional[bytes] = None):
+    """The signer of a GPU host's own key (the built-in one: a GPU host has no cosign to rely on)."""
     from qualify.signing.signer import key_signer
 
-    signer, _ = key_signer("builtin", key_file, password)
-    signer.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
-    return formats.signature_path(path)
+    return key_signer("builtin", key_file, password)
 
 
 # --- evidence from a probe Statement (qualify gpu-evidence, a Kubernetes Job, scripts/gpu-evidence.sh) -------
@@ -412,7 +417,7 @@ def signed_by(hosts, data: bytes, signature: Optional[bytes], bundle: Optional[b
     """(the enrolled host whose signature verifies `data`, "") or ("", why none does). A signature that an
     enrolled key makes, with a bundle beside it that does not hold (another file's bundle, another key), is an
     EvidenceError naming the bundle: the cause is the bundle, not who signed."""
-    from qualify.release.folder import TrustedKey, check_bundle, verify_blob
+    from qualify.trust.verify import TrustedKey, check_bundle, verify_blob
 
     if signature is None and bundle is None:
         return "", "it has no signature (.sig or .sigstore.json beside it)"

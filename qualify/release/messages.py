@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import List, Sequence
 
 from qualify.host import cmd
-from qualify.release import records as rec
 from qualify.release.gitops import existing_tag
 from qualify.release.model import ReleasedTarget, ReleaseOptions, ReleaseResult, Withheld
+from qualify.trust import records as rec
 
 INDEX_FILE = rec.INDEX_FILE
 PUBLIC_KEY_FILE = rec.PUBLIC_KEY_FILE

@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from qualify.core import manifest as mf
 from qualify.core.errors import VerificationError
-from qualify.release import records as rec
 from qualify.signing import formats
+from qualify.trust import records as rec
 
 DEFAULT_MIN_LEVEL = "unverified"
 DEFAULT_REMOTE = "origin"

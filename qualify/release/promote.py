@@ -35,26 +35,26 @@ from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import open_folder, read_small
+from qualify.core.readlimit import read_small
 from qualify.release import evidence as ev
-from qualify.release import journal
-from qualify.release import records as rec
-from qualify.release.folder import (
+from qualify.signing import formats
+from qualify.signing.signer import Signer
+from qualify.trust import journal
+from qualify.trust import records as rec
+from qualify.trust.folder import read_hosts_file, read_release
+from qualify.trust.highwater import PromoterState, RollbackError, Seen
+from qualify.trust.policy import TargetRule
+from qualify.trust.verify import (
+    EVIDENCE,
+    EVIDENCE_DIR,
     KeyAnchor,
-    Sign,
     TrustedKey,
     VerifiedHosts,
     VerifiedRelease,
     VerifiedTarget,
-    read_hosts_file,
-    read_release,
     sha256,
 )
-from qualify.release.highwater import PromoterState, RollbackError, Seen
-from qualify.release.policy import TargetRule
-from qualify.signing import formats
 
-EVIDENCE_DIR = "evidence"
 LOWER = {"optimized": "experimental", "baseline": "experimental", "experimental": "unverified"}
 
 
@@ -173,30 +173,14 @@ def _store(folder: Path, target: str, create: bool = False) -> Path:
 
 
 def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> Tuple[List[Counted], Tuple[str, ...]]:
-    """The runs the signed promotion record accepted, each file's sha256 checked; and the names of files in
-    the evidence folder it does not name (dropped in by hand, or kept by a promote killed before it signed:
-    they never count)."""
-    store = _store(release.path, vt.target)
-    listed = vt.promotion.evidence if vt.promotion else ()
+    """The runs the signed promotion record accepted (the verified release carries their files, each
+    sha-checked: trust/verify.py), parsed; and the names of files in the evidence folder it does not name
+    (dropped in by hand, or kept by a promote killed before it signed: they never count)."""
     out = []
-    present: List[str] = []
-    if listed or store.is_dir():
-        with open_folder(store, "evidence folder", ev.EvidenceError,
-                         missing_hint="restore the release folder's evidence/ from where it was promoted") as f:
-            for e in listed:
-                name = f"{e.sha256}.json"
-                data = f.read(name, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
-                              missing_hint="restore the release folder's evidence/ from where it was promoted")
-                if sha256(data) != e.sha256:
-                    raise ev.EvidenceError(f"{store / name}: not the evidence the signed promotion record accepted "
-                                           "(sha256 differs)",
-                                           hint="restore the release folder's evidence/ from where it was promoted")
-                record = ev.from_bytes(data, release.tag, str(store / name))
-                out.append(Counted(record, e.sha256, e.host, ev.record_identity(record), _outcome(record, rule)))
-            present = [n for n in f.names(ev.EvidenceError)
-                       if n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX)]
-    names = {f"{e.sha256}.json" for e in listed}
-    return out, tuple(n for n in present if n not in names)
+    for a in vt.accepted:
+        record = ev.from_bytes(a.data, release.tag, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.sha256}.json")
+        out.append(Counted(record, a.sha256, a.host, ev.record_identity(record), _outcome(record, rule)))
+    return out, vt.unlisted
 
 
 def _outcome(record: ev.Evidence, rule: TargetRule) -> ev.Outcome:
@@ -210,7 +194,7 @@ def _seen(release: VerifiedRelease, vt: VerifiedTarget) -> Seen:
 
 def _floor(marks: PromoterState, key: TrustedKey):
     """A journal's view of the folder must not be older than what this host saw (journal.release_check)."""
-    from qualify.release.highwater import problem
+    from qualify.trust.highwater import problem
 
     def floor(release: VerifiedRelease) -> str:
         mark = marks.keys.get(key.fingerprint)
@@ -252,7 +236,7 @@ def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[
     return vh
 
 
-def promote(folder: Path, tag: str, files: Sequence[Path], sign: Sign, release_key: TrustedKey,
+def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, release_key: TrustedKey,
             hosts_file: Optional[Path], allow_unsigned: bool = False, now: Optional[dt.datetime] = None,
             progress=lambda m: None, state: Optional[Path] = None) -> List[Promoted]:
     """Apply the release's signed rule to the release in `folder` for every target the evidence names."""
@@ -262,7 +246,7 @@ def promote(folder: Path, tag: str, files: Sequence[Path], sign: Sign, release_k
         check = journal.release_check(folder, release_key, _floor(marks, release_key))
         for note in journal.recover_journals(folder, check):
             progress(f"recovered: {note}" if not note.startswith("LEFT") else note)
-        release = read_release(folder, KeyAnchor(trusted=release_key))
+        release = read_release(folder, KeyAnchor(trusted=release_key), through=EVIDENCE)
         if release.tag != tag:
             raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
         for vt in release.targets:
@@ -279,7 +263,7 @@ def promote(folder: Path, tag: str, files: Sequence[Path], sign: Sign, release_k
             vt = release.target(record.target)
             check_binding(record, vt.manifest, release.rule(record.target), release.index, str(path), now)
             by_target.setdefault(record.target, []).append(signed)
-        return [_promote_target(release, release.target(t), new, sign, allow_unsigned, hosts, marks)
+        return [_promote_target(release, release.target(t), new, signer, allow_unsigned, hosts, marks)
                 for t, new in sorted(by_target.items())]
 
 
@@ -325,7 +309,7 @@ def _new_runs(new: List[ev.Signed], old: Sequence[Counted], rule: TargetRule) ->
     return list(chosen.values())
 
 
-def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], sign: Sign,
+def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], signer: Signer,
                     allow_unsigned: bool, hosts: Optional[VerifiedHosts], marks: PromoterState) -> Promoted:
     folder, target, rule = release.path, vt.target, release.rule(vt.target)
     old, ignored = accepted(release, vt, rule)
@@ -359,7 +343,7 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         kept = rec.history_file(target, previous)
         files.append((kept, vt.promotion_bytes))
         replaces[kept] = None
-    journal.write_signed_files(folder, files, sign, release.key, replaces)
+    journal.write_signed_files(folder, files, signer, release.key, replaces)
     new_seen = replace(_seen(release, vt), promotion=previous + 1, promotion_sha256=sha256(record.to_bytes()),
                        manifest_sha256=sha256(manifest))
     marks.observe_release(release.key.fingerprint, new_seen, f"release folder {folder}")
@@ -367,20 +351,15 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
     return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken, rule=rule)
 
 
-def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
-    """Signs with the release key (cosign when installed, else the built-in signer), as a release does:
-    `sign(path)` writes PATH.sig and PATH.sigstore.json; and the key's public half."""
-    from qualify.signing import keys as cosign_keys
+def release_signer(key_file: Path) -> Tuple[Signer, TrustedKey]:
+    """The release key's signer (cosign when installed, else the built-in signer; the password read once) and
+    the key's public half, which the release's own key must be."""
     from qualify.signing.signer import key_signer
 
     if not key_file.is_file():
         raise ConfigError(f"{key_file}: release key not found", hint="pass --key with the key the release was signed with")
-    signer, public = key_signer("auto", key_file)
-
-    def sign(path: Path) -> None:
-        signer.sign_file(path, formats.signature_path(path), formats.bundle_path(path))
-
-    return sign, TrustedKey.from_bytes(cosign_keys.public_key_pem(public), f"the public half of {key_file}")
+    signer = key_signer("auto", key_file)
+    return signer, TrustedKey.of_signer(signer, f"the public half of {key_file}")
 
 
 def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:

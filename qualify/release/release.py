@@ -37,26 +37,18 @@ tagged, pushed and uploaded.
 from __future__ import annotations
 
 import glob
-import os
 import re
 import shutil
-import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from qualify.core import killpoint
 from qualify.core import manifest as mf
-from qualify.core.errors import QualifyError, ReleaseError, VerificationError
-from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
-from qualify.core.report import Progress
-from qualify.release import changelog, history, policy
-from qualify.release import records as rec
+from qualify.core.errors import QualifyError, ReleaseError
+from qualify.core.report import Progress, Reporter
+from qualify.release import changelog, history, install
 from qualify.release.assess import assess_all, collect
-from qualify.release.folder import RECORD_LIMIT, TrustedKey, removable_by_force, sha256, verify_blob
 from qualify.release.gitops import (
     create_tag,
     existing_tag,
@@ -66,7 +58,6 @@ from qualify.release.gitops import (
     release_tree,
     tracked_under,
 )
-from qualify.release.journal import release_lock
 from qualify.release.messages import dry_run_lines, tag_message  # noqa: F401 (dry_run_lines: the CLI's)
 from qualify.release.model import (
     Candidate,
@@ -76,22 +67,26 @@ from qualify.release.model import (
     StepResult,
     Withheld,
 )
-from qualify.release.order import SEMVER, tag_problem
-from qualify.release.policy import ReleasePolicy
 from qualify.release.upload import create_command, push, push_command, upload, upload_command
 from qualify.release.verify import ImageResolver, registry_digest
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
+from qualify.signing.signer import Signer
+from qualify.trust import policy
+from qualify.trust import records as rec
+from qualify.trust.journal import release_lock
+from qualify.trust.order import SEMVER, tag_problem
+from qualify.trust.policy import ReleasePolicy
+from qualify.trust.sources import GitObjects
+from qualify.trust.verify import KeyAnchor, TrustedKey, sha256
 
 INDEX_FILE = rec.INDEX_FILE
 PUBLIC_KEY_FILE = rec.PUBLIC_KEY_FILE
 _DIRTY = "-dirty"
 
-SignerFactory = Callable[[], Tuple[Any, Any]]  # -> (signer with sign_file, public key)
+SignerFactory = Callable[[], Signer]  # the key step: loads the key and checks its password, once
 
-
-def stderr_progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+stderr_progress = Reporter("release")
 
 
 # --- 1. tag -------------------------------------------------------------------
@@ -152,28 +147,38 @@ def check_tag(opts: ReleaseOptions) -> str:
     return f"{opts.tag}" + (" (exists; --force moves it)" if found else "")
 
 
+def _committed_anchor(opts: ReleaseOptions) -> KeyAnchor:
+    """The repository's committed cosign.pub, when it has one (the release key, check_committed_key); else the
+    key in the tagged folder itself, which proves only that the tag's files hold together."""
+    committed = opts.repo / PUBLIC_KEY_FILE
+    try:
+        return KeyAnchor(trusted=TrustedKey.read(committed, ReleaseError)) if committed.is_file() else KeyAnchor()
+    except QualifyError:
+        return KeyAnchor()
+
+
 def _differs_from_tag(opts: ReleaseOptions) -> str:
     """Why the release the tag holds is not the one build/manifests would make ("" when it is the same:
-    a re-run after an interruption, which resumes). Read before any key is asked for; the resumed run's
-    commit is then compared tree for tree with the tag's (`_commit_or_resume`)."""
-    from qualify.release.history import _git_bytes
-
+    a re-run after an interruption, which resumes). The tagged release is verified as a whole (one
+    `git cat-file --batch`, the one verifier), before any key is asked for; the resumed run's commit is then
+    compared tree for tree with the tag's (`_commit_or_resume`)."""
     root = opts.out_root.relative_to(opts.repo).as_posix()
-    data = _git_bytes(opts.repo, "show", f"refs/tags/{opts.tag}:{root}/{opts.tag}/{INDEX_FILE}")
-    if data is None:
-        return f"its commit has no {root}/{opts.tag}/{INDEX_FILE}"
     try:
-        index = rec.ReleaseIndex.parse(data, f"{opts.tag}:{INDEX_FILE}", ReleaseError)
-    except ReleaseError as exc:
-        return exc.message
-    tagged = {e.target: e.manifest_sha256 for e in index.targets}
+        with GitObjects(opts.repo) as objects:
+            tagged = history.tagged_release(objects, root, opts.tag, _committed_anchor(opts))
+    except QualifyError as exc:
+        return f"its release does not verify: {exc.message}"
+    if tagged is None:
+        return f"its commit has no {root}/{opts.tag}/{INDEX_FILE}"
+    index = tagged.index
+    tagged_sha = {e.target: e.manifest_sha256 for e in index.targets}
     withheld = {t for t, _ in index.withheld}  # withheld again or not: the commit's tree decides later
     try:
         here = {c.target: sha256(c.data) for c in collect(opts.source) if c.target not in withheld}
     except ReleaseError as exc:
         return exc.message
-    if here != tagged:
-        changed = sorted(t for t in set(here) | set(tagged) if here.get(t) != tagged.get(t))
+    if here != tagged_sha:
+        changed = sorted(t for t in set(here) | set(tagged_sha) if here.get(t) != tagged_sha.get(t))
         return f"other manifests for {', '.join(changed)}"
     return ""
 
@@ -230,44 +235,6 @@ def source_revision(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> 
 # --- 6. sign ------------------------------------------------------------------
 
 
-def _reuse_signature(dest: Path, name: str, data: bytes, key: TrustedKey, staging: Path) -> bool:
-    """Keep a signature from an interrupted run when it still verifies the same bytes.
-
-    cosign's ECDSA signatures are randomised, so re-signing would make a
-    re-run's files differ from the first run's for no reason.
-    """
-    old = dest / name
-    old_sig, old_bundle = formats.signature_path(old), formats.bundle_path(old)
-    if not all(p.is_file() and not p.is_symlink() for p in (old, old_sig, old_bundle)):
-        return False
-    try:
-        if read_small(old, MANIFEST_LIMIT, "release file", VerificationError) != data:
-            return False
-        signature = read_small(old_sig, SIGNATURE_LIMIT, "signature", VerificationError)
-        bundle = read_small(old_bundle, BUNDLE_LIMIT, "bundle", VerificationError)
-        verify_blob(key, data, signature, bundle, str(old))
-    except QualifyError:
-        return False
-    formats.signature_path(staging / name).write_bytes(signature)
-    formats.bundle_path(staging / name).write_bytes(bundle)
-    return True
-
-
-def sign_staged(name: str, data: bytes, staging: Path, dest: Path, sign, key: TrustedKey, force: bool = False) -> str:
-    """Sign one file into staging; an interrupted run's valid signature is kept, unless --force (re-sign)."""
-    blob = write_atomic(staging / name, data)
-    if not force and _reuse_signature(dest, name, data, key, staging):
-        return "kept the existing signature"
-    done = sign.sign_file(blob, formats.signature_path(blob), formats.bundle_path(blob))
-    # Whatever signed it, the release only ships what our own verifier accepts (signature and bundle).
-    try:
-        verify_blob(key, data, done.signature.read_bytes(), formats.bundle_path(blob).read_bytes(), name)
-    except VerificationError as exc:
-        raise ReleaseError(f"{done.signer} made a signature for {name} that does not verify with the key: "
-                           f"{exc.message}") from None
-    return f"signed with {done.signer}"
-
-
 def check_committed_key(opts: ReleaseOptions, key: TrustedKey) -> None:
     """The repository's committed cosign.pub (generate-key says to commit it) is the release key: a release
     signed with another key is refused before anything is signed."""
@@ -301,7 +268,7 @@ def release_policy(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> R
 def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],
                   key: TrustedKey, files: Dict[str, bytes], dirty: Sequence[str], sequence: int,
                   predecessor: Optional[rec.Predecessor], time_: str) -> rec.ReleaseIndex:
-    from qualify.release.folder import released_files
+    from qualify.trust.folder import released_files
 
     return rec.ReleaseIndex(policy=release_policy(opts, entries),
         tag=opts.tag, sequence=sequence, time=time_, source_revision=revision, min_level=opts.min_level,
@@ -311,101 +278,16 @@ def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTar
         dirty_allowed=opts.allow_dirty)
 
 
-def verified_index(dest: Path, key: TrustedKey) -> Optional[rec.ReleaseIndex]:
-    """The release.json already in `dest`, verified with the release key; None when there is none.
-    An index that does not verify is an error: `--force` removes only what a verified release wrote."""
-    path = dest / INDEX_FILE
-    if not path.exists() and not path.is_symlink():
-        return None
-    try:
-        data = read_small(path, RECORD_LIMIT, "release index", VerificationError)
-        verify_blob(key, data, read_small(formats.signature_path(path), SIGNATURE_LIMIT, "signature", VerificationError),
-                    None, str(path))
-        return rec.ReleaseIndex.parse(data, str(path))
-    except QualifyError as exc:
-        raise ReleaseError(f"{path} does not verify with the release key, so nothing it lists is removed: "
-                           f"{exc.message}",
-                           hint=f"look at {dest} and remove it by hand if it is not a release you made") from None
-
-
-# --- 7. write -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class InstallPlan:
-    new: List[str]
-    same: List[str]
-    differ: List[str]
-    extra: List[str]  # in the release folder, not in this release
-    removable: List[str]  # extras an earlier release recorded as its own
-
-    @property
-    def untouchable(self) -> List[str]:
-        return [n for n in self.extra if n not in self.removable]
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    return a.is_file() and not a.is_symlink() and a.stat().st_size == b.stat().st_size and \
-        a.read_bytes() == b.read_bytes()
-
-
-def plan_install(staging: Path, dest: Path, key: TrustedKey, force: bool) -> InstallPlan:
-    staged = sorted(p.name for p in staging.iterdir())
-    present = sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) if dest.is_dir() else []
-    new = [n for n in staged if n not in present]
-    same = [n for n in staged if n in present and _same_file(dest / n, staging / n)]
-    differ = [n for n in staged if n in present and n not in same]
-    extra = [n for n in present if n not in staged]
-    recorded = removable_by_force(verified_index(dest, key)) if force and (differ or extra) else []
-    removable = [n for n in extra if n in recorded and (dest / n).is_file() and not (dest / n).is_symlink()]
-    return InstallPlan(new, same, differ, extra, removable)
-
-
-def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[str]:
-    if (plan.differ or plan.extra) and not force:
-        raise ReleaseError(
-            f"{dest} already holds other files: "
-            + "; ".join(filter(None, [plan.differ and f"differ: {', '.join(plan.differ)}",
-                                      plan.extra and f"not in this release: {', '.join(plan.extra)}"])),
-            hint="pass --force to overwrite the release's own files (files no release wrote are left alone)",
-        )
-    if not dest.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(staging, dest)  # one atomic step: the folder appears whole
-        return plan.new
-    for name in plan.removable:
-        (dest / name).unlink()
-    index_files = (INDEX_FILE + formats.SIGNATURE_SUFFIX, INDEX_FILE + formats.BUNDLE_SUFFIX, INDEX_FILE)
-    moving = [n for n in plan.new + plan.differ if n not in index_files]
-    moving += [n for n in index_files if n in plan.new + plan.differ]  # the index last: present means complete
-    for name in moving:
-        os.replace(staging / name, dest / name)
-    return moving
-
-
-# --- 9. tag -------------------------------------------------------------------
-
-
 # --- orchestration ------------------------------------------------------------
 
 
-def _staging_prefix(tag: str) -> str:
-    return f"release-{tag}.staging-"
-
-
-def _staging_root(opts: ReleaseOptions) -> Path:
-    """Inside the repository's git folder: outside the work tree (git status never sees it) and on the
-    same file system as manifests/, so the finished folder is renamed into place in one step."""
-    git_dir = Path(git(opts.repo, "rev-parse", "--absolute-git-dir").stdout.strip())
-    return git_dir / "qualify-staging"
-
-
 def _remove_stale_staging(opts: ReleaseOptions) -> None:
-    """Staging folders left by a killed run of this release; they never hold anything released. Older
-    toolkits staged beside manifests/ in the work tree: those go too."""
-    for parent in (_staging_root(opts), opts.out_root.parent):
-        for stale in glob.glob(str(parent / (glob.escape(_staging_prefix(opts.tag)) + "*"))) + \
-                glob.glob(str(parent / ("." + glob.escape(_staging_prefix(opts.tag)) + "*"))):
+    """Staging folders older toolkits left (in the git folder, or beside manifests/ in the work tree); they
+    never hold anything released. This toolkit stages in a journal inside the release folder (install.py)."""
+    git_dir = Path(git(opts.repo, "rev-parse", "--absolute-git-dir").stdout.strip())
+    prefix = glob.escape(f"release-{opts.tag}.staging-")
+    for parent in (git_dir / "qualify-staging", opts.out_root.parent):
+        for stale in glob.glob(str(parent / (prefix + "*"))) + glob.glob(str(parent / ("." + prefix + "*"))):
             shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -433,9 +315,9 @@ def _files_for_upload(opts: ReleaseOptions, names: Sequence[str]) -> List[str]:
     return [f"{opts.folder}/{n}" for n in names]
 
 
-# Publishing to a registry, composed in by the CLI (qualify/publish; stages do not call each other):
-# () -> (lines for the tag message, files it wrote into the release folder).
-RegistryPublish = Callable[[], Tuple[List[str], List[str]]]
+# Publishing to a registry, composed in by the CLI (qualify/publish; stages do not call each other): it signs
+# with the release's own signer (the password is read once) -> (tag message lines, files it wrote).
+RegistryPublish = Callable[[Signer], Tuple[List[str], List[str]]]
 
 
 def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: ImageResolver = registry_digest,
@@ -452,8 +334,8 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     # A dry run checks the key and its password too, as it promises: a run that would fail there says so now.
     signer = steps.run("key", "load the signing key and check its password" + (" (--dry-run: nothing is signed)"
                                                                                 if opts.dry_run else ""),
-                       make_signer, lambda s: cosign_keys.fingerprint(s[1]))
-    key = TrustedKey.from_bytes(cosign_keys.public_key_pem(signer[1]), "the release key")
+                       make_signer, lambda s: cosign_keys.fingerprint(s.public_key()))
+    key = TrustedKey.of_signer(signer, "the release key")
     check_committed_key(opts, key)
     candidates = collect(opts.source)
     by_target = {c.target: c for c in candidates}
@@ -477,16 +359,16 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
             steps.skip(name, "--dry-run")
         outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, "<sha256>", changes)
         return outcome
-    sign, _ = signer
     when = history.source_time(opts.repo, outcome.source_revision)
     with release_lock(opts.directory):  # one writer of the folder at a time (release, promote, publish)
-        index_sha = _write(opts, outcome, steps, candidates, sign, key, sequence, predecessor, when)
+        index_sha = _write(opts, outcome, steps, candidates, signer, key, sequence, predecessor, when)
     published: List[str] = []
     if registry_publish is None:
         steps.skip("registry", "no --publish-to: the images stay where they were built")
     else:
         published, extra = steps.run("registry", "copy the images by digest, with their attestations, to the registry",
-                                     registry_publish, lambda r: f"{len(r[1])} file(s) written")
+                                     lambda: registry_publish(signer), lambda r: f"{len(r[1])} file(s) written")
+        killpoint.reached("release:published")
         outcome.files = sorted(set(outcome.files) | set(extra))
     outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, index_sha,
                                       [*changes, *([""] if changes and published else []), *published])
@@ -515,66 +397,79 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
 
 def _commit_or_resume(opts: ReleaseOptions, outcome: ReleaseResult, tagged: Optional[str]) -> str:
     """The release commit; for a resumed release, the tag's own commit, when it holds exactly this tree on
-    this parent (else the release is another one: refused, nothing moved)."""
+    this parent (else the release is another one: refused, nothing moved). A publication record bound to this
+    release but published after the tag was made is in the folder, not in the tag's commit: that commit is
+    still this release's."""
     if not tagged:
         return release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message)
     commit = git(opts.repo, "rev-parse", f"refs/tags/{opts.tag}^{{commit}}").stdout.strip()
-    want_tree = release_tree(opts, outcome.source_revision, outcome.files)
     have_tree = git(opts.repo, "rev-parse", f"{commit}^{{tree}}").stdout.strip()
     parent = git(opts.repo, "rev-parse", f"{commit}^", check=False).stdout.strip()
-    if (have_tree, parent) != (want_tree, outcome.source_revision):
-        raise ReleaseError(f"tag {opts.tag} already exists and its commit {commit[:12]} holds other files than this "
-                           "release writes; a release never moves a tag",
-                           hint="choose a new tag, or pass --force to move it")
-    return commit
+    without = [n for n in outcome.files if n not in install.PUBLICATION_FILES]
+    for files in (outcome.files, without) if without != outcome.files else (outcome.files,):
+        if (have_tree, parent) == (release_tree(opts, outcome.source_revision, files), outcome.source_revision):
+            if files is without:
+                outcome.recovered.append(f"{rec.PUBLICATION_FILE} (bound to this release) was published after tag "
+                                         f"{opts.tag} was made: it is kept in {opts.folder}/, the tag's commit left")
+            return commit
+    raise ReleaseError(f"tag {opts.tag} already exists and its commit {commit[:12]} holds other files than this "
+                       "release writes; a release never moves a tag", hint="choose a new tag, or pass --force to move it")
 
 
-def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], sign,
+def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], signer: Signer,
            key: TrustedKey, sequence: int, predecessor: Optional[rec.Predecessor], when: str) -> str:
-    """Stage, sign and install the release folder; the sha256 of the release.json it holds."""
+    """Sign and write the release folder through the one writer (install.py); the sha256 of its release.json."""
     by_target = {c.target: c for c in candidates}
-    # Staged outside the work tree and outside manifests/ (deploy lists manifests/ for releases, and a
-    # half-made folder there must never look like one), on the same file system so the install renames.
-    staging_parent = _staging_root(opts)
-    staging_parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(opts.tag), dir=str(staging_parent)))
+    dest = opts.directory
+    entries = {(e.target, sha256(by_target[e.target].data)) for e in outcome.released}
+
+    def mine(view) -> bool:
+        return install.identity(view)[1:] == (sequence, tuple(sorted(entries)))
+
+    for note in install.recover(dest, key, mine):
+        steps.progress(f"  {note}")
+        if not note.startswith("LEFT"):
+            outcome.recovered.append(note)
+    found = install.before(dest, key)
+    write = install.open_write(dest, signer, key)
     index_sha = ""
     try:
         def stage() -> None:
             nonlocal index_sha
-            files: Dict[str, bytes] = {PUBLIC_KEY_FILE: key.pem}
-            write_atomic(staging / PUBLIC_KEY_FILE, key.pem)
-            for e in outcome.released:
-                data = by_target[e.target].data
-                how = sign_staged(e.manifest_file, data, staging, opts.directory, sign, key, opts.force)
-                steps.progress(f"  {e.target}: {how}")
-                for name in e.files:
-                    files[name] = (staging / name).read_bytes()
+            listed = [(PUBLIC_KEY_FILE, key.pem, False, PUBLIC_KEY_FILE)]
+            listed += [(e.manifest_file, by_target[e.target].data, True, e.target) for e in outcome.released]
+            files = dict(install.stage(write, listed, found, opts.force, steps.progress))
             index = release_index(opts, outcome.source_revision, outcome.released, outcome.withheld, key, files,
                                   outcome.dirty, sequence, predecessor, when)
             data = index.to_bytes()
-            how = sign_staged(INDEX_FILE, data, staging, opts.directory, sign, key, opts.force)
-            steps.progress(f"  {INDEX_FILE} (sequence {sequence}"
-                           + (f", after {predecessor.tag}" if predecessor else ", the first release") + f"): {how}")
+            label = f"{INDEX_FILE} (sequence {sequence}" + (f", after {predecessor.tag}" if predecessor else
+                                                            ", the first release") + ")"
+            install.stage(write, [(INDEX_FILE, data, True, label)], found, opts.force, steps.progress)
             index_sha = sha256(data)
 
         steps.run("sign", f"sign {len(outcome.released)} manifest(s) and the release index", stage, lambda _: "")
 
-        def write() -> InstallPlan:
-            plan = plan_install(staging, opts.directory, key, opts.force)
-            outcome.written = install(staging, opts.directory, plan, opts.force)
+        def do_write() -> install.Plan:
+            plan = install.plan(write, dest, found, index_sha, opts.force)
+            outcome.written = install.install(write, dest, plan, opts.force)
             outcome.unchanged = plan.same
             outcome.removed = plan.removable if opts.force else []
             outcome.left_untouched = plan.untouchable
             return plan
 
-        steps.run("write", f"write {opts.directory}", write,
-                  lambda p: f"{len(outcome.written)} written, {len(p.same)} unchanged"
-                  + (" (already there, identical: written by an earlier run)" if p.same and not p.differ else "")
-                  + (f", left untouched (no release wrote them): {', '.join(p.untouchable)}" if p.untouchable else ""))
-        if plan_same := outcome.unchanged:
-            outcome.recovered.append(f"{len(plan_same)} file(s) of {opts.folder}/ were already written, identical")
-        killpoint.reached("release:written")
+        plan = steps.run("write", f"write {dest}", do_write,
+                         lambda p: f"{len(outcome.written)} written, {len(p.same)} unchanged"
+                         + (" (already there, identical: written by an earlier run)" if p.same and not p.differ else "")
+                         + (f", kept: {', '.join(p.kept)} (bound to this release)" if p.kept else "")
+                         + (f", left untouched (no release wrote them): {', '.join(p.untouchable)}"
+                            if p.untouchable else ""))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        write.abandon()
+    if outcome.unchanged:
+        outcome.recovered.append(f"{len(outcome.unchanged)} file(s) of {opts.folder}/ were already written, identical")
+    if plan.kept:
+        outcome.recovered.append(f"{rec.PUBLICATION_FILE} in {opts.folder}/ is bound to this release (a publish "
+                                 "since, or an interrupted --publish-to): kept as part of it")
+        outcome.files = sorted(set(outcome.files) | set(plan.kept))
+    killpoint.reached("release:written")
     return index_sha

@@ -139,15 +139,14 @@ def staged(root: Path) -> Dict[str, str]:
     """Sums of the release inputs as git's index holds them: exactly what the next commit records, whatever the
     work tree holds besides (a half-staged edit, an untracked file). One `git cat-file --batch` reads them."""
     import hashlib
-    import subprocess
 
     root = Path(root)
     out = cmd.call(["git", "ls-files", "-z", "--cached"], cwd=str(root)).stdout
     names = sorted(n for n in out.split("\0") if n and is_release_input(n) and n != SUMS_FILE)
     if not names:
         return {}
-    proc = subprocess.run(["git", "cat-file", "--batch"], cwd=root, capture_output=True, timeout=300,
-                          input="".join(f":{n}\n" for n in names).encode())
+    proc = cmd.output(["git", "cat-file", "--batch"], cwd=str(root), timeout=300,
+                      input_bytes="".join(f":{n}\n" for n in names).encode())
     if proc.returncode != 0:
         raise ExternalCommandError(f"git cat-file --batch failed: {proc.stderr.decode(errors='replace')[-300:]}")
     data, pos, sums = proc.stdout, 0, {}

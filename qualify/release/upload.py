@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+from qualify.core import killpoint
 from qualify.core.errors import ExternalCommandError, ReleaseError
 from qualify.core.report import Progress
 from qualify.host import cmd
@@ -18,6 +19,7 @@ def push_command(opts) -> List[str]:
 def push(opts) -> str:
     if not opts.push:
         return "not pushed (pass --push, or run the command)"
+    killpoint.reached("release:pushing")
     try:
         cmd.call(push_command(opts), cwd=str(opts.repo), timeout=300)
     except ExternalCommandError as exc:

@@ -26,9 +26,10 @@ from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small
-from qualify.release import folder as release_folder
-from qualify.release.folder import KeyAnchor, TrustedKey, check_bundle, read_release, verify_blob
 from qualify.signing import formats
+from qualify.trust import folder as release_folder
+from qualify.trust.folder import read_release
+from qualify.trust.verify import KeyAnchor, TrustedKey, check_bundle, verify_blob
 
 ImageResolver = Callable[[str], str]
 

@@ -9,18 +9,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
+from qualify.config.imageref import try_parse
 from qualify.config.targets import TargetsFile
 from qualify.core.errors import EngineError, RegistryError
 from qualify.core.fsutil import sha256_file
 from qualify.core.report import Reporter
-from qualify.host import paths, provenance
+from qualify.host import cmd, paths, provenance
 from qualify.host.engine import BuildRequest, Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import hermetic, image, rootfs
@@ -276,10 +276,9 @@ def _diffoci(ref_a: str, ref_b: str) -> str:
     if binary is None:
         return ("diffoci: not found on PATH (it cannot be installed on this host); the file report below is "
                 "qualify's own tar comparison")
-    if "@" not in ref_a or "@" not in ref_b:
+    if not all(r is not None and r.pinned for r in (try_parse(ref_a), try_parse(ref_b))):
         return "diffoci: the images were not pushed, so it has nothing to pull; qualify's own report follows"
-    proc = subprocess.run([binary, "diff", ref_a, ref_b], capture_output=True, text=True, timeout=1800,
-                          stdin=subprocess.DEVNULL)
+    proc = cmd.ask([binary, "diff", ref_a, ref_b], timeout=1800)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode not in (0, 1) or not lines:
         return f"diffoci failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}; qualify's own report follows"

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from qualify.config.targets import REPO_ROOT, TargetsFile
+from qualify.config.targets import REPO_ROOT, TargetsFile, load
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_json
 from qualify.imagebuild import image, wheelhouse
@@ -41,7 +41,6 @@ def stage(tf: TargetsFile, bt: BakeTarget) -> Path:
     return _link(ctx, bt.name)
 
 
-BUNDLE_PYTHONS = ("3.11", "3.12")  # the hermetic and the nvidia/cuda ubuntu24.04 images' interpreters
 STAGED_DIR = "staged"  # inside the bundle: QUALIFY_STAGED of the Job (probe/staged.py)
 
 
@@ -61,8 +60,9 @@ def stage_probe() -> Path:
         bundle.parent.mkdir(parents=True, exist_ok=True)
         tmp = workdirs.make("bake-probe")  # a kill before the rename leaves it to `clean` (host/workdirs.py)
         shutil.copytree(probe, tmp / "bundle")
+        pythons = load().pythons
         for platform in staging.MACHINES.values():
-            staging.stage_all(platform, BUNDLE_PYTHONS)
+            staging.stage_all(platform, pythons)  # every interpreter a target's image has
         shutil.copytree(staging.root(), tmp / "bundle" / STAGED_DIR, ignore=shutil.ignore_patterns("wheels", ".*"))
         (tmp / "bundle" / ".complete").write_text("")
         if bundle.exists():

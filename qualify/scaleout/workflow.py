@@ -34,7 +34,6 @@ ACTIONS = {  # major versions: the actions' own moving tags
     "login": "docker/login-action@v4",
     "cosign": "sigstore/cosign-installer@v4",
 }
-PYTHON = "3.11"
 HEADER = ("Generated from images/targets.toml by `python -m qualify workflow` (nox -s workflow).\n"
           "Do not edit: tests/test_scaleout.py compares this file with a fresh generation.")
 
@@ -57,10 +56,10 @@ def _runner(target: Target) -> str:
                           hint=f"add it to HOSTED_RUNNERS in {__name__}") from None
 
 
-def _checkout_and_install() -> List[Dict[str, Any]]:
+def _checkout_and_install(tf: TargetsFile) -> List[Dict[str, Any]]:
     return [
         {"uses": ACTIONS["checkout"]},
-        {"uses": ACTIONS["python"], "with": {"python-version": PYTHON}},
+        {"uses": ACTIONS["python"], "with": {"python-version": tf.toolkit_python}},
         {"name": "install the toolkit", "run": "python -m pip install -e ."},
     ]
 
@@ -94,7 +93,7 @@ def _build_job(tf: TargetsFile) -> Dict[str, Any]:
         "env": {"TARGET": "${{ matrix.target }}", "PROFILE": PROFILE},
         "steps": [
             _MAKE_ROOM,
-            *_checkout_and_install(),
+            *_checkout_and_install(tf),
             _STATE_ENV,
             {"uses": ACTIONS["buildx"]},
             _login(),
@@ -136,7 +135,7 @@ def _keyless_sign(name: str, files: str) -> Dict[str, Any]:
                    'rm -f "$RUNNER_TEMP/oidc-token"\n'}
 
 
-def _gpu_job(target: Target) -> Dict[str, Any]:
+def _gpu_job(target: Target, tf: TargetsFile) -> Dict[str, Any]:
     return {
         "name": f"GPU evidence {target.name} ({', '.join(target.gpus)})",
         "needs": "build",
@@ -145,7 +144,7 @@ def _gpu_job(target: Target) -> Dict[str, Any]:
         "permissions": {"contents": "read", "packages": "read", "id-token": "write"},
         "env": {"TARGET": target.name, "PROFILE": PROFILE},
         "steps": [
-            *_checkout_and_install(),
+            *_checkout_and_install(tf),
             _STATE_ENV,
             _login(),
             {"uses": ACTIONS["download"], "with": {"name": f"release-{target.name}", "path": "release"}},
@@ -190,7 +189,7 @@ def _promote_job(tf: TargetsFile) -> Dict[str, Any]:
         "permissions": {"contents": "write"},
         "env": {"GH_TOKEN": "${{ github.token }}"},
         "steps": [
-            *_checkout_and_install(),
+            *_checkout_and_install(tf),
             {"uses": ACTIONS["download"], "with": {"pattern": "evidence-*", "path": "evidence-in"}},
             {"name": "merge evidence from every GPU runner (same evidence once; mismatched digests refused)",
              "run": "python -m qualify merge evidence-in --out evidence\n"},
@@ -211,7 +210,7 @@ def _promote_job(tf: TargetsFile) -> Dict[str, Any]:
 def generate(tf: TargetsFile) -> Dict[str, Any]:
     jobs: Dict[str, Any] = {"build": _build_job(tf)}
     for t in _gpu_targets(tf):
-        jobs[f"gpu-{t.name}"] = _gpu_job(t)
+        jobs[f"gpu-{t.name}"] = _gpu_job(t, tf)
     jobs["release"] = _release_job()
     jobs["promote"] = _promote_job(tf)
     return {

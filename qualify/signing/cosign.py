@@ -153,8 +153,8 @@ def verify_blob_args(version: CosignVersion, req: VerifyBlobRequest, program: st
     return args + [str(req.blob)]
 
 
-def _finish_outputs(work: Path, blob: Path, signature_out: Path, bundle_out: Path, public_key) -> None:
-    """Move cosign's outputs into place, deriving whichever of .sig/bundle it did not write.
+def _outputs(work: Path, data: bytes, public_key) -> formats.BlobSignature:
+    """The signature and bundle from cosign's outputs, deriving whichever of the two it did not write.
 
     v3 writes only the bundle; v2 before 2.4 writes only the signature for a key.
     """
@@ -168,51 +168,64 @@ def _finish_outputs(work: Path, blob: Path, signature_out: Path, bundle_out: Pat
     if bundle_tmp.exists():
         bundle = bundle_tmp.read_bytes()
     elif public_key is not None:
-        bundle = formats.bundle_bytes(formats.make_bundle(blob.read_bytes(), sig_der, public_key))
+        bundle = formats.bundle_bytes(formats.make_bundle(data, sig_der, public_key))
     else:
         raise ExternalCommandError("cosign sign-blob wrote no bundle; a keyless signature needs it to verify")
-    write_atomic(signature_out, formats.encode_signature(sig_der))
-    write_atomic(bundle_out, bundle)
+    return formats.BlobSignature(sig_der, bundle)
 
 
-def _sign_blob(program: str, blob: Path, signature_out: Path, bundle_out: Path, request: dict,
-               env: Optional[dict], public_key, label: str) -> formats.SignedFiles:
-    """One cosign sign-blob run into a scratch folder, then our signature and bundle files from it."""
+def _sign_blob(program: str, data: bytes, request: dict, env: Optional[dict], public_key,
+               label: str) -> formats.BlobSignature:
+    """One cosign sign-blob run over a private copy of `data` in a scratch folder, its outputs read back."""
     version = detect_version(program)
     with tempfile.TemporaryDirectory(prefix="qualify-cosign-") as tmp:
         work = Path(tmp)
+        blob = write_atomic(work / "blob", data)
         req = SignBlobRequest(blob, work / "blob.sig", work / "blob.bundle", **request)
         cmd.call(sign_blob_args(version, req, program), env=env, echo=True, timeout=SIGN_TIMEOUT_S)
-        _finish_outputs(work, blob, signature_out, bundle_out, public_key)
-    return formats.SignedFiles(blob, signature_out, bundle_out, f"cosign {version}{label}")
+        done = _outputs(work, data, public_key)
+    return formats.BlobSignature(done.der, done.bundle, f"cosign {version}{label}")
 
 
 @dataclass(frozen=True)
 class CosignKeySigner:
-    """Key-pair signing with a real cosign; the password goes in its environment."""
+    """Key-pair signing with a real cosign (a Signer); the password goes in its environment."""
 
     key_file: Path
     password: bytes = field(repr=False)
-    public_key: object = field(default=None, repr=False)
+    public: object = field(default=None, repr=False)
     program: str = PROGRAM
     name: str = "cosign"
 
-    def sign_file(self, blob: Path, signature_out: Path, bundle_out: Path) -> formats.SignedFiles:
-        return _sign_blob(self.program, blob, signature_out, bundle_out, {"key": self.key_file},
-                          {formats.PASSWORD_ENV: self.password.decode("utf-8")}, self.public_key, "")
+    def public_key(self):
+        return self.public
+
+    def sign_blob(self, data: bytes) -> formats.BlobSignature:
+        return _sign_blob(self.program, data, {"key": self.key_file},
+                          {formats.PASSWORD_ENV: self.password.decode("utf-8")}, self.public, "")
+
+    def sign_dsse(self, pae: bytes) -> bytes:
+        """cosign sign-blob over the PAE bytes is DSSE's signature: ECDSA over SHA-256 of exactly those bytes."""
+        return self.sign_blob(pae).der
 
 
 @dataclass(frozen=True)
 class CosignKeylessSigner:
-    """Keyless (Fulcio certificate + Rekor entry) signing; needs network and an identity token."""
+    """Keyless (Fulcio certificate + Rekor entry) signing (a Signer); needs network and an identity token."""
 
     identity_token_file: Optional[Path] = None
     program: str = PROGRAM
     name: str = "cosign-keyless"
 
-    def sign_file(self, blob: Path, signature_out: Path, bundle_out: Path) -> formats.SignedFiles:
-        return _sign_blob(self.program, blob, signature_out, bundle_out,
-                          {"identity_token_file": self.identity_token_file}, None, None, " keyless")
+    def public_key(self):
+        return None  # the certificate in each bundle names the identity; there is no key to pin
+
+    def sign_blob(self, data: bytes) -> formats.BlobSignature:
+        return _sign_blob(self.program, data, {"identity_token_file": self.identity_token_file}, None, None, " keyless")
+
+    def sign_dsse(self, pae: bytes) -> bytes:
+        raise ConfigError("a keyless signature of a DSSE envelope needs its certificate beside it, which cosign's "
+                          "attestation layout does not carry here", hint="publish with the release key (--key)")
 
 
 def verify_blob(req: VerifyBlobRequest, program: str = PROGRAM) -> str:

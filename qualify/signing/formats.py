@@ -55,6 +55,21 @@ class SignedFiles:
     signer: str
 
 
+@dataclass(frozen=True)
+class BlobSignature:
+    """One blob's signature as cosign's blob formats hold it: the DER signature and the Sigstore bundle's bytes;
+    `signer` says who made it, for messages ("builtin", "cosign v2.4.1")."""
+
+    der: bytes
+    bundle: bytes
+    signer: str = ""
+
+    @property
+    def sig_file(self) -> bytes:
+        """The `.sig` file: base64 of the DER signature, no newline (as cosign writes it)."""
+        return encode_signature(self.der)
+
+
 def signature_path(blob: Path) -> Path:
     return blob.with_name(blob.name + SIGNATURE_SUFFIX)
 
@@ -101,7 +116,7 @@ def read_password(confirm: bool = False) -> bytes:
 # --- signature format -------------------------------------------------------
 
 
-def _require_p256(key, what: str) -> None:
+def require_p256(key, what: str) -> None:
     if not isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) or not isinstance(
         key.curve, ec.SECP256R1
     ):
@@ -111,12 +126,12 @@ def _require_p256(key, what: str) -> None:
 
 def sign_bytes(private_key, data: bytes) -> bytes:
     """DER ECDSA-P256-SHA256 signature, deterministic (RFC 6979)."""
-    _require_p256(private_key, "private key")
+    require_p256(private_key, "private key")
     return private_key.sign(data, ec.ECDSA(hashes.SHA256(), deterministic_signing=True))
 
 
 def verify_bytes(public_key, data: bytes, signature_der: bytes) -> bool:
-    _require_p256(public_key, "public key")
+    require_p256(public_key, "public key")
     try:
         public_key.verify(signature_der, data, ec.ECDSA(hashes.SHA256()))
     except InvalidSignature:
@@ -186,11 +201,11 @@ def bundle_signature(bundle: dict, what: str = "bundle") -> bytes:
     return decode_signature(sig.encode("ascii"), what)
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_key_file(path: Path, what: str) -> bytes:
     """A key file: a regular file of at most KEY_LIMIT bytes (`--key /dev/zero` fails at once)."""
     return read_small(path, KEY_LIMIT, what, ConfigError,
                       missing_hint="make a key pair with `python -m qualify sign generate-key`")
 
 
 def load_public_key_file(path: Path):
-    return cosign_keys.load_public_key(_read(path, "public key"), what=str(path))
+    return cosign_keys.load_public_key(read_key_file(path, "public key"), what=str(path))

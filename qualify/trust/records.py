@@ -28,8 +28,8 @@ from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.core.readlimit import strict_json
-from qualify.release.order import ReleaseOrder, Version, tag_problem
-from qualify.release.policy import ReleasePolicy
+from qualify.trust.order import ReleaseOrder, Version, tag_problem
+from qualify.trust.policy import ReleasePolicy
 
 RELEASE_SCHEMA = "https://blackwell-qualify.dev/release/v2"
 PROMOTION_SCHEMA = "https://blackwell-qualify.dev/promotion/v3"

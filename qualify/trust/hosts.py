@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import List, Optional
 
 from qualify.core.errors import ConfigError
-from qualify.release import journal
-from qualify.release import records as rec
-from qualify.release.folder import Sign, TrustedKey, read_hosts_file, sha256
-from qualify.release.highwater import PromoterState
+from qualify.signing.signer import Signer
+from qualify.trust import journal
+from qualify.trust import records as rec
+from qualify.trust.folder import TrustedKey, read_hosts_file, sha256
+from qualify.trust.highwater import PromoterState
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,10 @@ class Changed:
 
 def _in_git(path: Path) -> bool:
     """Whether git's history has the file (a lost file there is restored, not started over)."""
-    from qualify.release.gitops import git
+    from qualify.host import cmd
 
-    try:
-        done = git(path.parent, "log", "-n1", "--format=%H", "--", path.name, check=False)
-    except Exception:  # no git, not a repository: nothing to restore from
-        return False
-    return done.returncode == 0 and bool(done.stdout.strip())
+    done = cmd.ask(["git", "log", "-n1", "--format=%H", "--", path.name], cwd=str(path.parent), timeout=120)
+    return done.returncode == 0 and bool(done.stdout.strip())  # no git, no repository: nothing to restore from
 
 
 def _floor(marks: PromoterState, key: TrustedKey):
@@ -45,7 +43,7 @@ def _floor(marks: PromoterState, key: TrustedKey):
     return floor
 
 
-def change(path: Path, sign: Sign, key: TrustedKey, add: Optional[rec.EnrolledHost] = None, remove: str = "",
+def change(path: Path, signer: Signer, key: TrustedKey, add: Optional[rec.EnrolledHost] = None, remove: str = "",
            new_chain: bool = False, replace: bool = False, state: Optional[Path] = None) -> Changed:
     """Enroll `add` or withdraw `remove` in the hosts file at `path`, as the next version of its chain."""
     path = Path(path)
@@ -94,6 +92,6 @@ def change(path: Path, sign: Sign, key: TrustedKey, add: Optional[rec.EnrolledHo
             hosts = [h for h in hosts if h.name != remove]
         new = rec.EnrolledHosts(current.sequence + 1, tuple(hosts), previous_sha256=previous)
         data = new.to_bytes()
-        journal.write_signed_files(path.parent, [(path.name, data)], sign, key, replaces={path.name: previous})
+        journal.write_signed_files(path.parent, [(path.name, data)], signer, key, replaces={path.name: previous})
         marks.observe_hosts(key.fingerprint, new.sequence, sha256(data), new.previous_sha256, str(path))
         return Changed(new, True, notes)

@@ -1,26 +1,26 @@
-"""A release folder, `manifests/<tag>/`: the one reader, which reads each file once and verifies it, and
-the writer of its signed files. Every stage that takes a release (the deploy's trust gate, `qualify
-verify`, publish, promote) takes the `VerifiedRelease` this module returns and never opens the files again.
+"""The one verifier of what the release key signs: `verify_release(source, anchor)` for a release (its key,
+release.json, every target's promotion ledger and manifest, the publication record and, when asked, the
+accepted evidence) and `verify_hosts` for the enrolled-hosts file. Both take bytes from a source
+(sources.py: a folder, a journal laid over one, a git tag) and never open a file themselves; every
+release-key signature is checked by `signed_bytes` here, so no other module parses a signed record
+(tests/test_house_rules.py lists the call sites).
 
-Reading, in this order, with every file opened relative to the folder's own descriptor, never through
-a symlink, only as a regular file and within its size limit (core/readlimit):
+The order (python-tuf's `TrustedMetadataSet`: each step trusts only what the one before verified):
 
-1. `cosign.pub`: its bytes are the key that is fingerprinted, compared with the pin (or with the key
-   the caller trusts), and used for every signature below.
-2. `release.json` (+ `.sig`, and its Sigstore bundle when present: digest, algorithm and key hint
-   checked too), parsed strictly into a ReleaseIndex whose tag must be the folder's name.
-3. per target it lists: `<target>.promotion.json` when present (a promotion of this release: its
-   release sha256 and target must be this one's) and the ledger behind it: every record it replaced,
-   kept as `<target>.promotion.<sequence>.json`, each signed, each the one its successor names by
-   sha256, exactly sequences 1 to n-1 (a kept record at or above the current one means the current
-   record was restored from an older state; a missing one, that the ledger was cut); then
-   `<target>.json`, whose sha256 must be the one the promotion record (else release.json) names, whose
-   signature must verify, and whose target, digest, capability and platform must be what release.json says.
-4. `published.json` when present: signed, bound to this release.json by its sha256, naming the
-   released digests only.
-
-A journal of a killed write (release/journal.py) is checked by reading the folder with the journal's
-files laid over it (`overlay`): it is finished only when that view verifies.
+1. `cosign.pub`: its bytes are the key that is fingerprinted, compared with the pin (or with the key the
+   caller trusts), and used for every signature below.
+2. `release.json` (+ `.sig`, and its Sigstore bundle when present: digest, algorithm and key hint checked
+   too), parsed strictly into a ReleaseIndex whose tag must be the source's name and whose key must be
+   the folder's. `through=INDEX` stops here (what `release --force` needs to know what it may remove).
+3. per target it lists: `<target>.promotion.json` when present (its release sha256 and target must be this
+   one's) and the ledger behind it: every record it replaced, kept as `<target>.promotion.<sequence>.json`,
+   each signed, each the one its successor names by sha256, exactly sequences 1 to n-1; then `<target>.json`,
+   whose sha256 must be the one the promotion record (else release.json) names, whose signature must
+   verify, and whose target, digest, capability and platform must be what release.json says.
+4. `published.json` when present: signed, bound to this release.json by its sha256, naming the released
+   digests only.
+5. with `through=EVIDENCE` (promote): the accepted evidence each promotion record lists, read from
+   `evidence/<target>/<sha256>.json` and sha-checked, and the names there no record lists.
 """
 
 from __future__ import annotations
@@ -29,22 +29,31 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
-from qualify.core.readlimit import BUNDLE_LIMIT, KEY_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, Folder, open_folder, read_small
-from qualify.release import policy as pol
-from qualify.release import records as rec
-from qualify.release.order import SEMVER, ReleaseOrder, tag_problem
+from qualify.core.readlimit import BUNDLE_LIMIT, KEY_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
+from qualify.trust import policy as pol
+from qualify.trust import records as rec
+from qualify.trust.order import ReleaseOrder
+from qualify.trust.sources import Source, join
 
 RECORD_LIMIT = 16 * 1024 * 1024  # release.json, promotion and publication records are kilobytes
+EVIDENCE_LIMIT = 4 << 20  # an evidence record is a few kB (release/evidence.py: MAX_BYTES)
+EVIDENCE_DIR = "evidence"
+INDEX, TARGETS, EVIDENCE = "index", "targets", "evidence"  # how far verify_release goes
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+class AcceptedEvidenceError(ConfigError):
+    """The evidence a signed promotion record accepted is not what `evidence/<target>/` holds (exit 2, as any
+    evidence that cannot be used)."""
 
 
 # --- the key ---------------------------------------------------------------------------------
@@ -65,7 +74,7 @@ class TrustedKey:
             key = cosign_keys.load_public_key(pem, what=source)
         except ConfigError as exc:
             raise VerificationError(f"signature check failed: {exc.message}") from None
-        formats._require_p256(key, source)
+        formats.require_p256(key, source)
         return cls(pem, key, cosign_keys.fingerprint(key), source)
 
     @classmethod
@@ -73,6 +82,13 @@ class TrustedKey:
         pem = read_small(path, KEY_LIMIT, "public key", error,
                          missing_hint="the release's cosign.pub, as announced with the release")
         return cls.from_bytes(pem, str(path))
+
+    @classmethod
+    def of_signer(cls, signer, where: str) -> TrustedKey:
+        """The public half of a signer (signing/signer.py), as the key its signatures must verify with."""
+        from qualify.signing.signer import public_pem
+
+        return cls.from_bytes(public_pem(signer), where)
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,9 @@ class KeyAnchor:
                 hint="the release folder holds a key you did not pin: restore it from the release tag, "
                 "or pin the key of the release you mean to trust")
         return self.trusted or key
+
+
+TOFU = KeyAnchor()  # no pin, no key of the caller's: the key in the folder (trust on first use)
 
 
 # --- one signed blob -----------------------------------------------------------------------------
@@ -136,19 +155,38 @@ def check_bundle(key: TrustedKey, data: bytes, raw: bytes, what: str) -> bytes:
     return sig
 
 
-def _read_signed(folder: Folder, name: str, limit: int, key: TrustedKey, what: str,
-                 bundle_required: bool = False) -> bytes:
-    data = folder.read(name, limit, what, VerificationError)
-    signature = folder.read(name + formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT, f"signature of {what}",
-                            VerificationError, missing_hint="restore the release folder from the release tag")
+@dataclass(frozen=True)
+class Signed:
+    """A file's bytes as its signature vouches for them, with the signature files read beside it (a re-run
+    keeps them rather than re-sign the same bytes)."""
+
+    data: bytes = field(repr=False)
+    signature: bytes = field(repr=False)
+    bundle: Optional[bytes] = field(repr=False)
+
+
+def signed_bytes(source: Source, name: str, limit: int, key: TrustedKey, what: str) -> Signed:
+    """The bytes of `name` and its signatures, each read once from `source`, after they verify with `key`:
+    the one check of a release-key signature."""
+    data = source.read(name, limit, what)
+    signature = source.read(name + formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT, f"signature of {what}",
+                            missing_hint="restore the release folder from the release tag")
     bundle_name = name + formats.BUNDLE_SUFFIX
-    bundle = folder.read(bundle_name, BUNDLE_LIMIT, f"bundle of {what}", VerificationError) \
-        if bundle_required or folder.exists(bundle_name) else None
-    verify_blob(key, data, signature, bundle, str(folder.path / name))
-    return data
+    bundle = source.read(bundle_name, BUNDLE_LIMIT, f"bundle of {what}") if source.exists(bundle_name) else None
+    verify_blob(key, data, signature, bundle, join(source, name))
+    return Signed(data, signature, bundle)
 
 
 # --- the verified value ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AcceptedFile:
+    """One evidence record a signed promotion record accepted, as `evidence/<target>/` holds it, sha-checked."""
+
+    sha256: str
+    host: str  # who vouched, as the promotion record says ("unsigned" for --allow-unsigned-evidence)
+    data: bytes = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -162,6 +200,10 @@ class VerifiedTarget:
     # The promotion ledger as far as it is known, oldest first: (sequence, sha256) of every kept record and
     # the current one (a ledger that began with a promotion/v2 record starts at that record).
     chain: Tuple[Tuple[int, str], ...] = ()
+    # through=EVIDENCE only: the accepted evidence the current record lists, and the files in the evidence
+    # folder it does not list (dropped in by hand, or kept by a promote killed before it signed).
+    accepted: Tuple[AcceptedFile, ...] = ()
+    unlisted: Tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -182,14 +224,17 @@ class VerifiedTarget:
 
 @dataclass(frozen=True)
 class VerifiedRelease:
-    """A release as its signatures vouch for it. Built only by `read_release`."""
+    """A release as its signatures vouch for it. Made only by `verify_release`; `through` says how far it
+    went (INDEX: the key and release.json only, `targets` empty)."""
 
-    path: Path  # where it was read, for messages
+    path: Path  # where it was read, for messages (a folder, or `tag T:manifests/T` for a git tag)
     index: rec.ReleaseIndex
     index_sha256: str
     key: TrustedKey
     targets: Tuple[VerifiedTarget, ...]
     publication: Optional[rec.Publication] = None
+    through: str = TARGETS
+    signatures: Mapping[str, Signed] = field(default_factory=dict, repr=False)  # every signed file verified
 
     @property
     def tag(self) -> str:
@@ -199,6 +244,8 @@ class VerifiedRelease:
         return any(t.target == target for t in self.targets)
 
     def target(self, name: str) -> VerifiedTarget:
+        if self.through == INDEX:
+            raise VerificationError(f"release {self.tag}: only its index was verified, not target {name}")
         for t in self.targets:
             if t.target == name:
                 return t
@@ -225,8 +272,16 @@ def _fail(where: str, what: str, hint: str = "restore the release folder from th
     return VerificationError(f"signature check failed: {where}: {what}", hint=hint)
 
 
-def _read_chain(folder: Folder, key: TrustedKey, kept: Dict[int, str], promotion: rec.PromotionRecord,
-                promotion_sha: str, where: str) -> Tuple[Tuple[int, str], ...]:
+class _Reader:
+    """One verification: the source, the key, and every signed file it verified (handed on for re-use)."""
+
+    def __init__(self, source: Source, key: TrustedKey) -> None:
+        self.source, self.key = source, key
+        self.signed: Dict[str, Signed] = {}
+
+
+def _chain(r: _Reader, kept: Dict[int, str], promotion: rec.PromotionRecord,
+           promotion_sha: str, where: str) -> Tuple[Tuple[int, str], ...]:
     """The ledger behind the current record: each kept record read once, signed, named by its successor."""
     chain, successor = [(promotion.sequence, promotion_sha)], promotion
     while not successor.legacy and successor.sequence > 1:
@@ -236,12 +291,12 @@ def _read_chain(folder: Folder, key: TrustedKey, kept: Dict[int, str], promotion
             raise _fail(where, f"the promotion ledger is cut: {rec.history_file(promotion.target, sequence)}, the "
                         f"record promotion {successor.sequence} replaced, is missing",
                         hint="restore the release folder (every <target>.promotion.<n>.json) from where it was promoted")
-        data = _read_signed(folder, name, RECORD_LIMIT, key, "kept promotion record")
-        record = rec.PromotionRecord.parse(data, str(folder.path / name))
+        data = _signed(r, name, RECORD_LIMIT, "kept promotion record")
+        record = rec.PromotionRecord.parse(data, join(r.source, name))
         if sha256(data) != successor.previous_sha256 or record.sequence != sequence or \
                 (record.release, record.release_sha256, record.target) != \
                 (promotion.release, promotion.release_sha256, promotion.target):
-            raise _fail(str(folder.path / name), f"not the promotion {sequence} that promotion {successor.sequence} "
+            raise _fail(join(r.source, name), f"not the promotion {sequence} that promotion {successor.sequence} "
                         "names (sha256, sequence, release or target differ): the ledger was rewritten",
                         hint="restore the release folder from where it was promoted")
         chain.append((sequence, sha256(data)))
@@ -256,37 +311,45 @@ def _read_chain(folder: Folder, key: TrustedKey, kept: Dict[int, str], promotion
     return tuple(sorted(chain))
 
 
-def _read_target(folder: Folder, names: Sequence[str], entry: rec.ReleasedEntry, index: rec.ReleaseIndex,
-                 index_sha: str, key: TrustedKey) -> VerifiedTarget:
-    where = str(folder.path / entry.manifest_file)
-    promotion, promotion_sha, chain, data = None, None, (), b""
+def _signed(r: _Reader, name: str, limit: int, what: str) -> bytes:
+    done = signed_bytes(r.source, name, limit, r.key, what)
+    r.signed[name] = done
+    return done.data
+
+
+def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: rec.ReleaseIndex,
+            index_sha: str) -> VerifiedTarget:
+    source = r.source
+    where = join(source, entry.manifest_file)
+    promotion, promotion_sha, chain, promotion_bytes = None, None, (), b""
     promotion_name = rec.promotion_file(entry.target)
     kept = {int(m.group(2)): n for n in names if (m := rec.HISTORY.fullmatch(n)) and m.group(1) == entry.target}
-    if folder.exists(promotion_name):
-        data = _read_signed(folder, promotion_name, RECORD_LIMIT, key, "promotion record")
-        promotion, promotion_sha = rec.PromotionRecord.parse(data, str(folder.path / promotion_name)), sha256(data)
+    if source.exists(promotion_name):
+        promotion_bytes = _signed(r, promotion_name, RECORD_LIMIT, "promotion record")
+        promotion = rec.PromotionRecord.parse(promotion_bytes, join(source, promotion_name))
+        promotion_sha = sha256(promotion_bytes)
         if (promotion.release, promotion.release_sha256, promotion.target) != (index.tag, index_sha, entry.target):
-            raise _fail(str(folder.path / promotion_name),
+            raise _fail(join(source, promotion_name),
                         f"a promotion of {promotion.target} in release {promotion.release}, not of {entry.target} in "
                         f"this release {index.tag} (release.json sha256 {index_sha[:12]}...)")
-        chain = _read_chain(folder, key, kept, promotion, promotion_sha, str(folder.path / promotion_name))
+        chain = _chain(r, kept, promotion, promotion_sha, join(source, promotion_name))
     elif kept:
-        raise _fail(str(folder.path / promotion_name), f"missing, but {len(kept)} replaced promotion record(s) of "
+        raise _fail(join(source, promotion_name), f"missing, but {len(kept)} replaced promotion record(s) of "
                     f"{entry.target} are kept ({kept[max(kept)]}...): the current record was removed",
                     hint="restore the release folder from where it was promoted")
-    promotion_bytes = data
-    data = folder.read(entry.manifest_file, MANIFEST_LIMIT, "manifest", VerificationError)
+    data = source.read(entry.manifest_file, MANIFEST_LIMIT, "manifest")
     expected = promotion.manifest_sha256 if promotion else entry.manifest_sha256
     if sha256(data) != expected:
         named = f"its promotion record (sequence {promotion.sequence})" if promotion else "release.json"
         raise _fail(where, f"not the manifest {named} names (sha256 {sha256(data)[:12]}..., expected {expected[:12]}...):"
                     " a manifest from another release or an older promotion, or an interrupted promote",
                     hint="restore the release folder from the release tag, or re-run the promote that was interrupted")
-    sig = folder.read(entry.manifest_file + formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT, "signature", VerificationError,
+    sig = source.read(entry.manifest_file + formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT, "signature",
                       missing_hint="restore the release folder from the release tag")
     bundle_name = entry.manifest_file + formats.BUNDLE_SUFFIX
-    bundle = folder.read(bundle_name, BUNDLE_LIMIT, "bundle", VerificationError) if folder.exists(bundle_name) else None
-    verify_blob(key, data, sig, bundle, where)
+    bundle = source.read(bundle_name, BUNDLE_LIMIT, "bundle") if source.exists(bundle_name) else None
+    verify_blob(r.key, data, sig, bundle, where)
+    r.signed[entry.manifest_file] = Signed(data, sig, bundle)
     manifest = mf.Manifest.parse(data, where)
     said = (manifest.target, manifest.digest, manifest.capability, manifest.platform)
     if said != (entry.target, entry.digest, entry.capability, entry.platform):
@@ -298,176 +361,93 @@ def _read_target(folder: Folder, names: Sequence[str], entry: rec.ReleasedEntry,
     return VerifiedTarget(entry, manifest, data, promotion, promotion_sha, promotion_bytes, chain)
 
 
-def _read_publication(folder: Folder, release: rec.ReleaseIndex, index_sha: str, key: TrustedKey,
-                      targets: Mapping[str, VerifiedTarget]) -> Optional[rec.Publication]:
-    if not folder.exists(rec.PUBLICATION_FILE):
+def _publication(r: _Reader, release: rec.ReleaseIndex, index_sha: str,
+                 targets: Mapping[str, VerifiedTarget]) -> Optional[rec.Publication]:
+    from qualify.config.imageref import ImageRef, ImageRefError
+
+    if not r.source.exists(rec.PUBLICATION_FILE):
         return None
-    where = str(folder.path / rec.PUBLICATION_FILE)
-    publication = rec.Publication.parse(_read_signed(folder, rec.PUBLICATION_FILE, RECORD_LIMIT, key,
-                                                     "publication record"), where)
+    where = join(r.source, rec.PUBLICATION_FILE)
+    publication = rec.Publication.parse(_signed(r, rec.PUBLICATION_FILE, RECORD_LIMIT, "publication record"), where)
     if (publication.tag, publication.release_sha256) != (release.tag, index_sha):
         raise _fail(where, f"the publication of release {publication.tag} (release.json sha256 "
                     f"{publication.release_sha256[:12]}...), not of this one",
                     hint="publish this release again (nox -s publish -- TAG --to ...), or restore the folder")
     for image in publication.images:
         target = targets.get(image.target)
-        if target is None or image.digest != target.manifest.digest or not image.reference.endswith("@" + image.digest):
+        try:
+            named = ImageRef.parse(image.reference).digest
+        except ImageRefError:
+            named = None
+        if target is None or image.digest != target.manifest.digest or named != image.digest:
             raise _fail(where, f"names {image.reference} for {image.target}, not the released image "
                         f"{target.manifest.digest if target else '(no such target)'}",
                         hint="the publication and the manifests disagree: restore the release folder")
     return publication
 
 
-class _Layered:
-    """A folder with a journal's files laid over it: what the folder will hold once the journal is finished."""
+def _evidence(source: Source, vt: VerifiedTarget) -> VerifiedTarget:
+    """The accepted evidence of `vt`'s promotion record, each file sha-checked, and what else the folder holds."""
+    hint = "restore the release folder's evidence/ from where it was promoted"
+    listed = vt.promotion.evidence if vt.promotion else ()
+    try:
+        top = source.sub(EVIDENCE_DIR, "evidence folder")
+        store = top.sub(vt.target, "evidence folder") if top is not None else None
+    except VerificationError as exc:
+        raise AcceptedEvidenceError(exc.message, hint=exc.hint) from None
+    if store is None:
+        if listed:
+            raise AcceptedEvidenceError(f"evidence folder not found: {join(source, EVIDENCE_DIR)}/{vt.target}", hint=hint)
+        return vt
+    try:
+        accepted = []
+        for e in listed:
+            name = f"{e.sha256}.json"
+            try:
+                data = store.read(name, EVIDENCE_LIMIT, "accepted evidence", missing_hint=hint)
+            except VerificationError as exc:
+                raise AcceptedEvidenceError(exc.message, hint=exc.hint) from None
+            if sha256(data) != e.sha256:
+                raise AcceptedEvidenceError(f"{join(store, name)}: not the evidence the signed promotion record "
+                                            "accepted (sha256 differs)", hint=hint)
+            accepted.append(AcceptedFile(e.sha256, e.host, data))
+        names = {f"{e.sha256}.json" for e in listed}
+        unlisted = tuple(n for n in store.names() if n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX)
+                         and n not in names)
+    finally:
+        for opened in (store, top):
+            if hasattr(opened, "close"):
+                opened.close()
+    return VerifiedTarget(vt.entry, vt.manifest, vt.manifest_bytes, vt.promotion, vt.promotion_sha256,
+                          vt.promotion_bytes, vt.chain, tuple(accepted), unlisted)
 
-    def __init__(self, base: Folder, top: Folder) -> None:
-        self.base, self.top, self.path = base, top, base.path
 
-    def names(self, error) -> list:
-        return sorted(set(self.base.names(error)) | set(self.top.names(error)))
-
-    def exists(self, name: str) -> bool:
-        return self.top.exists(name) or self.base.exists(name)
-
-    def read(self, name: str, *a, **kw) -> bytes:
-        return (self.top if self.top.exists(name) else self.base).read(name, *a, **kw)
-
-
-def read_release(path: Path, anchor: KeyAnchor = KeyAnchor(), overlay: Optional[Path] = None) -> VerifiedRelease:
-    """Read and verify the release folder at `path`, once. VerificationError says what does not verify.
-    `overlay`: a journal folder whose files are read instead of the folder's (journal.recover_journals)."""
-    path = Path(path)
-    problem = tag_problem(path.name)
-    if problem:
-        raise VerificationError(f"{path}: its name is {problem}, so it is no release folder")
-    with open_folder(path, "release folder", VerificationError,
-                     missing_hint="check the release out (git checkout TAG) or fetch its files") as base:
-        if overlay is None:
-            return _read_open(path, base, anchor)
-        with open_folder(overlay, "journal", VerificationError) as top:
-            return _read_open(path, _Layered(base, top), anchor)
-
-
-def _read_open(path: Path, folder, anchor: KeyAnchor) -> VerifiedRelease:
-    key = anchor.accept(folder.read(rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key", VerificationError,
+def verify_release(source: Source, anchor: KeyAnchor = TOFU, through: str = TARGETS) -> VerifiedRelease:
+    """The release `source` holds, verified in the order above as far as `through` (INDEX, TARGETS or
+    EVIDENCE); VerificationError says what does not verify."""
+    if through not in (INDEX, TARGETS, EVIDENCE):
+        raise ValueError(f"through={through!r}")
+    key = anchor.accept(source.read(rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key",
                                     missing_hint="restore the release folder from the release tag"),
-                        str(path / rec.PUBLIC_KEY_FILE))
-    data = _read_signed(folder, rec.INDEX_FILE, RECORD_LIMIT, key, "release index")
-    where = str(path / rec.INDEX_FILE)
+                        join(source, rec.PUBLIC_KEY_FILE))
+    r = _Reader(source, key)
+    data = _signed(r, rec.INDEX_FILE, RECORD_LIMIT, "release index")
+    where = join(source, rec.INDEX_FILE)
     index = rec.ReleaseIndex.parse(data, where)
-    if index.tag != path.name:
-        raise _fail(where, f"is the index of release {index.tag}, but the folder is named {path.name!r}: a signed "
+    if index.tag != source.name:
+        raise _fail(where, f"is the index of release {index.tag}, but the folder is named {source.name!r}: a signed "
                     "release is valid only under its own tag", hint=f"use manifests/{index.tag}/, or restore it")
     if index.key_fingerprint != key.fingerprint or index.file_sha256(rec.PUBLIC_KEY_FILE) != sha256(key.pem):
         raise _fail(where, f"names release key {index.key_fingerprint}, not the folder's {key.fingerprint}")
     index_sha = sha256(data)
-    names = folder.names(VerificationError)
-    targets = tuple(_read_target(folder, names, e, index, index_sha, key) for e in index.targets)
-    publication = _read_publication(folder, index, index_sha, key, {t.target: t for t in targets})
-    return VerifiedRelease(path, index, index_sha, key, targets, publication)
-
-
-def is_release_folder(path: Path) -> bool:
-    """Whether `path` looks like a release folder (it has a release.json); reading it decides the rest."""
-    return not tag_problem(path.name) and (path / rec.INDEX_FILE).exists()
-
-
-def release_files_in(path: Path, manifests: bool = False) -> List[str]:
-    """The files in `path` that only a release (or its promotion, publication or evidence) writes: a folder
-    holding any of them is a release folder, whether or not its release.json is still there. `manifests`: signed
-    target manifests and cosign.pub count too (for tag-named folders under the releases folder, where nothing
-    else puts them)."""
-    try:
-        with open_folder(path, "folder", VerificationError) as f:
-            names = f.names(VerificationError)
-    except VerificationError:
-        return []
-    marks = {rec.INDEX_FILE, *signed_names(rec.INDEX_FILE), *signed_names(rec.PUBLICATION_FILE), "evidence"}
-    if manifests:
-        marks.add(rec.PUBLIC_KEY_FILE)
-    return [n for n in names if n in marks or n.endswith(rec.PROMOTION_SUFFIX) or rec.HISTORY.fullmatch(n)
-            or (manifests and n.endswith(".json" + formats.SIGNATURE_SUFFIX)
-                and mf.TARGET_NAME.fullmatch(n.split(".", 1)[0]))]
-
-
-def in_release_folder(path: Path) -> bool:
-    """Whether a file lies in a release folder: one named as a version tag, or holding release files."""
-    folder = Path(path).parent
-    return bool(SEMVER.fullmatch(folder.name) or release_files_in(folder))
-
-
-# --- choosing among releases -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Listing:
-    releases: Tuple[VerifiedRelease, ...]  # oldest first (ReleaseOrder)
-    broken: Tuple[Tuple[str, str], ...]  # (folder name, why it does not verify)
-    ignored: Tuple[Tuple[str, str], ...]  # (name, why it is not a release folder)
-
-    def tags(self) -> List[str]:
-        return [r.tag for r in self.releases]
-
-
-def list_releases(root: Path, anchor: KeyAnchor = KeyAnchor(), target: Optional[str] = None) -> Listing:
-    """Every release folder under `root` (for `target`, when given), each read and verified once. A tag-named
-    folder that holds a release's files but no release.json is broken (its index was removed), not ignored."""
-    root = Path(root)
-    found, broken, ignored = [], [], []
-    if not root.is_dir():
-        return Listing((), (), ())
-    with open_folder(root, "releases folder", VerificationError) as top:
-        names = top.names(VerificationError)
-    for name in names:
-        if tag_problem(name):
-            ignored.append((name, "not a tag name"))
-            continue
-        if not is_release_folder(root / name):
-            left = release_files_in(root / name, manifests=True) if not (root / name).is_symlink() else []
-            if not left:
-                ignored.append((name, "no release.json"))
-                continue
-            broken.append((name, f"it holds a release's files ({', '.join(left[:3])}) but no {rec.INDEX_FILE}: "
-                           "its index was removed, so nothing in it can be verified"))
-            continue
-        try:
-            release = read_release(root / name, anchor)
-        except QualifyError as exc:
-            broken.append((name, exc.message))
-            continue
-        if target is None or release.has(target):
-            found.append(release)
-    found.sort(key=lambda r: r.order(target if target and r.has(target) else None))
-    return Listing(tuple(found), tuple(broken), tuple(ignored))
-
-
-# --- what a release writes -------------------------------------------------------------------
-
-
-Sign = Callable[[Path], None]  # signs the file at a path: writes PATH.sig and PATH.sigstore.json beside it
-
-
-def signed_names(name: str) -> Tuple[str, str, str]:
-    return name, name + formats.SIGNATURE_SUFFIX, name + formats.BUNDLE_SUFFIX
-
-
-def released_files(files: Mapping[str, bytes]) -> Tuple[Tuple[str, str], ...]:
-    """(name, sha256) of what a release writes, for release.json."""
-    return tuple(sorted((name, sha256(data)) for name, data in files.items()))
-
-
-def removable_by_force(index: Optional[rec.ReleaseIndex]) -> List[str]:
-    """What a `release --force` may remove: only what the *verified* earlier release says it wrote, and the
-    publication record bound to it."""
-    if index is None:
-        return []
-    return sorted({name for name, _ in index.files} | {rec.INDEX_FILE, *signed_names(rec.INDEX_FILE)}
-                  | set(signed_names(rec.PUBLICATION_FILE)))
-
-
-def describe(listing: Listing) -> Dict[str, object]:
-    return {"releases": listing.tags(), "broken": dict(listing.broken), "ignored": dict(listing.ignored)}
+    if through == INDEX:
+        return VerifiedRelease(Path(source.where), index, index_sha, key, (), None, INDEX, dict(r.signed))
+    names = source.names()
+    targets = tuple(_target(r, names, e, index, index_sha) for e in index.targets)
+    publication = _publication(r, index, index_sha, {t.target: t for t in targets})
+    if through == EVIDENCE:
+        targets = tuple(_evidence(source, t) for t in targets)
+    return VerifiedRelease(Path(source.where), index, index_sha, key, targets, publication, through, dict(r.signed))
 
 
 # --- the enrolled hosts file --------------------------------------------------------------------
@@ -482,13 +462,17 @@ class VerifiedHosts:
     path: Path
 
 
-def read_hosts_file(path: Path, key: TrustedKey) -> VerifiedHosts:
-    """manifests/hosts.json, read once and verified with the release key (refused otherwise)."""
-    path = Path(path)
-    with open_folder(path.parent, "folder of the enrolled-hosts file", VerificationError) as folder:
-        data = _read_signed(folder, path.name, RECORD_LIMIT, key, "enrolled-hosts file")
-    return VerifiedHosts(rec.EnrolledHosts.parse(data, str(path)), sha256(data), path)
+def verify_hosts(source: Source, name: str, key: TrustedKey) -> VerifiedHosts:
+    """The enrolled-hosts file `name` of `source`, read once and verified with the release key."""
+    data = signed_bytes(source, name, RECORD_LIMIT, key, "enrolled-hosts file").data
+    return VerifiedHosts(rec.EnrolledHosts.parse(data, join(source, name)), sha256(data), Path(join(source, name)))
 
 
-def read_hosts(path: Path, key: TrustedKey) -> rec.EnrolledHosts:
-    return read_hosts_file(path, key).hosts
+def removable_by_force(release: Optional[VerifiedRelease]) -> List[str]:
+    """What a `release --force` may remove: only what the *verified* earlier release says it wrote, and the
+    publication record bound to it."""
+    if release is None:
+        return []
+    names = lambda n: (n, n + formats.SIGNATURE_SUFFIX, n + formats.BUNDLE_SUFFIX)  # noqa: E731
+    return sorted({name for name, _ in release.index.files} | set(names(rec.INDEX_FILE))
+                  | set(names(rec.PUBLICATION_FILE)))
