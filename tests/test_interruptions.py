@@ -22,7 +22,7 @@ import images
 from qualify.config import targets
 from qualify.host import cacheledger, clean, ledger, paths, workdirs
 from qualify.host.engine import Engine
-from qualify.imagebuild import hermetic
+from qualify.imagebuild import hermetic, image
 
 pytestmark = pytest.mark.engine
 
@@ -250,3 +250,80 @@ def test_the_classic_builder_is_refused_before_anything_is_built(docker_engine, 
     assert "unset DOCKER_BUILDKIT" in done.stderr and "--engine podman" in done.stderr
     assert "[hermetic]" not in done.stderr and "[wheelhouse]" not in done.stderr
     assert not (tmp_path / "registry-5555").exists() and time.monotonic() - started < 60
+
+
+# --- item 3: qualify killed between its manifest and the release input -------------------------------------
+
+QUALIFY = """
+import sys
+from pathlib import Path
+from qualify.config import targets
+from qualify.host import paths
+from qualify.host.engine import Engine
+from qualify.imagebuild import image
+from qualify.qualification import stage
+class Scratch(paths.Checkout):  # this checkout, with the build/ folder of the test's own
+    build_dir = property(lambda self: Path(sys.argv[1]) / "build")
+paths.HERE = Scratch(paths.HERE.root)
+done = stage.qualify(targets.load(), image.read_record(Path(sys.argv[2])), Engine("docker").check())
+sys.exit(stage.report(done, sys.stdout))
+"""
+
+
+def _elsewhere(data: bytes) -> bytes:
+    """The same manifest about another image: what an earlier qualification of the target left."""
+    import json
+
+    from qualify.core import manifest
+
+    doc = json.loads(data)
+    other = "sha256:" + "1" * 64
+    doc["subject"][0]["digest"]["sha256"] = other.split(":", 1)[1]
+    doc["predicate"]["image"]["digest"] = other
+    doc["predicate"]["image"]["reference"] = doc["predicate"]["image"]["reference"].split("@")[0] + "@" + other
+    return manifest.dumps(doc)
+
+
+@pytest.mark.parametrize("before", ["missing", "an earlier image's"])
+def test_a_qualify_killed_before_its_hand_off_is_finished_by_its_rerun(docker_engine, loopback_registry, tmp_path,
+                                                                       before):
+    """Killed between writing build/qualified/<t>.json and build/manifests/<t>.json, qualify and build said
+    'already qualified' and release withheld the target ('re-qualify the target') until an unmentioned --force.
+    The re-run finishes the hand-off and says what it found; release then takes the target."""
+    from qualify.core import manifest
+    from qualify.release import assess
+    from qualify.release.model import Candidate, ReleasedTarget, Withheld
+    from qualify.release.verify import registry_digest
+
+    record = images.smoke("sm120")
+    checkout = paths.Checkout(tmp_path / "checkout")
+    built = checkout.build_record("sm120", "smoke", "hermetic")
+    built.parent.mkdir(parents=True)
+    shutil.copyfile(image.record_path("sm120", "smoke", "hermetic"), built)
+    killed = _run(QUALIFY, str(checkout.root), str(built), env={**ENV, "QUALIFY_KILL_AT": "qualify:written"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    qualified = checkout.qualified("sm120", "smoke", "hermetic")
+    release_input = checkout.release_input("sm120")
+    assert qualified.is_file() and not release_input.exists(), "the kill did not come between the two writes"
+    if before != "missing":
+        release_input.parent.mkdir(parents=True)
+        release_input.write_bytes(_elsewhere(qualified.read_bytes()))
+
+    def offered():
+        c = Candidate.of(release_input, release_input.read_bytes())
+        return assess.assess(c, "unverified", registry_digest, checkout.root)
+
+    if before != "missing":
+        withheld = offered()
+        assert isinstance(withheld, Withheld) and "re-qualify the target" in withheld.reason, withheld
+    again = _run(QUALIFY, str(checkout.root), str(built))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already qualified by this probe" in again.stderr  # the probe did not run again
+    said = {"missing": f"recovered: {release_input} was missing (a qualify killed before it handed over)",
+            "an earlier image's": f"recovered: {release_input} held image sha256:{'1' * 64}, not this qualification"}
+    assert said[before] in again.stderr, again.stderr
+    assert release_input.read_bytes() == qualified.read_bytes()
+    assert manifest.Manifest.load(release_input).digest == record.digest
+    assert isinstance(offered(), ReleasedTarget)
+    third = _run(QUALIFY, str(checkout.root), str(built))  # converged: nothing more to recover
+    assert third.returncode == 0 and "recovered" not in third.stderr, third.stderr[-3000:]
