@@ -53,19 +53,11 @@ from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.core.report import Progress
-from qualify.release import changelog, history, policy
+from qualify.release import changelog, history, policy, tagstep
 from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
 from qualify.release.folder import RECORD_LIMIT, TrustedKey, removable_by_force, sha256, verify_blob
-from qualify.release.gitops import (
-    create_tag,
-    existing_tag,
-    git,
-    is_commit,
-    release_commit,
-    release_tree,
-    tracked_under,
-)
+from qualify.release.gitops import existing_tag, git, is_commit, tracked_under
 from qualify.release.journal import release_lock
 from qualify.release.messages import dry_run_lines, tag_message  # noqa: F401 (dry_run_lines: the CLI's)
 from qualify.release.model import (
@@ -155,7 +147,7 @@ def check_tag(opts: ReleaseOptions) -> str:
 def _differs_from_tag(opts: ReleaseOptions) -> str:
     """Why the release the tag holds is not the one build/manifests would make ("" when it is the same:
     a re-run after an interruption, which resumes). Read before any key is asked for; the resumed run's
-    commit is then compared tree for tree with the tag's (`_commit_or_resume`)."""
+    commit is then compared tree for tree with the tag's (`tagstep.commit_or_resume`)."""
     from qualify.release.history import _git_bytes
 
     root = opts.out_root.relative_to(opts.repo).as_posix()
@@ -491,9 +483,10 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, index_sha,
                                       [*changes, *([""] if changes and published else []), *published])
     resumed = existing_tag(opts.repo, opts.tag) if not opts.force else None
+    staging_root = _staging_root(opts)
     outcome.release_commit = steps.run(
         "commit", f"commit {opts.folder}/ on top of {outcome.source_revision[:12]}",
-        lambda: _commit_or_resume(opts, outcome, resumed), lambda c: c[:12] + (
+        lambda: tagstep.commit_or_resume(opts, outcome, resumed, staging_root), lambda c: c[:12] + (
             " (the tag's own commit: an earlier run made it)" if resumed else ""))
     killpoint.reached("release:committed")
     if resumed:
@@ -502,8 +495,7 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         steps.skip("tag", f"{opts.tag} already points at this release commit (an earlier run made it)")
     else:
         outcome.tag_object = steps.run("tag", f"annotated tag {opts.tag} on the release commit",
-                                       lambda: create_tag(opts.repo, opts.tag, outcome.tag_message, opts.force,
-                                                          outcome.release_commit))
+                                       lambda: tagstep.make_tag(opts, outcome, staging_root, progress))
     killpoint.reached("release:tagged")
     outcome.push = steps.run("push", f"push the tag to {opts.remote}", lambda: push(opts))
     upload_result = steps.run("publish", "upload the release files",
@@ -511,22 +503,6 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
                               lambda r: r[0])
     outcome.upload, outcome.upload_command = upload_result
     return outcome
-
-
-def _commit_or_resume(opts: ReleaseOptions, outcome: ReleaseResult, tagged: Optional[str]) -> str:
-    """The release commit; for a resumed release, the tag's own commit, when it holds exactly this tree on
-    this parent (else the release is another one: refused, nothing moved)."""
-    if not tagged:
-        return release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message)
-    commit = git(opts.repo, "rev-parse", f"refs/tags/{opts.tag}^{{commit}}").stdout.strip()
-    want_tree = release_tree(opts, outcome.source_revision, outcome.files)
-    have_tree = git(opts.repo, "rev-parse", f"{commit}^{{tree}}").stdout.strip()
-    parent = git(opts.repo, "rev-parse", f"{commit}^", check=False).stdout.strip()
-    if (have_tree, parent) != (want_tree, outcome.source_revision):
-        raise ReleaseError(f"tag {opts.tag} already exists and its commit {commit[:12]} holds other files than this "
-                           "release writes; a release never moves a tag",
-                           hint="choose a new tag, or pass --force to move it")
-    return commit
 
 
 def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], sign,
