@@ -327,3 +327,48 @@ def test_a_qualify_killed_before_its_hand_off_is_finished_by_its_rerun(docker_en
     assert isinstance(offered(), ReleasedTarget)
     third = _run(QUALIFY, str(checkout.root), str(built))  # converged: nothing more to recover
     assert third.returncode == 0 and "recovered" not in third.stderr, third.stderr[-3000:]
+
+
+# --- item 6: a publish killed during the SBOM's export ------------------------------------------
+
+EXPORT = """
+import sys
+from qualify.host.engine import Engine
+with Engine("docker").exported_filesystem(sys.argv[1]) as stream:
+    stream.read()
+"""
+
+
+def test_clean_removes_the_container_a_killed_export_left_and_never_aborts_on_one(docker_engine, own_registry):
+    """A publish killed during the SBOM's container step left a created container of the image; this
+    checkout's `clean` then aborted ("image is being used by stopped container"). The export publish makes
+    (Engine.exported_filesystem), killed with SIGKILL once its container exists: clean lists and removes that
+    container, then the image. A container that is not a killed export's (a live one, another's) keeps the
+    image it uses, said so, and clean goes on instead of aborting."""
+    from qualify.host import workcontainers
+
+    registry, state, env = own_registry
+    tag = tiny_image(docker_engine, f"{registry.address}/blackwell/qualify-test-export:{uuid.uuid4().hex[:6]}")
+    other = tiny_image(docker_engine, f"{registry.address}/blackwell/qualify-test-export:{uuid.uuid4().hex[:6]}")
+    engine = Engine("docker")
+    made = [engine.image_id(tag), engine.image_id(other)]
+    for image_id, ref in zip(made, (tag, other)):
+        ledger.record(image_id, ref, state, REPO)
+    holder = subprocess.run([docker_engine, "create", other, "true"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    try:
+        killed = _run(EXPORT, tag, env={**env, "PYTHONPATH": str(REPO), "QUALIFY_KILL_AT": "export:created"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        left = workcontainers.leftovers(docker_engine)
+        assert [c.image for c in left if c.image == tag], f"the killed export left no labelled container: {left}"
+        dry = clean.clean(engine, registry, REPO / "manifests", dry_run=True, state_dir=state, checkout=REPO)
+        assert any(tag in c for c in dry.containers) and tag in dry.images, dry.lines()
+        done = clean.clean(engine, registry, REPO / "manifests", state_dir=state, checkout=REPO)
+        assert any(tag in c and "left by a killed export step" in c for c in done.containers), done.lines()
+        assert made[0] not in engine.image_ids() and not [c for c in workcontainers.leftovers(docker_engine)
+                                                          if c.image == tag]
+        assert made[1] in engine.image_ids(), "clean removed an image a container uses"
+        assert any(other in k and "used by container" in k for k in done.notes), "\n".join(done.lines())
+    finally:
+        subprocess.run([docker_engine, "rm", "-f", holder], capture_output=True)
+        engine.remove_created([i for i in made if i and i in engine.image_ids()])
