@@ -7,6 +7,7 @@ them from a clean state (debootstrap, CUDA wheels, loopback registry).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,11 @@ from qualify.host.registry import Registry
 from qualify.imagebuild import image
 
 _CACHE = {}
+# The suites of several checkouts share this host's engine and registry and run at once: a test image under a
+# fixed name was rebuilt and re-pushed by another checkout's suite between this suite's qualify (which pins the
+# digest the tag named then) and its `verify --image TAG` (which then saw the other suite's image: exit 9,
+# "image digest check failed", not the check the test looks for). Names of test images carry this checkout.
+CHECKOUT = hashlib.sha256(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:8]
 
 
 def smoke(target: str) -> image.BuildRecord:
@@ -96,7 +102,7 @@ def _triton_wheels(target, version: str, dest) -> Path:
 def external(target: str, triton_version: str, tmp_dir, registry: str) -> str:
     """`pip install triton==VERSION` into a venv on the hermetic base, and nothing else: no TRITON_*_PATH, no
     TORCH_CUDA_ARCH_LIST, no allocator hook (what a plain Dockerfile does). Pushed to the loopback registry;
-    returns its tag `REGISTRY/qualify-test/external-triton-<v>:<target>`."""
+    returns its tag `REGISTRY/qualify-test/external-triton-<v>:<target>-<checkout>`."""
     key = ("external", target, triton_version)
     if key not in _CACHE:
         record = smoke(target)  # the hermetic base and the smoke wheelhouse exist after it
@@ -112,7 +118,7 @@ def external(target: str, triton_version: str, tmp_dir, registry: str) -> str:
             f" && /opt/venv/bin/pip install --no-index --no-cache-dir --disable-pip-version-check "
             f"--find-links /tmp/wheels triton=={triton_version}\n"
             "ENV PATH=/opt/venv/bin:$PATH\n")
-        tag = f"{registry}/qualify-test/external-triton-{triton_version.replace('.', '')}:{target}"
+        tag = f"{registry}/qualify-test/external-triton-{triton_version.replace('.', '')}:{target}-{CHECKOUT}"
         platform = targets.load().get(target).platform
         subprocess.run(["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
                        capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=1800)

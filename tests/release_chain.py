@@ -31,8 +31,8 @@ from qualify.core.fsutil import canonical_json
 from qualify.host.engine import Engine
 from qualify.qualification import stage as qualification
 from qualify.release import evidence as ev
-from qualify.trust import records as rec
 from qualify.signing import formats, signer
+from qualify.trust import records as rec
 
 REPO = Path(__file__).resolve().parent.parent
 TAG = "v1.0.0"

@@ -189,7 +189,7 @@ def test_a_tag_is_resolved_once_and_never_trusted(qualified, engine, work, tmp_p
     """The tag moves after qualification: the manifest still names the digest that was probed, and
     `verify --image TAG` then refuses the image the tag names now."""
     registry = Registry.from_env().address
-    moving = f"{registry}/qualify-test/external-moving:sm120"
+    moving = f"{registry}/qualify-test/external-moving:sm120-{images.CHECKOUT}"
     plain, old = qualified[("sm120", "3.8.0")][0], qualified[("sm120", "3.5.0")][0]
     subprocess.run(["/usr/bin/docker", "tag", plain, moving], check=True)
     subprocess.run(["/usr/bin/docker", "push", moving], check=True, capture_output=True)
@@ -256,7 +256,7 @@ def test_no_cuda_toolkit_and_a_vllm_distribution(engine, docker_engine, qualifie
     """An image with no CUDA toolkit gets the finding plainly (and Triton still compiles with its own ptxas);
     a vLLM distribution in the image makes the detected profile vllm."""
     plain = qualified[("sm120", "3.8.0")][0]
-    bare = images.derived(docker_engine, plain, "qualify-test/external-no-cuda:1",
+    bare = images.derived(docker_engine, plain, f"qualify-test/external-no-cuda:{images.CHECKOUT}",
                           "RUN rm -rf /usr/local/cuda\nENV CUDA_HOME=", {}, tmp_path, "linux/amd64")
     try:
         path = tmp_path / "no-cuda.json"
@@ -271,7 +271,7 @@ def test_no_cuda_toolkit_and_a_vllm_distribution(engine, docker_engine, qualifie
     finally:
         subprocess.run([docker_engine, "rmi", bare], capture_output=True)
     site = "/opt/venv/lib/python3.11/site-packages/vllm-0.33.0.dist-info"
-    fake = images.derived(docker_engine, plain, "qualify-test/external-vllm-dist:1",
+    fake = images.derived(docker_engine, plain, f"qualify-test/external-vllm-dist:{images.CHECKOUT}",
                           f"COPY METADATA {site}/METADATA", {"METADATA": b"Metadata-Version: 2.1\nName: vllm\n"
                                                              b"Version: 0.33.0\n"}, tmp_path, "linux/amd64")
     try:
@@ -287,10 +287,10 @@ def test_no_python3_and_python_3_8_are_clear_errors(engine, docker_engine, tmp_p
     machine, copied in): the error names the image and what the probe needs, never a traceback."""
     require(Path(images.PYENV_38, "bin", "python3.8").exists(), f"{images.PYENV_38} (a CPython 3.8) is missing")
     base = images.smoke("sm120").base_image
-    bare = images.derived(docker_engine, base, "qualify-test/external-no-python:1",
+    bare = images.derived(docker_engine, base, f"qualify-test/external-no-python:{images.CHECKOUT}",
                           "RUN rm -f /usr/bin/python3*", {}, tmp_path, "linux/amd64")
     ctx_files = images.python38_files(tmp_path)
-    old = images.derived(docker_engine, base, "qualify-test/external-python38:1",
+    old = images.derived(docker_engine, base, f"qualify-test/external-python38:{images.CHECKOUT}",
                          f"ADD python38.tar /\nRUN ln -s {images.PYENV_38}/bin/python3.8 /usr/local/bin/python3",
                          ctx_files, tmp_path, "linux/amd64")
     try:

@@ -22,7 +22,7 @@ import images
 from qualify.config import targets
 from qualify.host import cacheledger, clean, ledger, paths, workdirs
 from qualify.host.engine import Engine
-from qualify.imagebuild import hermetic
+from qualify.imagebuild import hermetic, image
 
 pytestmark = pytest.mark.engine
 
@@ -250,3 +250,125 @@ def test_the_classic_builder_is_refused_before_anything_is_built(docker_engine, 
     assert "unset DOCKER_BUILDKIT" in done.stderr and "--engine podman" in done.stderr
     assert "[hermetic]" not in done.stderr and "[wheelhouse]" not in done.stderr
     assert not (tmp_path / "registry-5555").exists() and time.monotonic() - started < 60
+
+
+# --- item 3: qualify killed between its manifest and the release input -------------------------------------
+
+QUALIFY = """
+import sys
+from pathlib import Path
+from qualify.config import targets
+from qualify.host import paths
+from qualify.host.engine import Engine
+from qualify.imagebuild import image
+from qualify.qualification import stage
+class Scratch(paths.Checkout):  # this checkout, with the build/ folder of the test's own
+    build_dir = property(lambda self: Path(sys.argv[1]) / "build")
+paths.HERE = Scratch(paths.HERE.root)
+done = stage.qualify(targets.load(), image.read_record(Path(sys.argv[2])), Engine("docker").check())
+sys.exit(stage.report(done, sys.stdout))
+"""
+
+
+def _elsewhere(data: bytes) -> bytes:
+    """The same manifest about another image: what an earlier qualification of the target left."""
+    import json
+
+    from qualify.core import manifest
+
+    doc = json.loads(data)
+    other = "sha256:" + "1" * 64
+    doc["subject"][0]["digest"]["sha256"] = other.split(":", 1)[1]
+    doc["predicate"]["image"]["digest"] = other
+    doc["predicate"]["image"]["reference"] = doc["predicate"]["image"]["reference"].split("@")[0] + "@" + other
+    return manifest.dumps(doc)
+
+
+@pytest.mark.parametrize("before", ["missing", "an earlier image's"])
+def test_a_qualify_killed_before_its_hand_off_is_finished_by_its_rerun(docker_engine, loopback_registry, tmp_path,
+                                                                       before):
+    """Killed between writing build/qualified/<t>.json and build/manifests/<t>.json, qualify and build said
+    'already qualified' and release withheld the target ('re-qualify the target') until an unmentioned --force.
+    The re-run finishes the hand-off and says what it found; release then takes the target."""
+    from qualify.core import manifest
+    from qualify.release import assess
+    from qualify.release.model import Candidate, ReleasedTarget, Withheld
+    from qualify.release.verify import registry_digest
+
+    record = images.smoke("sm120")
+    checkout = paths.Checkout(tmp_path / "checkout")
+    built = checkout.build_record("sm120", "smoke", "hermetic")
+    built.parent.mkdir(parents=True)
+    shutil.copyfile(image.record_path("sm120", "smoke", "hermetic"), built)
+    killed = _run(QUALIFY, str(checkout.root), str(built), env={**ENV, "QUALIFY_KILL_AT": "qualify:written"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    qualified = checkout.qualified("sm120", "smoke", "hermetic")
+    release_input = checkout.release_input("sm120")
+    assert qualified.is_file() and not release_input.exists(), "the kill did not come between the two writes"
+    if before != "missing":
+        release_input.parent.mkdir(parents=True)
+        release_input.write_bytes(_elsewhere(qualified.read_bytes()))
+
+    def offered():
+        c = Candidate.of(release_input, release_input.read_bytes())
+        return assess.assess(c, "unverified", registry_digest, checkout.root)
+
+    if before != "missing":
+        withheld = offered()
+        assert isinstance(withheld, Withheld) and "re-qualify the target" in withheld.reason, withheld
+    again = _run(QUALIFY, str(checkout.root), str(built))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already qualified by this probe" in again.stderr  # the probe did not run again
+    said = {"missing": f"recovered: {release_input} was missing (a qualify killed before it handed over)",
+            "an earlier image's": f"recovered: {release_input} held image sha256:{'1' * 64}, not this qualification"}
+    assert said[before] in again.stderr, again.stderr
+    assert release_input.read_bytes() == qualified.read_bytes()
+    assert manifest.Manifest.load(release_input).digest == record.digest
+    assert isinstance(offered(), ReleasedTarget)
+    third = _run(QUALIFY, str(checkout.root), str(built))  # converged: nothing more to recover
+    assert third.returncode == 0 and "recovered" not in third.stderr, third.stderr[-3000:]
+
+
+# --- item 6: a publish killed during the SBOM's export ------------------------------------------
+
+EXPORT = """
+import sys
+from qualify.host.engine import Engine
+with Engine("docker").exported_filesystem(sys.argv[1]) as stream:
+    stream.read()
+"""
+
+
+def test_clean_removes_the_container_a_killed_export_left_and_never_aborts_on_one(docker_engine, own_registry):
+    """A publish killed during the SBOM's container step left a created container of the image; this
+    checkout's `clean` then aborted ("image is being used by stopped container"). The export publish makes
+    (Engine.exported_filesystem), killed with SIGKILL once its container exists: clean lists and removes that
+    container, then the image. A container that is not a killed export's (a live one, another's) keeps the
+    image it uses, said so, and clean goes on instead of aborting."""
+    from qualify.host import workcontainers
+
+    registry, state, env = own_registry
+    tag = tiny_image(docker_engine, f"{registry.address}/blackwell/qualify-test-export:{uuid.uuid4().hex[:6]}")
+    other = tiny_image(docker_engine, f"{registry.address}/blackwell/qualify-test-export:{uuid.uuid4().hex[:6]}")
+    engine = Engine("docker")
+    made = [engine.image_id(tag), engine.image_id(other)]
+    for image_id, ref in zip(made, (tag, other)):
+        ledger.record(image_id, ref, state, REPO)
+    holder = subprocess.run([docker_engine, "create", other, "true"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    try:
+        killed = _run(EXPORT, tag, env={**env, "PYTHONPATH": str(REPO), "QUALIFY_KILL_AT": "export:created"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        left = workcontainers.leftovers(docker_engine)
+        assert [c.image for c in left if c.image == tag], f"the killed export left no labelled container: {left}"
+        dry = clean.clean(engine, registry, REPO / "manifests", dry_run=True, state_dir=state, checkout=REPO)
+        assert any(tag in c for c in dry.containers) and tag in dry.images, dry.lines()
+        done = clean.clean(engine, registry, REPO / "manifests", state_dir=state, checkout=REPO)
+        assert any(tag in c and "left by a killed export step" in c for c in done.containers), done.lines()
+        assert made[0] not in engine.image_ids() and not [c for c in workcontainers.leftovers(docker_engine)
+                                                          if c.image == tag]
+        assert made[1] in engine.image_ids(), "clean removed an image a container uses"
+        assert any(other in k and "used by container" in k for k in done.notes), "\n".join(done.lines())
+    finally:
+        subprocess.run([docker_engine, "rm", "-f", holder], capture_output=True)
+        engine.remove_created([i for i in made if i and i in engine.image_ids()])

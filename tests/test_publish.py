@@ -628,3 +628,43 @@ def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_rel
     assert not again.plan.push and "v1.0.1" in again.plan.newer and "left as they are" in "\n".join(lines)
     result = attestation_verify.verify_image(f"{creds.address}/promoted/sm120@{smoke.digest}", lab.release_pub)
     assert (result.release.tag, result.manifest.support_level) == ("v1.0.1", "unverified")
+
+
+def _work_containers(docker: str) -> list:
+    """Work containers of this checkout (host/workcontainers.py's labels) the engine holds, running or not."""
+    from qualify.host import workcontainers
+
+    out = subprocess.run([docker, "ps", "-a", "-q", "--no-trunc", "--filter", f"label={workcontainers.PURPOSE}",
+                          "--filter", f"label={workcontainers.CHECKOUT}={workcontainers.checkout_key()}"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def test_a_publish_killed_during_the_sboms_export_is_finished_and_swept_by_its_rerun(smoke, creds, docker_engine,
+                                                                                      tmp_path):
+    """Issue 41, item 6: a publish killed during the SBOM's container step left a created container of the
+    release image (a later `nox -s clean` aborted on it). Killed with SIGKILL right after the container is
+    created (kill point export:created); the same publish run again removes it, says so, and finishes; it
+    leaves no container of its own."""
+    key, _ = _key_pair(tmp_path)
+    tag = "v0.0.6-export"
+    manifests = _release(tmp_path, tag, smoke, key)
+    before = set(_work_containers(docker_engine))
+    script = ("import sys; from pathlib import Path; from qualify.publish import publish as p; "
+              f"o=p.PublishOptions(tag={tag!r}, destination=p.Destination.parse('{creds.address}/export'), "
+              f"release_root=Path('{manifests}'), key=Path('{key}'), password={PASSWORD!r}); "
+              "p.publish(o, progress=lambda m: print(m, file=sys.stderr, flush=True))")
+    killed = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
+                            text=True, timeout=600, start_new_session=True,
+                            env={**os.environ, **creds.env(), "QUALIFY_KILL_AT": "export:created"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    left = set(_work_containers(docker_engine)) - before
+    assert len(left) == 1, f"the kill did not leave the export's container: {left}"
+    assert not (manifests / tag / "published.json").exists()
+    lines = []
+    done = publish.publish(publish.PublishOptions(tag=tag, destination=publish.Destination.parse(
+        f"{creds.address}/export"), release_root=manifests, key=key, password=PASSWORD), progress=lines.append)
+    assert done.record and (manifests / tag / "published.json").is_file()
+    said = "\n".join(lines)
+    assert f"({next(iter(left))[:12]}, from " in said and "whose process was killed: removed" in said, said
+    assert not set(_work_containers(docker_engine)) - before, "a publish left a container behind"

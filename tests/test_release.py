@@ -30,7 +30,7 @@ from signing_helpers import (
 )
 
 from qualify.core.errors import ReleaseError, VerificationError
-from qualify.release import release, verify
+from qualify.release import release, tagstep, verify
 from qualify.signing import formats, signer
 
 TAG = "v2026.11.0"
@@ -231,18 +231,18 @@ def test_force_moves_the_tag_and_rewrites(repo, keys):
 
 def test_interrupted_release_resumes(repo, keys, monkeypatch):
     key_file, _ = keys
-    real_create_tag = release.create_tag
+    real_create_tag = tagstep.create_tag
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(release, "create_tag", interrupted)
+    monkeypatch.setattr(tagstep, "create_tag", interrupted)
     with pytest.raises(KeyboardInterrupt):
         do_release(repo, key_file)
     files = {p.name: p.read_bytes() for p in (repo / "manifests" / TAG).iterdir()}
     assert "release.json" in files and git(repo, "tag", "-l").strip() == ""
 
-    monkeypatch.setattr(release, "create_tag", real_create_tag)
+    monkeypatch.setattr(tagstep, "create_tag", real_create_tag)
     outcome = do_release(repo, key_file)  # no --force needed: identical files, no tag
     assert outcome.written == [] and sorted(outcome.unchanged) == sorted(files)
     assert {p.name: p.read_bytes() for p in (repo / "manifests" / TAG).iterdir()} == files
@@ -273,7 +273,7 @@ class RandomisedSigner:
 def test_rerun_keeps_signatures_a_randomised_signer_made(repo, keys, monkeypatch):
     key_file, _ = keys
     inner = signer.key_signer("builtin", key_file, PASSWORD.encode())
-    monkeypatch.setattr(release, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(tagstep, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         release.run_release(options(repo), lambda: RandomisedSigner(inner), built_images,
                             progress=lambda m: None)
@@ -299,7 +299,7 @@ def test_other_files_in_the_release_folder_need_force(repo, keys):
 
 def test_another_key_on_rerun_is_a_conflict(repo, keys, tmp_path, monkeypatch):
     key_file, _ = keys
-    monkeypatch.setattr(release, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(tagstep, "create_tag", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         do_release(repo, key_file)
     monkeypatch.undo()
@@ -416,6 +416,123 @@ def test_a_release_killed_at_any_step_is_finished_by_running_it_again(repo, keys
         assert "was already made by an earlier run" in again.stdout
     status = git(repo, "status", "--porcelain", "--untracked-files=all")
     assert "staging" not in status and not list((repo / ".git" / "qualify-staging").glob("*"))
+    assert _unreachable(repo) == [], "a re-run made a commit or tag nothing refers to"
+    if step == "release:committed":
+        assert "did not tag it (killed or refused): reused" in again.stdout
+
+
+def _unreachable(root: Path) -> list:
+    """Commits and tag objects no ref reaches (what a re-run that made its own commit again left)."""
+    out = git(root, "fsck", "--unreachable", "--no-reflogs", "--no-progress")
+    return [line for line in out.splitlines() if line.split()[1:2] in (["commit"], ["tag"])]
+
+
+# A git hook that runs while `git tag` holds refs/tags/<tag>.lock (the reference-transaction hook's "prepared"
+# state): with QUALIFY_KILL_AT=release:tag-locked it kills the release's whole process group (python, git and
+# itself) with SIGKILL; with QUALIFY_TEST_HOLD_LOCK=<file> it keeps git (alive) holding the lock while that
+# file exists, then aborts the transaction.
+_TAG_LOCK_HOOK = """#!/bin/sh
+cat >/dev/null
+[ "$1" = prepared ] || exit 0
+if [ "$QUALIFY_KILL_AT" = release:tag-locked ]; then
+  kill -9 "-$(cut -d' ' -f5 /proc/$$/stat)"
+fi
+if [ -n "$QUALIFY_TEST_HOLD_LOCK" ]; then
+  while [ -e "$QUALIFY_TEST_HOLD_LOCK" ]; do sleep 0.1; done
+  exit 1
+fi
+exit 0
+"""
+
+
+def _tag_lock_hook(repo: Path) -> Path:
+    hooks = repo / ".git" / "test-hooks"
+    hooks.mkdir()
+    write_script(hooks / "reference-transaction", _TAG_LOCK_HOOK)
+    git(repo, "config", "core.hooksPath", str(hooks))
+    return repo / ".git" / "refs" / "tags" / f"{TAG}.lock"
+
+
+def test_a_release_killed_while_git_tag_held_the_tags_lock_is_finished_by_running_it_again(repo, keys, tmp_path):
+    """Issue 41, item 4: killed while `git tag` held refs/tags/TAG.lock, every re-run exited 10, git's message
+    was cut to five lines without the lock's path, and each re-run made another unreachable commit. The re-run
+    finds no git holding the lock, finishes the update the killed git was making with the tag object it had
+    made, reuses the release commit, and gives the bytes, tree and tag an uninterrupted run gives."""
+    import os
+    import sys
+
+    key_file, _ = keys
+    clean = tmp_path / "clean"
+    shutil.copytree(repo, clean)
+    assert _run_killable(clean, key_file).returncode == 0
+    lock = _tag_lock_hook(repo)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "QUALIFY_KILL_AT": "release:tag-locked"}
+    killed = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(repo), str(key_file), PASSWORD, TAG], env=env,
+                            capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert killed.returncode == -9, killed.stderr
+    assert lock.is_file() and git(repo, "tag", "-l") == "", "the kill did not come while git held the tag's lock"
+    left = lock.read_text().strip()
+    assert git(repo, "cat-file", "-t", left).strip() == "tag"
+    again = _run_killable(repo, key_file)
+    assert again.returncode == 0, again.stderr
+    assert f"{lock} was left by a git killed while it tagged (no git process holds it): finished" in again.stdout
+    assert "did not tag it (killed or refused): reused" in again.stdout
+    assert git(repo, "rev-parse", f"refs/tags/{TAG}").strip() == left and not lock.exists()
+    files = lambda root: {p.name: p.read_bytes() for p in (root / "manifests" / TAG).iterdir()}  # noqa: E731
+    assert files(repo) == files(clean)
+    tree = lambda root: git(root, "rev-parse", f"{TAG}^{{tree}}").strip()  # noqa: E731
+    assert tree(repo) == tree(clean)
+    assert _unreachable(repo) == [], "the re-run made a commit or tag object nothing refers to"
+    third = _run_killable(repo, key_file)
+    assert third.returncode == 0 and "left by a git" not in third.stdout, third.stderr
+    assert git(repo, "rev-parse", f"refs/tags/{TAG}").strip() == left
+
+
+def test_a_tags_lock_a_running_git_holds_is_never_taken(repo, keys, tmp_path, monkeypatch):
+    """The other side of the rule: while a live git holds refs/tags/TAG.lock the release refuses, naming the
+    lock and the process, and changes nothing; once that git is done the same release goes through."""
+    import time
+
+    from qualify.release import gitlock
+
+    monkeypatch.setattr(gitlock, "MIN_AGE_S", 1.0)
+    key_file, _ = keys
+    lock = _tag_lock_hook(repo)
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    holder = subprocess.Popen(["git", "tag", "-a", TAG, "-m", "someone else's tag"], cwd=repo,
+                              env={**__import__("os").environ, "QUALIFY_TEST_HOLD_LOCK": str(hold)})
+    try:
+        deadline = time.monotonic() + 30
+        while not lock.exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(ReleaseError) as refused:
+            do_release(repo, key_file)
+        said = refused.value.message
+        assert f"{lock} is held: pid {holder.pid} (git tag -a {TAG}" in said, said
+        assert lock.exists() and holder.poll() is None
+    finally:
+        hold.unlink()
+        holder.wait(timeout=30)
+    assert not lock.exists() and git(repo, "tag", "-l") == ""
+    outcome = do_release(repo, key_file)
+    assert outcome.tag_object and not any("left by a git" in r for r in outcome.recovered)
+    assert any("did not tag it (killed or refused): reused" in r for r in outcome.recovered), outcome.recovered
+    left = _unreachable(repo)  # the other git's aborted tag object is its own; no commit of the release
+    assert [line for line in left if " tag " not in line] == [] and len(left) <= 1, left
+
+
+def test_gits_message_keeps_the_path_of_the_lock_it_could_not_take(repo):
+    """git's advice after a failed lock is five lines long; the error kept only those, without the path."""
+    from qualify.release import gitops
+
+    lock = repo / ".git" / "refs" / "tags" / "v9.9.9.lock"
+    lock.write_text("")
+    with pytest.raises(ReleaseError) as failed:
+        gitops.create_tag(repo, "v9.9.9", "message\n", False, "HEAD")
+    assert f"Unable to create '{lock}': File exists" in failed.value.message
+    assert "remove the file manually to continue" in failed.value.message
 
 
 def test_a_kill_in_the_write_step_leaves_nothing_that_blocks_the_next_release(repo, keys):

@@ -259,10 +259,10 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
 
     from qualify.release import evidence as ev
     from qualify.release import promote
+    from qualify.signing import formats, signer
     from qualify.trust import hosts
     from qualify.trust import records as rec
     from qualify.trust.folder import TrustedKey, read_release
-    from qualify.signing import formats, signer
 
     env = {"PATH": "/usr/bin:/bin"}
 

@@ -39,7 +39,7 @@ from qualify.core import killpoint, manifest
 from qualify.core.errors import QualifyError, RegistryError
 from qualify.core.fsutil import file_lock, write_atomic
 from qualify.core.report import Reporter
-from qualify.host import cleanstate, cmd, paths, skopeo, workdirs
+from qualify.host import cleanstate, cmd, paths, skopeo, workcontainers, workdirs
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 
@@ -55,6 +55,7 @@ class CleanReport:
 
     dry_run: bool
     images: List[str] = field(default_factory=list)
+    containers: List[str] = field(default_factory=list)  # work containers a killed run left (host/workcontainers.py)
     kept_images: List[str] = field(default_factory=list)
     other_checkouts: List[str] = field(default_factory=list)  # toolkit images this checkout did not make
     registry_manifests: List[str] = field(default_factory=list)
@@ -77,6 +78,7 @@ class CleanReport:
         out = [f"clean: {verb} {len(self.images)} image(s), {len(self.registry_manifests)} registry manifest(s), "
                f"{len(self.cache_records)} build-cache record(s) ({self.cache_bytes / gb:.2f} GB), "
                f"{len(self.directories)} state folder(s)"]
+        out += [f"  container {c}" for c in self.containers]
         out += [f"  image {i}" for i in self.images]
         out += [f"  registry {m}" for m in self.registry_manifests]
         out += [f"  folder {d}" for d in self.directories]
@@ -134,7 +136,10 @@ def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bo
                                                     set(digests_for(m.reference for m in made)))
     report = CleanReport(dry_run=dry_run)
     engine_free = _free(engine.storage_root())
-    _clean_images(engine, registry, keep, everything, report, mine)
+    # Before the images: a container a killed publish left keeps its image from being removed.
+    left = workcontainers.sweep(engine.binary, None if everything else checkout, dry_run)
+    report.containers = [f"{c.name} ({c.id[:12]}, from {c.image}; left by a killed {c.purpose} step)" for c in left]
+    _clean_images(engine, registry, keep, everything, report, mine, {c.name for c in left})
     _clean_build_cache(engine, everything, report, state_dir)
     _clean_registry(registry, keep, everything, report, state_dir, mine)
     _clean_state(state_dir, everything, report, checkout)
@@ -147,7 +152,7 @@ def clean(engine: Engine, registry: Registry, releases_dir: Path, everything: bo
 
 
 def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything: bool, report: CleanReport,
-                  mine: Mine) -> None:
+                  mine: Mine, going: Set[str] = frozenset()) -> None:
     prefix = f"{registry.address}/{NAMESPACE}/"
     doomed: List[str] = []
     for info in engine.inspect_existing(sorted(engine.image_ids())):
@@ -165,6 +170,13 @@ def _clean_images(engine: Engine, registry: Registry, keep: Set[str], everything
             continue
         doomed.append(info["Id"])
         report.images.append(names[0])
+    # An image a container uses cannot go (a run at work, or a container that is not this checkout's): kept,
+    # saying which, rather than aborting the rest of clean.
+    for image_id, names in sorted(workcontainers.users(engine.binary, doomed, going).items()):
+        at = doomed.index(image_id)
+        del doomed[at]
+        report.notes.append(f"kept image {report.images.pop(at)}: used by container(s) {', '.join(names[:3])} "
+                                 "(remove them, then run clean again)")
     if doomed and not report.dry_run:
         error = engine.remove_created(doomed)
         if error:

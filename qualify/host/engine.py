@@ -46,7 +46,7 @@ from qualify.config.imageref import ImageRef, digests_for
 from qualify.core import killpoint
 from qualify.core.errors import BaseImageError, BuildError, EngineError
 from qualify.core.report import Reporter, emit
-from qualify.host import buildkit, cmd
+from qualify.host import buildkit, cmd, workcontainers
 from qualify.host.progress import BuildSteps, PushProgress
 
 REPORT = Reporter("build")
@@ -505,8 +505,9 @@ class Engine:
     def exported_filesystem(self, image: str) -> Iterator[IO[bytes]]:
         """The image's whole filesystem as a tar stream (`export` of a created, never started container: no
         emulation for a foreign platform, nothing of the image runs). The reader bounds what it keeps."""
-        cid = self._stdout([self.binary, "create", image, "true"]).strip()
-        try:
+        cid = self._stdout([self.binary, "create", *workcontainers.labels("export"), image, "true"]).strip()
+        try:  # a kill -9 from here on leaves the container: the next export and `clean` remove it (workcontainers)
+            killpoint.reached("export:created")
             with tempfile.TemporaryFile() as err:
                 proc = cmd.spawn([self.binary, "export", cid], stdout=cmd.PIPE, stderr=err)
                 try:

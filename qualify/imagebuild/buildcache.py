@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, FrozenSet, List, Optional
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from qualify.core.report import Reporter
 from qualify.host import cacheledger
@@ -50,6 +50,9 @@ class CacheReport:
     free_after: int
     root: Path
     error: str = ""
+    # Over the budget but not pruned: a build running now (another checkout's, on the shared engine) uses them,
+    # and BuildKit never removes a record in use. The next build prunes them.
+    busy: Tuple[str, ...] = ()
 
     def line(self) -> str:
         gb = 1e9
@@ -59,6 +62,8 @@ class CacheReport:
                 f"({self.kept_bytes / gb:.2f} GB) the newest builds use and {self.older_records} older one(s) "
                 f"({self.older_bytes / gb:.2f} GB, {budget}); pruned {self.pruned_records} "
                 f"({self.pruned_bytes / gb:.2f} GB)")
+        if self.busy:
+            text += f"; {len(self.busy)} older record(s) left: a running build uses them (the next build prunes them)"
         if self.images:
             text += f"; removed {self.images} intermediate image(s) this build made"
         return text + (f"; some stay: {self.error}" if self.error else "")
@@ -96,7 +101,8 @@ def settle(engine: Engine, before: Footprint, key: str, final_id: str, tag: str,
                        older_records=len(left), older_bytes=sum(c.size for c in left),
                        pruned_records=len([c for c in doomed if c.id not in after]), pruned_bytes=pruned,
                        budget=budget, images=len(images), free_before=before.free_bytes,
-                       free_after=_free(before.root), root=before.root, error=error)
+                       free_after=_free(before.root), root=before.root, error=error,
+                       busy=tuple(sorted(c.id for c in doomed if c.in_use)))
 
 
 def used_by_build(before: Dict[str, CacheEntry], after: Dict[str, CacheEntry]) -> FrozenSet[str]:

@@ -36,7 +36,7 @@ from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
 from qualify.core.report import Progress, Reporter
-from qualify.host import paths, skopeo
+from qualify.host import paths, skopeo, workcontainers
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import image, wheelhouse
@@ -122,6 +122,8 @@ def _build_record(opts: PublishOptions, img: VerifiedTarget) -> Optional[image.B
 def _sbom_statement(opts: PublishOptions, img: VerifiedTarget, name: str, record: image.BuildRecord, lock: Path,
                     created: str, progress: Progress) -> dict:
     engine = Engine("docker", binary=opts.docker)
+    for left in workcontainers.sweep(engine.binary):
+        progress(f"  {img.target}: SBOM: {left.line()}")
     with engine.exported_filesystem(img.manifest.subject) as stream:
         contents = imagefs.read_contents(stream, img.manifest.subject)
     for problem in contents.problems:

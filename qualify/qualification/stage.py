@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, TextIO
 
 from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, TargetsFile
-from qualify.core import manifest
+from qualify.core import killpoint, manifest
 from qualify.core.enums import Origin, Verdict
 from qualify.core.errors import QualifyError
 from qualify.core.fsutil import write_atomic
@@ -53,11 +53,13 @@ def assemble(record: image.BuildRecord, run: ProbeRun) -> Dict[str, Any]:
 @dataclass(frozen=True)
 class Qualified:
     """What qualifying gives back: where the manifest is and what it says, parsed once from the bytes written
-    (or, for a reused qualification, the bytes read), so the report does not read the file again."""
+    (or, for a reused qualification, the bytes read), so the report does not read the file again.
+    `recovered`: what a reused qualification found unfinished and finished (the release input's hand-off)."""
 
     path: Path
     manifest: manifest.Manifest
     reused: bool = False
+    recovered: str = ""
 
 
 def qualified_path(record: image.BuildRecord) -> Path:
@@ -65,15 +67,45 @@ def qualified_path(record: image.BuildRecord) -> Path:
 
 
 def already_qualified(record: image.BuildRecord) -> Optional[Qualified]:
+    """This build's qualification by this probe, read once: the manifest and the bytes it was parsed from."""
     path = qualified_path(record)
     if not path.exists():
         return None
     try:
-        found = manifest.Manifest.load(path)
+        data = manifest.read(path)
+        found = manifest.Manifest.parse(data, str(path))
     except QualifyError:
         return None  # damaged or from another toolkit: qualify again
     same = (found.digest, found.probe_sha256) == (record.digest, probe_sources_digest())
-    return Qualified(path, found, reused=True) if same else None
+    return Qualified(path, found, reused=True, recovered=hand_over(record.target, data)) if same else None
+
+
+def hand_over(target: str, data: bytes) -> str:
+    """Make `build/manifests/<target>.json` (what `release` reads) hold these manifest bytes. The qualification
+    is written first and handed over second, so a qualify killed between the two leaves its manifest and the
+    release input of an earlier run: a re-run finds it here and finishes the hand-off. '' when it was done
+    already, else what it found and did."""
+    dest = paths.HERE.release_input(target)
+    try:
+        held = manifest.read(dest) if dest.is_file() or dest.is_symlink() else None
+    except QualifyError:
+        held = b""  # not a manifest file we could read: replaced, as a fresh qualification would
+    if held == data:
+        return ""
+    write_atomic(dest, data)
+    if held is None:
+        return f"{_shown(dest)} was missing (a qualify killed before it handed over): written from this qualification"
+    try:
+        before = f"image {manifest.Manifest.parse(held, str(dest)).digest}"
+    except QualifyError:
+        before = "a file that is no manifest"
+    return (f"{_shown(dest)} held {before}, not this qualification (a qualify killed before it handed over, or "
+            "another profile or base qualified since): it holds this one now")
+
+
+def _shown(path: Path) -> str:
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
 def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: bool = False) -> Qualified:
@@ -81,6 +113,8 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
     existing = None if force else already_qualified(record)
     if existing:
         REPORT.say(f"{record.image_reference} already qualified by this probe: {existing.path}")
+        if existing.recovered:
+            REPORT.say(f"recovered: {existing.recovered}")
         return existing
     start = time.monotonic()
     emulated = target.platform != engine.native_platform()
@@ -88,7 +122,8 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
     doc = assemble(record, run)
     data = manifest.dumps(doc)
     path = write_atomic(qualified_path(record), data)
-    write_atomic(paths.HERE.release_input(record.target), data)
+    killpoint.reached("qualify:written")  # the interruption tests: killed before the hand-off
+    hand_over(record.target, data)
     REPORT.say(f"{path} ({time.monotonic() - start:.1f} s)")
     return Qualified(path, manifest.Manifest.from_statement(doc, str(path)))  # what was written, not read back
 
@@ -101,7 +136,5 @@ def summary_line(m: manifest.Manifest) -> str:
 def report(done: Qualified, file: TextIO) -> int:
     """Summary for people; exit 1 when the verdict is fail."""
     print(summary_line(done.manifest), file=file)
-    path = done.path
-    shown = path.resolve().relative_to(REPO_ROOT) if path.resolve().is_relative_to(REPO_ROOT) else path
-    print(f"manifest: {shown}", file=file)
+    print(f"manifest: {_shown(done.path)}", file=file)
     return 1 if done.manifest.verdict == Verdict.FAIL else 0

@@ -16,13 +16,20 @@ def git(repo: Path, *args: str, check: bool = True, input_text: Optional[str] = 
         env: Optional[Mapping[str, str]] = None) -> cmd.Result:
     result = cmd.call(["git", *args], cwd=str(repo), check=False, input_text=input_text, timeout=120, env=env)
     if check and result.returncode != 0:
-        said = cmd.tail(result.stderr or result.stdout, 5)
+        said = brief(result.stderr or result.stdout)
         if any(m in said.lower() for m in ("no space left", "out of diskspace", "disk quota")):
             raise ReleaseError(f"the disk under {repo} is full: git {args[0]} could not write ({said})",
                                hint="free space, then run the release again: what it wrote is kept and checked")
         raise ExternalCommandError(f"command failed (exit {result.returncode}): git {cmd.quote(args)}\n{said}")
     return result
 
+
+def brief(text: str, lines: int = 5) -> str:
+    """What git said, briefly: its `fatal:`/`error:` lines, which name the file (a lock's path), then its last
+    lines (git's advice after a failed lock is five lines on its own)."""
+    said = text.rstrip().splitlines()
+    first = [i for i, line in enumerate(said) if line.startswith(("fatal:", "error:"))][:3]
+    return "\n".join(said[i] for i in sorted(set(first) | set(range(max(0, len(said) - lines), len(said)))))
 
 
 def git_root(start: Path) -> Path:
@@ -80,5 +87,5 @@ def create_tag(repo: Path, tag: str, message: str, force: bool, commit: str = "H
             raise ReleaseError(f"tag {tag} was made by another run while this one worked ({now[:12]}); nothing of "
                                "this run was tagged", hint=f"run the release again: it checks the tag {tag} holds "
                                "these manifests and finishes what is left, or says which release it holds")
-        raise ReleaseError(f"git tag {tag} failed: {cmd.tail(done.stderr or done.stdout, 5)}")
+        raise ReleaseError(f"git tag {tag} failed: {brief(done.stderr or done.stdout)}")
     return existing_tag(repo, tag) or ""

@@ -47,15 +47,12 @@ from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, ReleaseError
 from qualify.core.report import Progress, Reporter
-from qualify.release import changelog, history, install
+from qualify.release import changelog, history, install, tagstep
 from qualify.release.assess import assess_all, collect
 from qualify.release.gitops import (
-    create_tag,
     existing_tag,
     git,
     is_commit,
-    release_commit,
-    release_tree,
     tracked_under,
 )
 from qualify.release.messages import dry_run_lines, tag_message  # noqa: F401 (dry_run_lines: the CLI's)
@@ -161,7 +158,7 @@ def _differs_from_tag(opts: ReleaseOptions) -> str:
     """Why the release the tag holds is not the one build/manifests would make ("" when it is the same:
     a re-run after an interruption, which resumes). The tagged release is verified as a whole (one
     `git cat-file --batch`, the one verifier), before any key is asked for; the resumed run's commit is then
-    compared tree for tree with the tag's (`_commit_or_resume`)."""
+    compared tree for tree with the tag's (`tagstep.commit_or_resume`)."""
     root = opts.out_root.relative_to(opts.repo).as_posix()
     try:
         with GitObjects(opts.repo) as objects:
@@ -373,9 +370,10 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
     outcome.tag_message = tag_message(opts, outcome.released, outcome.withheld, key, index_sha,
                                       [*changes, *([""] if changes and published else []), *published])
     resumed = existing_tag(opts.repo, opts.tag) if not opts.force else None
+    staging_root = tagstep.staging_root(opts)
     outcome.release_commit = steps.run(
         "commit", f"commit {opts.folder}/ on top of {outcome.source_revision[:12]}",
-        lambda: _commit_or_resume(opts, outcome, resumed), lambda c: c[:12] + (
+        lambda: tagstep.commit_or_resume(opts, outcome, resumed, staging_root), lambda c: c[:12] + (
             " (the tag's own commit: an earlier run made it)" if resumed else ""))
     killpoint.reached("release:committed")
     if resumed:
@@ -384,8 +382,7 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         steps.skip("tag", f"{opts.tag} already points at this release commit (an earlier run made it)")
     else:
         outcome.tag_object = steps.run("tag", f"annotated tag {opts.tag} on the release commit",
-                                       lambda: create_tag(opts.repo, opts.tag, outcome.tag_message, opts.force,
-                                                          outcome.release_commit))
+                                       lambda: tagstep.make_tag(opts, outcome, staging_root, progress))
     killpoint.reached("release:tagged")
     outcome.push = steps.run("push", f"push the tag to {opts.remote}", lambda: push(opts))
     upload_result = steps.run("publish", "upload the release files",
@@ -393,27 +390,6 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
                               lambda r: r[0])
     outcome.upload, outcome.upload_command = upload_result
     return outcome
-
-
-def _commit_or_resume(opts: ReleaseOptions, outcome: ReleaseResult, tagged: Optional[str]) -> str:
-    """The release commit; for a resumed release, the tag's own commit, when it holds exactly this tree on
-    this parent (else the release is another one: refused, nothing moved). A publication record bound to this
-    release but published after the tag was made is in the folder, not in the tag's commit: that commit is
-    still this release's."""
-    if not tagged:
-        return release_commit(opts, outcome.source_revision, outcome.files, outcome.tag_message)
-    commit = git(opts.repo, "rev-parse", f"refs/tags/{opts.tag}^{{commit}}").stdout.strip()
-    have_tree = git(opts.repo, "rev-parse", f"{commit}^{{tree}}").stdout.strip()
-    parent = git(opts.repo, "rev-parse", f"{commit}^", check=False).stdout.strip()
-    without = [n for n in outcome.files if n not in install.PUBLICATION_FILES]
-    for files in (outcome.files, without) if without != outcome.files else (outcome.files,):
-        if (have_tree, parent) == (release_tree(opts, outcome.source_revision, files), outcome.source_revision):
-            if files is without:
-                outcome.recovered.append(f"{rec.PUBLICATION_FILE} (bound to this release) was published after tag "
-                                         f"{opts.tag} was made: it is kept in {opts.folder}/, the tag's commit left")
-            return commit
-    raise ReleaseError(f"tag {opts.tag} already exists and its commit {commit[:12]} holds other files than this "
-                       "release writes; a release never moves a tag", hint="choose a new tag, or pass --force to move it")
 
 
 def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidates: List[Candidate], signer: Signer,
