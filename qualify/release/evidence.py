@@ -30,6 +30,7 @@ from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
+from qualify.release.gpuconfig import SINGLE_GPU, Configuration, required_checks
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
 NO_GPU = "none"  # the GPU name and capability of a run that saw none
@@ -76,12 +77,17 @@ class Evidence:
     checks: Tuple[Mapping[str, Any], ...] = ()
     figures: Mapping[str, float] = field(default_factory=dict)
     run_id: str = ""  # the probe's id of the run ("" from a probe older than run ids)
+    configuration: Configuration = SINGLE_GPU  # written only for several GPUs: a 1-GPU record is as before
 
     def as_dict(self) -> Dict[str, Any]:
         doc = asdict(self)
         doc["outcome"] = self.outcome.value
         doc["checks"] = [dict(c) for c in self.checks]
         doc["figures"] = dict(self.figures)
+        if self.configuration.multi_gpu:
+            doc["configuration"] = self.configuration.as_json()
+        else:
+            del doc["configuration"]
         return {"schema": SCHEMA, **doc}
 
     def to_bytes(self) -> bytes:
@@ -178,9 +184,11 @@ def _named(checks: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(f"{c.get('id')}: {c.get('status')}: {c.get('reason', '')}" for c in checks)
 
 
-def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str) -> ProbeOutcome:
-    """Seed 000's outcome of one run, by an allow-list over the GPU checks this toolkit requires
-    (probe/gpu.py: REQUIRED_GPU_CHECKS), whatever the record says about `required`:
+def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str,
+               required: Sequence[str] = REQUIRED_GPU_CHECKS) -> ProbeOutcome:
+    """Seed 000's outcome of one run, by an allow-list over the GPU checks required (probe/gpu.py:
+    REQUIRED_GPU_CHECKS, and the NCCL check for a run on several GPUs: `required_checks`), whatever the record
+    says about `required`:
 
     - a required check that failed: a product failure;
     - every required check present and `pass`, on a GPU of the target's capability: a pass;
@@ -189,27 +197,28 @@ def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capabi
     """
     gpu_checks = [c for c in checks if str(c.get("id", "")).startswith("gpu.")]
     by_id = {str(c.get("id")): c for c in gpu_checks}
-    failed = [by_id[i] for i in REQUIRED_GPU_CHECKS if i in by_id and by_id[i].get("status") == "fail"]
+    failed = [by_id[i] for i in required if i in by_id and by_id[i].get("status") == "fail"]
     if failed:
         return ProbeOutcome(Outcome.PRODUCT_FAILURE, _named(failed), gpu_checks)
-    missing = [i for i in REQUIRED_GPU_CHECKS if i not in by_id]
+    missing = [i for i in required if i not in by_id]
     if missing:
         return ProbeOutcome(Outcome.INFRASTRUCTURE, f"required GPU checks missing: {', '.join(missing)}", gpu_checks)
-    unpassed = [by_id[i] for i in REQUIRED_GPU_CHECKS if by_id[i].get("status") != "pass"]
+    unpassed = [by_id[i] for i in required if by_id[i].get("status") != "pass"]
     if unpassed:
         return ProbeOutcome(Outcome.INFRASTRUCTURE, _named(unpassed), gpu_checks)
     if seen_capability != capability:
         return ProbeOutcome(Outcome.INFRASTRUCTURE,
                             f"the probe saw capability {seen_capability or 'none'}, not {capability}", gpu_checks)
-    return ProbeOutcome(Outcome.PASS, f"{len(REQUIRED_GPU_CHECKS)} required GPU checks passed", gpu_checks)
+    return ProbeOutcome(Outcome.PASS, f"{len(required)} required GPU checks passed", gpu_checks)
 
 
 def probe_outcome(predicate: Mapping[str, Any], capability: str) -> ProbeOutcome:
-    """The outcome of a probe run's predicate (the GPU checks run here, or a probe manifest)."""
+    """The outcome of a probe run's predicate (the GPU checks run here, or a probe manifest), for the
+    configuration it ran on."""
     devices = [d for d in (predicate.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
     seen = str((devices[0] if devices else {}).get("compute_cap", ""))
     checks = [c for c in predicate.get("checks") or [] if isinstance(c, dict)]
-    return outcome_of(checks, seen, capability)
+    return outcome_of(checks, seen, capability, required_checks(Configuration.of_predicate(predicate)))
 
 
 # --- reading ---------------------------------------------------------------------------------------
@@ -254,7 +263,7 @@ def _digest_field(doc: Mapping[str, Any], key: str, where: str) -> str:
 
 _RECORD_KEYS = {"schema", "release", "target", "capability", "image_reference", "image_digest",
                 "probe_sources_digest", "gpu", "host_id_sha256", "time", "outcome", "reason", "checks", "figures",
-                "run_id"}
+                "run_id", "configuration"}
 
 
 def parse(data: bytes, where: str) -> Evidence:
@@ -290,8 +299,11 @@ def parse(data: bytes, where: str) -> Evidence:
         host_id_sha256=_digest_field(doc, "host_id_sha256", where),
         time=normal_time(doc.get("time"), f"{where}: field 'time'"), outcome=declared,
         reason=str(doc.get("reason") or ""), checks=_valid_checks(doc.get("checks"), where),
-        figures={str(k): float(v) for k, v in figures.items()}, run_id=run_id)
-    return _agreed(record, outcome_of(record.checks, record.gpu.capability, record.capability), where)
+        figures={str(k): float(v) for k, v in figures.items()}, run_id=run_id,
+        configuration=Configuration.parse(doc["configuration"], where, EvidenceError) if "configuration" in doc
+        else SINGLE_GPU)
+    return _agreed(record, outcome_of(record.checks, record.gpu.capability, record.capability,
+                                      required_checks(record.configuration)), where)
 
 
 def _agreed(record: Evidence, computed: ProbeOutcome, where: str) -> Evidence:
@@ -354,7 +366,7 @@ def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidenc
                 uuid_sha256=hashed(str(device.get("uuid") or "")), driver=str(device.get("driver_version") or "")),
         host_id_sha256=hashed(host), time=normal_time(pred.get("created"), f"{where}: predicate.created"),
         outcome=outcome.outcome, reason=outcome.reason, checks=tuple(outcome.checks),
-        run_id=run_id if isinstance(run_id, str) else "")
+        run_id=run_id if isinstance(run_id, str) else "", configuration=Configuration.of_predicate(pred))
 
 
 def from_bytes(data: bytes, release: str, where: str) -> Evidence:

@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from qualify.config.targets import TargetsFile
 from qualify.core import manifest as mf
+from qualify.core.enums import SupportLevel
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import read_small
 from qualify.release import evidence as ev
 from qualify.release import records as rec
+from qualify.release import rows
 from qualify.release.folder import (
     KeyAnchor,
     Sign,
@@ -42,6 +44,7 @@ from qualify.release.folder import (
     sha256,
     write_signed_files,
 )
+from qualify.release.gpuconfig import SINGLE_GPU, ConfigurationRow
 from qualify.signing import formats
 
 EVIDENCE_DIR = "evidence"
@@ -59,7 +62,7 @@ class Counted:
     def summary(self) -> rec.CountedEvidence:
         r = self.record
         return rec.CountedEvidence(self.sha256, self.identity, r.time, r.outcome.value, r.reason, r.gpu.name,
-                                   r.gpu.driver, self.host, tuple(sorted(r.figures.items())))
+                                   r.gpu.driver, self.host, tuple(sorted(r.figures.items())), r.configuration.key)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,22 @@ def standing(counted: Iterable[Counted], required: int, intended: str, released_
     return Standing(level, streak, required, tuple(ordered), "; ".join(notes))
 
 
+def configuration_rows(counted: Sequence[Counted], required: int, intended: str,
+                       floors: Sequence[Any]) -> Tuple[Standing, Tuple[Counted, ...], Tuple[ConfigurationRow, ...]]:
+    """Seed 000's rows: the 1-GPU row (the target's level) and one per multi-GPU configuration, each standing on
+    its own runs; multi-GPU runs judged again by the all-reduce floors. Also every run, oldest first."""
+    judged = [replace(c, record=rows.under_floor(c.record, floors)) for c in counted]
+    grouped = rows.by_configuration(judged)
+    single = grouped.pop(SINGLE_GPU.key)
+    everything = standing(judged, required, intended, "").counted
+    others = []
+    for group in grouped.values():
+        s = standing(group, required, intended, SupportLevel.UNVERIFIED.value)
+        others.append(ConfigurationRow(group[0].record.configuration, s.level, s.consecutive_passes, required,
+                                       len(s.counted), s.note))
+    return single, everything, tuple(sorted(others, key=lambda r: r.configuration.key))
+
+
 @dataclass(frozen=True)
 class Promoted:
     target: str
@@ -138,6 +157,7 @@ class Promoted:
     ignored: Tuple[str, ...] = ()  # files in evidence/<target>/ the signed record does not name
     written: bool = True
     added: Tuple[Counted, ...] = ()  # the runs this promotion took in, each with its outcome
+    configurations: Tuple[ConfigurationRow, ...] = ()  # the multi-GPU rows beside the 1-GPU row (`standing`)
 
 
 def _store(folder: Path, target: str) -> Path:
@@ -188,13 +208,15 @@ def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign
             for t, new in sorted(by_target.items())]
 
 
-def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str) -> bytes:
+def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str, everything: Sequence[Counted],
+                    others: Sequence[ConfigurationRow]) -> bytes:
     stmt = copy.deepcopy(dict(vt.manifest.statement))  # what the verified bytes hold, rewritten
     pred = mf.predicate(stmt)
     pred["support_level"] = s.level
     pred["promotion"] = {"released_level": released, "level": s.level, "consecutive_passes": s.consecutive_passes,
                          "required_consecutive_passes": s.required, "note": s.note, "sequence": sequence,
-                         "evidence": [c.summary().as_json(vt.target) for c in s.counted]}
+                         "evidence": [c.summary().as_json(vt.target) for c in everything],
+                         **({"configurations": [r.as_json() for r in others]} if others else {})}
     return mf.dumps(stmt)
 
 
@@ -220,28 +242,33 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
             added.append(s)
     counted = old + [Counted(s.record, s.sha256, s.host or "unsigned", s.identity) for s in added]
     released = vt.entry.support_level
-    s = standing(counted, tf.promotion_passes, tf.get(target).support_level, released)
+    single, everything, others = configuration_rows(counted, tf.promotion_passes, tf.get(target).support_level,
+                                                    tf.allreduce_floors)
+    s = standing(single, tf.promotion_passes, tf.get(target).support_level, released)
     manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
     previous = vt.promotion.sequence if vt.promotion else 0
     if not added:
-        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False)
+        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False,
+                        configurations=others)
     store = _store(folder, target)
     for signed in added:
         _keep(store, signed)
     ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in added})
-    manifest = _manifest_bytes(vt, s, previous + 1, released)
+    manifest = _manifest_bytes(vt, s, previous + 1, released, everything, others)
     unsigned = (allow_unsigned and any(not c.host for c in added)) or \
         bool(vt.promotion and vt.promotion.unsigned_evidence_allowed)
     record = rec.PromotionRecord(
         release=release.tag, release_sha256=release.index_sha256, target=target, sequence=previous + 1,
         previous_sha256=vt.promotion_sha256, released_level=released, level=s.level,
         consecutive_passes=s.consecutive_passes, required_consecutive_passes=s.required, note=s.note,
-        manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in s.counted),
-        unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None)
+        manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in everything),
+        unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None,
+        configurations=others)
     write_signed_files(folder, [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())],
                        sign, release.key)
     taken = tuple(c for c in counted if c.identity in seen)
-    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken)
+    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken,
+                    configurations=others)
 
 
 def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
@@ -264,6 +291,12 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
     s = p.standing
     lines = [f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
              f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
+    if p.configurations:  # seed 000's matrix: each multi-GPU configuration is a row of its own
+        lines[0] = lines[0].replace(f"{p.target}: ", f"{p.target} ({SINGLE_GPU.key}): ", 1)
+    for r in p.configurations:
+        lines.append(f"{p.target} ({r.configuration.key}): {r.level} ({r.consecutive_passes} of "
+                     f"{r.required_consecutive_passes} consecutive passes; {r.runs} records)"
+                     + (f"; {r.note}" if r.note else ""))
     for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
         lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.record.outcome.value}"
                      + (f" ({c.record.reason})" if c.record.reason else ""))

@@ -26,6 +26,7 @@ from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.core.readlimit import strict_json
+from qualify.release.gpuconfig import SINGLE_GPU, ConfigurationRow
 from qualify.release.order import ReleaseOrder, Version, tag_problem
 
 RELEASE_SCHEMA = "https://blackwell-qualify.dev/release/v2"
@@ -277,6 +278,7 @@ class CountedEvidence:
     driver: str
     host: str  # the enrolled host's name, or "unsigned"
     figures: Tuple[Tuple[str, float], ...] = ()
+    configuration: str = SINGLE_GPU.key  # its promotion row (gpuconfig.Configuration.key); written for N GPUs only
 
     def file(self, target: str) -> str:
         return f"evidence/{target}/{self.sha256}.json"
@@ -284,11 +286,13 @@ class CountedEvidence:
     def as_json(self, target: str) -> Dict[str, Any]:
         return {"sha256": self.sha256, "identity": self.identity, "file": self.file(target), "time": self.time,
                 "outcome": self.outcome, "reason": self.reason, "gpu": self.gpu, "driver": self.driver,
-                "host": self.host, "figures": dict(self.figures)}
+                "host": self.host, "figures": dict(self.figures),
+                **({"configuration": self.configuration} if self.configuration != SINGLE_GPU.key else {})}
 
     @classmethod
     def parse(cls, f: Fields, target: str) -> CountedEvidence:
-        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures")
+        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures",
+               "configuration")
         sha = f.text("sha256", HEX)
         if f.text("file") != f"evidence/{target}/{sha}.json":
             raise f.error(f"{f.where}: 'file' is not evidence/{target}/{sha}.json")
@@ -298,7 +302,8 @@ class CountedEvidence:
             raise f.error(f"{f.where}: figures must map names to numbers")
         return cls(sha, f.text("identity", HEX), f.text("time"), f.text("outcome"), f.text("reason", empty=True),
                    f.text("gpu", empty=True), f.text("driver", empty=True), f.text("host"),
-                   tuple(sorted((str(k), float(v)) for k, v in figures.items())))
+                   tuple(sorted((str(k), float(v)) for k, v in figures.items())),
+                   f.text("configuration") if "configuration" in f.doc else SINGLE_GPU.key)
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,7 @@ class PromotionRecord:
     evidence: Tuple[CountedEvidence, ...] = ()
     unsigned_evidence_allowed: bool = False
     hosts_sha256: Optional[str] = None  # the enrolled-hosts file the evidence was checked against
+    configurations: Tuple[ConfigurationRow, ...] = ()  # multi-GPU rows; `level` is the 1-GPU row's (seed 000)
 
     def as_json(self) -> Dict[str, Any]:
         return {"schema": PROMOTION_SCHEMA, "release": self.release, "release_sha256": self.release_sha256,
@@ -328,7 +334,8 @@ class PromotionRecord:
                 "required_consecutive_passes": self.required_consecutive_passes, "note": self.note,
                 "manifest_sha256": self.manifest_sha256,
                 "evidence": [e.as_json(self.target) for e in self.evidence],
-                "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256}
+                "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256,
+                **({"configurations": [r.as_json() for r in self.configurations]} if self.configurations else {})}
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.as_json())
@@ -338,7 +345,7 @@ class PromotionRecord:
         f = _load(data, where, PROMOTION_SCHEMA, error).only(
             "schema", "release", "release_sha256", "target", "sequence", "previous_sha256", "released_level",
             "level", "consecutive_passes", "required_consecutive_passes", "note", "manifest_sha256", "evidence",
-            "unsigned_evidence_allowed", "hosts_sha256")
+            "unsigned_evidence_allowed", "hosts_sha256", "configurations")
         target = f.text("target", mf.TARGET_NAME)
         previous = f.optional_text("previous_sha256")
         hosts = f.optional_text("hosts_sha256")
@@ -352,7 +359,9 @@ class PromotionRecord:
             required_consecutive_passes=f.integer("required_consecutive_passes", 1), note=f.text("note", empty=True),
             manifest_sha256=f.text("manifest_sha256", HEX),
             evidence=tuple(CountedEvidence.parse(e, target) for e in f.items("evidence")),
-            unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts)
+            unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts,
+            configurations=tuple(ConfigurationRow.parse(r) for r in f.items("configurations"))
+            if "configurations" in f.doc else ())
 
 
 # --- published.json ---------------------------------------------------------------------------
