@@ -77,13 +77,12 @@ def _volume_hub(s: Settings, engine_cli: str) -> Optional[Path]:
 
 
 def _hubs(s: Settings, engine_cli: str) -> List[Path]:
-    hubs = [_volume_hub(s, engine_cli)]
-    if os.environ.get("HF_HUB_CACHE"):
-        hubs.append(Path(os.environ["HF_HUB_CACHE"]))
-    if os.environ.get("HF_HOME"):
-        hubs.append(Path(os.environ["HF_HOME"]) / "hub")
-    hubs.append(Path.home() / ".cache" / "huggingface" / "hub")
-    return [h for h in hubs if h is not None]
+    """The deployment's own cache volume, then this host's hub cache as huggingface_hub finds it
+    (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    env = os.environ
+    here = Path(env["HF_HUB_CACHE"]) if env.get("HF_HUB_CACHE") else Path(env["HF_HOME"]) / "hub" \
+        if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface" / "hub"
+    return [h for h in (_volume_hub(s, engine_cli), here) if h is not None]
 
 
 def cached_config(s: Settings, engine_cli: str) -> Optional[Path]:

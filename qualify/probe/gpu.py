@@ -174,11 +174,13 @@ def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[
     data["topology"] = joined.as_json()
     floor = topology.floor_for(floors, joined.kind, world)
     data["floor"] = floor.as_json() if floor is not None else None
+    if data.get("backend", "nccl") != "nccl":  # a stand-in proves the checking, never the GPUs: not-run, not fail
+        return not_run(cid, title, f"the collectives ran over {data.get('backend')!r}, not NCCL on the GPUs (a "
+                       "stand-in): nothing about these GPUs is proven", required=required, **data)
+    if data.get("skipped"):
+        return not_run(cid, title, str(data["skipped"]), required=required, **data)
     if not data.get("ok"):
         return CheckResult(cid, title, FAIL, _failed_part(data), evidence=data)
-    if data.get("backend") != "nccl":
-        return CheckResult(cid, title, FAIL, f"the collectives ran over {data.get('backend')!r}, not NCCL on the "
-                           "GPUs (a stand-in): nothing about these GPUs is proven", evidence=data)
     ranks, busbw = data["ranks"], data["bandwidth"]["busbw_gbs"]
     worst = max(row["max_error_over_bound"] for r in ranks
                 for row in r["reference"]["all_reduce"] + r["reference"]["reduce_scatter"])
