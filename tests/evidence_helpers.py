@@ -49,8 +49,10 @@ def sign_with(key_file: Path, password: str = PASSWORD):
 class Lab:
     """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host."""
 
-    def __init__(self, root: Path, level: str = "unverified", stmt: Optional[dict] = None) -> None:
-        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves)."""
+    def __init__(self, root: Path, level: str = "unverified", stmt: Optional[dict] = None,
+                 options: Optional[dict] = None) -> None:
+        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves); `options`:
+        the release's (e.g. targets_file, the targets file whose rule it signs)."""
         self.root = root
         keys = root / "keys"
         keys.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ class Lab:
         self.host_key, self.host_pub = make_key_pair(keys, prefix="gpu-host")
         stmt = stmt or statement("sm120", DIGEST_A, level=level)
         stmt["predicate"].setdefault("toolkit", {})["probe_sha256"] = PROBE
-        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key)
+        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key, **(options or {}))
         self.manifests = self.folder.parent
         self.sign, self.key = sign_with(self.release_key)
         self.t0 = rec.parse_time(folder.read_release(self.folder).index.time, "release time")

@@ -25,5 +25,7 @@ def execute(args) -> int:
         from qualify.config import targets
         from qualify.qualification.container import probe_target
 
-        args.target_json = probe_target(targets.load(args.file).get(args.target), args.profile).to_json()
+        tf = targets.load(args.file)
+        args.target_json = probe_target(tf.get(args.target), args.profile,
+                                        allreduce_floors=tf.allreduce_floors).to_json()
     return probe_cli.execute(args, probe_cli.probe_target(args))

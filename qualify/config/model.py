@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from qualify.config.imageref import ImageRef
-from qualify.core import arch, driver
+from qualify.core import arch, driver, topology
 from qualify.core.enums import CPU_CAPABILITY, Accelerator, Profile
 from qualify.core.errors import ConfigError
 
@@ -170,6 +170,8 @@ class TargetsFile:
     promotion_passes: int = 7
     build: BuildSettings = DEFAULT_BUILD
     drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # [drivers]: CUDA -> driver floor
+    # [allreduce] floors: the bus bandwidth a multi-GPU deployment's all-reduce must reach, per topology
+    allreduce_floors: Tuple[topology.AllReduceFloor, ...] = ()
 
     @property
     def pythons(self) -> Tuple[str, ...]:

@@ -33,7 +33,7 @@ from qualify.config.model import (  # noqa: E402,F401
     TritonWiring,
     lock_path,
 )
-from qualify.core import arch, driver
+from qualify.core import arch, driver, topology
 from qualify.core.enums import Accelerator, BaseKind, Profile, SupportLevel
 from qualify.core.errors import ConfigError
 from qualify.core.manifest import TARGET_NAME, TARGET_NAME_MAX
@@ -48,8 +48,11 @@ PROFILES = Profile.values()
 BASE_KINDS = BaseKind.values()
 
 # Allowed keys per table, with their types. An unknown key is an error.
-_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "build": dict, "drivers": dict, "defaults": dict,
-             "targets": dict}
+_TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "allreduce": dict, "build": dict, "drivers": dict,
+             "defaults": dict, "targets": dict}
+_ALLREDUCE_KEYS = {"floors": list}
+_FLOOR_KEYS = {"topology": str, "gpus": int, "min_bus_gbps": float}
+MAX_BUS_GBPS = 100000.0  # no link is near this: larger is a typo
 _PROMOTION_KEYS = {"consecutive_passes": int}
 _BUILD_KEYS = {"cache_budget_gb": float, "layers": list}
 _LAYER_KEYS = {"name": str, "packages": list}
@@ -174,8 +177,12 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
     with problems.each():
         if "build" in raw:
             build = _parse_build(_table(raw, "build", path, "top level"), path)
+    floors: Tuple[topology.AllReduceFloor, ...] = ()
+    with problems.each():
+        if "allreduce" in raw:
+            floors = _parse_allreduce(_table(raw, "allreduce", path, "top level"), path)
     problems.raise_any()
-    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers)
+    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers, floors)
 
 
 def _check_name(name: str, path: Path) -> None:
@@ -224,6 +231,35 @@ def _parse_build(table: Mapping[str, Any], path: Path) -> BuildSettings:
         raise ConfigError(f"{path}: [build] layers: the last layer must take every package the others do not",
                           hint='give the last layer packages = ["*"]')
     return BuildSettings(int(budget * 10**9), tuple(layers))
+
+
+def _parse_allreduce(table: Mapping[str, Any], path: Path) -> Tuple[topology.AllReduceFloor, ...]:
+    """[allreduce] floors: the all-reduce bus bandwidth a multi-GPU deployment must reach, per topology."""
+    _check_keys(table, _ALLREDUCE_KEYS, path, "[allreduce]", required=True)
+    floors: List[topology.AllReduceFloor] = []
+    for n, entry in enumerate(table["floors"], 1):
+        where = f"[allreduce] floors[{n}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: {where} must be a table with topology, gpus and min_bus_gbps")
+        _check_keys(entry, _FLOOR_KEYS, path, where, required=True)
+        if entry["topology"] not in topology.TOPOLOGIES:
+            raise ConfigError(f"{path}: {where}: key 'topology': {entry['topology']!r} is not one of "
+                              f"{', '.join(topology.TOPOLOGIES)}", hint=_did_you_mean(entry["topology"],
+                                                                                      topology.TOPOLOGIES))
+        if not 2 <= entry["gpus"] <= 1024:
+            raise ConfigError(f"{path}: {where}: key 'gpus': {entry['gpus']} is outside 2..1024 (an all-reduce "
+                              "needs two GPUs)")
+        if not 0 < entry["min_bus_gbps"] <= MAX_BUS_GBPS:
+            raise ConfigError(f"{path}: {where}: key 'min_bus_gbps': {entry['min_bus_gbps']} is outside "
+                              f"0 (exclusive)..{MAX_BUS_GBPS:g}")
+        if any(f.topology == entry["topology"] and f.gpus == entry["gpus"] for f in floors):
+            raise ConfigError(f"{path}: {where}: a second floor for {entry['topology']} at {entry['gpus']} GPUs")
+        floors.append(topology.AllReduceFloor(entry["topology"], entry["gpus"], float(entry["min_bus_gbps"])))
+    missing = [t for t in topology.TOPOLOGIES if not any(f.topology == t and f.gpus == 2 for f in floors)]
+    if missing:
+        raise ConfigError(f"{path}: [allreduce] floors: no floor for 2 GPUs of {', '.join(missing)}",
+                          hint="every topology needs an entry with gpus = 2, so that every set of GPUs has a floor")
+    return tuple(floors)
 
 
 def _parse_drivers(table: Mapping[str, Any], path: Path) -> Dict[str, driver.DriverVersion]:

@@ -37,7 +37,8 @@ class ComposeSpec:
     gpu_memory_utilization: float
     max_model_len: int
     gpu_runtime: str = "nvidia"
-    gpu_device: str = "0"  # UUID for the nvidia runtime, CDI device name for cdi
+    gpu_device: str = "0"  # UUID for the nvidia runtime, CDI device name for cdi; several: comma-separated
+    tensor_parallel_size: int = 1  # vLLM's --tensor-parallel-size: one rank per GPU of gpu_device
     selinux_label_disable: bool = False
     bind_address: str = "127.0.0.1"
     port: int = 8000
@@ -50,6 +51,10 @@ class ComposeSpec:
     model_path: str = ""  # a host folder served instead of model/revision, offline
     cpu_kv_cache_gib: int = 0  # the cpu target: VLLM_CPU_KVCACHE_SPACE
 
+    @property
+    def devices(self) -> Tuple[str, ...]:
+        return tuple(d for d in self.gpu_device.split(",") if d) if self.gpu_runtime in ("nvidia", "cdi") else ()
+
     def validate(self) -> None:
         if self.gpu_runtime not in GPU_RUNTIMES:
             raise DeployError(f"GPU_RUNTIME={self.gpu_runtime!r}: use one of {', '.join(GPU_RUNTIMES)}")
@@ -58,6 +63,14 @@ class ComposeSpec:
         if not SHM_SIZE.fullmatch(self.shm_size):
             raise DeployError(f"SHM_SIZE={self.shm_size!r} is not a size such as 8g, 512m or 2gb",
                               hint="set SHM_SIZE in .env to a number with an optional unit b, k, m or g")
+        gpus = len(self.devices)
+        if self.tensor_parallel_size > 1 and self.gpu_runtime in ("nvidia", "cdi") and self.tensor_parallel_size != gpus:
+            raise DeployError(f"--tensor-parallel-size {self.tensor_parallel_size} needs as many GPUs; the container "
+                              f"is given {gpus} ({self.gpu_device or 'none'})")
+        if self.tensor_parallel_size > 1 and shm_bytes(self.shm_size) < NCCL_MIN_SHM:
+            raise DeployError(f"SHM_SIZE={self.shm_size} is below 1g: the server's {self.tensor_parallel_size} ranks "
+                              "share tensors and NCCL's buffers through /dev/shm",
+                              hint="set SHM_SIZE in .env to 1g or more (8g by default)")
         try:
             ipaddress.ip_address(self.bind_address)
         except ValueError:
@@ -67,6 +80,17 @@ class ComposeSpec:
 
 # What compose accepts for shm_size: bytes, or a number with a unit.
 SHM_SIZE = re.compile(r"[0-9]+(\.[0-9]+)?([bkmgBKMG][bB]?)?")
+NCCL_MIN_SHM = 1 << 30  # NCCL's guidance for containers (--shm-size=1g), below which its SHM transport fails
+# NVIDIA's container guidance for NCCL and PyTorch: pinned host memory unlimited, a 64 MiB stack.
+NCCL_ULIMITS = {"memlock": -1, "stack": 67108864}
+
+
+def shm_bytes(text: str) -> float:
+    m = SHM_SIZE.fullmatch(text)
+    if not m:
+        return 0
+    unit = (m.group(2) or "b")[0].lower()
+    return float(text[:m.start(2)] if m.group(2) else text) * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
 # Compose expands ${VAR} here, on purpose: the token comes from start.sh's environment.
 HF_TOKEN_REF = "${HF_TOKEN:-}"
 
@@ -93,6 +117,8 @@ def serve_args(s: ComposeSpec) -> List[str]:
     memory = [] if s.gpu_runtime == "cpu" else ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
     args = [*model, "--served-model-name", s.served_model_name, "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
             *memory, "--max-model-len", str(s.max_model_len)]
+    if s.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.tool_call_parser:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
     return args + list(s.extra_args)
@@ -139,9 +165,15 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
     }
     if s.gpu_runtime == "nvidia":
         service["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "device_ids": [s.gpu_device], "capabilities": ["gpu"]}]}}}
+            {"driver": "nvidia", "device_ids": list(s.devices), "capabilities": ["gpu"]}]}}}
     elif s.gpu_runtime == "cdi":
-        service["devices"] = [f"nvidia.com/gpu={s.gpu_device}"]
+        service["devices"] = [f"nvidia.com/gpu={d}" for d in s.devices]
+    if s.tensor_parallel_size > 1:
+        # Every rank is a process of this one container: NCCL's shared-memory transport and CUDA IPC work in its
+        # own IPC namespace (the host's, ipc: host, is needed only between containers), given room in /dev/shm
+        # (shm_size, checked above) and unlimited pinned memory.
+        service["ipc"] = "private"
+        service["ulimits"] = dict(NCCL_ULIMITS)
     if s.selinux_label_disable:
         # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (seed 003).
         service["security_opt"] = ["label=disable"]

@@ -7,7 +7,7 @@ import shutil
 from typing import Any, Dict, List
 
 from qualify.core.report import emit
-from qualify.deploy import api, preflight
+from qualify.deploy import api, preflight, settings
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, Stop, Ui
 from qualify.host import cmd
@@ -75,7 +75,8 @@ def status(s: Settings, ui: Ui) -> int:
         print("none: the cpu target serves on the CPU")
     elif shutil.which("nvidia-smi"):
         _show(cmd.ask(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
-                       "memory.total", "--format=csv", "-i", s.gpu_device], timeout=30))
+                       "memory.total", "--format=csv",
+                       *(["-i", s.gpu_device] if settings.gpu_devices(s.gpu_device) else [])], timeout=30))
     else:
         print("nvidia-smi not found")
     _section("caches (named volumes)")

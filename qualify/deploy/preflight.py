@@ -14,27 +14,14 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from qualify.config import targets
-from qualify.core import arch, driver
+from qualify.core import arch, driver, topology
 from qualify.core import manifest as mf
-from qualify.deploy import cpuhost, memory, modelpath, netcheck
+from qualify.deploy import cpuhost, gpus, heads, memory, modelpath, netcheck
 from qualify.deploy.errors import DeployError
+from qualify.deploy.gpus import DRIVER_FIX, Gpu
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
 from qualify.host import cmd
-
-SMI_TIMEOUT = 30
-DRIVER_FIX = ("an R580-branch driver or newer for CUDA 13: your distribution's nvidia-driver-580 (or newer) package, "
-              "or NVIDIA's installer from https://www.nvidia.com/drivers; reboot, then check with nvidia-smi")
-
-
-@dataclass(frozen=True)
-class Gpu:
-    device: str  # GPU_DEVICE as given
-    capability: str
-    name: str
-    memory: str
-    uuid: str
-    driver: str
 
 
 @dataclass(frozen=True)
@@ -47,9 +34,19 @@ class EngineChoice:
 @dataclass(frozen=True)
 class GpuRuntime:
     kind: str  # nvidia | cdi | none | cpu (the cpu target: no GPU, and none is asked for)
-    container_gpu: str  # what the container is given ('' for none)
+    container_gpu: str  # what the container is given, comma-separated ('' for none): UUIDs, or CDI device names
     run_args: Tuple[str, ...]  # for `engine run` (the probe)
     selinux_off: bool
+
+    def probe_gpus(self) -> Tuple[Optional[str], Tuple[str, ...]]:
+        """(docker's --gpus value, --device values) that give the probe exactly the deployment's GPUs."""
+        if self.kind == "nvidia":
+            # docker reads --gpus as CSV: a list of devices is one quoted field.
+            return (f'"device={self.container_gpu}"' if "," in self.container_gpu
+                    else f"device={self.container_gpu}"), ()
+        if self.kind == "cdi":
+            return None, tuple(f"nvidia.com/gpu={d}" for d in self.container_gpu.split(","))
+        return None, ()
 
 
 @dataclass(frozen=True)
@@ -61,10 +58,21 @@ class HostPlan:
     runtime: GpuRuntime
     drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # the targets file's [drivers]
     model: Optional[modelpath.ModelFolder] = None  # MODEL_PATH, checked
+    # Tensor parallelism (GPU_DEVICE naming several GPUs): every GPU chosen (`gpu` is the first), how they are
+    # joined and the size. The all-reduce floor is not preflight's: it comes from the verified release's signed
+    # policy, after the trust gate (run.py: Deploy.signed_floor), never from this checkout's targets file.
+    gpus: Tuple[Gpu, ...] = ()
+    topology: topology.Topology = topology.Topology(topology.SINGLE)
+    tensor_parallel_size: int = 1
+    heads_note: str = ""  # what preflight said of the model's attention heads ("" for one GPU)
+
+    @property
+    def multi_gpu(self) -> bool:
+        return self.tensor_parallel_size > 1
 
 
 def _smi(args: Sequence[str]) -> cmd.Result:
-    return cmd.ask(["nvidia-smi", *args], timeout=SMI_TIMEOUT)
+    return gpus.smi(args)
 
 
 def _out(proc: cmd.Result) -> str:
@@ -83,30 +91,6 @@ def check_driver() -> None:
         first = _out(proc).splitlines()[0] if _out(proc) else ""
         raise Stop(EX_PREFLIGHT, f"nvidia-smi cannot reach the NVIDIA driver: {first}",
                    "load the driver (reboot after installing it, or: sudo modprobe nvidia), then check with nvidia-smi")
-
-
-def query_gpu(s: Settings, ui: Ui) -> Gpu:
-    device = s.gpu_device
-    query = "--query-gpu=compute_cap,name,memory.total,uuid,driver_version"
-    proc = _smi([query, "--format=csv,noheader", "-i", device])
-    if proc.returncode != 0:
-        listed = " ".join(_smi(["-L"]).stdout.splitlines())
-        first = _out(proc).splitlines()[0] if _out(proc) else ""
-        raise Stop(EX_PREFLIGHT, f"GPU_DEVICE={device} does not name a GPU on this host: {first}",
-                   f"set GPU_DEVICE in {s.env_file} to an index or UUID that nvidia-smi -L lists: {listed}")
-    rows = [r for r in proc.stdout.splitlines() if r.strip()]
-    if len(rows) != 1:
-        raise Stop(EX_PREFLIGHT, f"GPU_DEVICE={device} names more than one GPU",
-                   f"set GPU_DEVICE in {s.env_file} to one index or UUID")
-    fields = [f.strip() for f in rows[0].split(",")] + [""] * 5
-    cap, name, mem, uuid, driver = fields[:5]
-    try:
-        arch.Capability.parse(cap)
-    except ValueError:
-        raise Stop(EX_PREFLIGHT, f"the driver does not report the compute capability of {name} ({cap})",
-                   f"update the NVIDIA driver ({DRIVER_FIX})") from None
-    ui.say(f"GPU {device}: {name}, compute capability {cap}, memory {mem}, {uuid}")
-    return Gpu(device, cap, name, mem, uuid, "" if driver.startswith("[") else driver)
 
 
 def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targets.Target:
@@ -268,6 +252,10 @@ def _no_gpu_runtime(engine: EngineChoice, s: Settings) -> Stop:
                 "or, with Docker 25+ and CDI enabled: sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
 
 
+def _cdi_devices(chosen: Sequence[Gpu], s: Settings) -> str:
+    return ",".join(_cdi_device(g, s) for g in chosen)
+
+
 def _cdi_device(gpu: Gpu, s: Settings) -> str:
     """The CDI name of our GPU (nvidia-ctk names devices by index and, lately, by UUID)."""
     if any(gpu.uuid in f.read_text(errors="replace") for f in cdi_spec_files(s)):
@@ -285,7 +273,7 @@ def selinux_enforcing() -> bool:
         return False
 
 
-def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none: bool) -> GpuRuntime:
+def gpu_runtime(engine: EngineChoice, chosen: Sequence[Gpu], s: Settings, ui: Ui, allow_none: bool) -> GpuRuntime:
     kind = s.gpu_runtime.value
     if kind == "auto":
         if nvidia_runtime_present(engine):
@@ -299,12 +287,15 @@ def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none:
     if kind == "nvidia":
         if not nvidia_runtime_present(engine):
             raise _no_gpu_runtime(engine, s)
-        rt = GpuRuntime("nvidia", gpu.uuid, ("--gpus", f"device={gpu.uuid}") + extra, selinux_off)
+        uuids = ",".join(g.uuid for g in chosen)
+        rt = GpuRuntime("nvidia", uuids, ("--gpus", f'"device={uuids}"' if len(chosen) > 1 else f"device={uuids}")
+                        + extra, selinux_off)
     elif kind == "cdi":
         if not cdi_usable(engine, s):
             raise _no_gpu_runtime(engine, s)
-        dev = _cdi_device(gpu, s)
-        rt = GpuRuntime("cdi", dev, ("--device", f"nvidia.com/gpu={dev}") + extra, selinux_off)
+        devs = _cdi_devices(chosen, s)
+        rt = GpuRuntime("cdi", devs, tuple(a for d in devs.split(",") for a in ("--device", f"nvidia.com/gpu={d}"))
+                        + extra, selinux_off)
     elif kind == "none":
         if not allow_none:
             raise Stop(EX_PREFLIGHT, "GPU_RUNTIME=none would start the server WITHOUT a GPU; refused",
@@ -319,7 +310,8 @@ def gpu_runtime(engine: EngineChoice, gpu: Gpu, s: Settings, ui: Ui, allow_none:
     if selinux_off:
         ui.say("SELinux is enforcing: the container runs with label=disable "
                "(else NVML reports 'Insufficient Permissions')")
-    ui.say(f"GPU runtime: {rt.kind}" + (f" (device {rt.container_gpu} only)" if rt.container_gpu else ""))
+    ui.say(f"GPU runtime: {rt.kind}" + (f" (device{'s' * (',' in rt.container_gpu)} {rt.container_gpu} only)"
+                                        if rt.container_gpu else ""))
     return rt
 
 
@@ -388,7 +380,8 @@ def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     if cpu_target is not None:
         return run_cpu(s, ui, cpu_target)
     check_driver()
-    gpu = query_gpu(s, ui)
+    chosen = gpus.choose(s, ui)
+    gpu = chosen[0]  # the same model and capability as every other one chosen
     tf = _targets_file(f"capability {gpu.capability}")
     target = match_target(tf, gpu, s, ui)
     if s.deploy_target and s.deploy_target != target.name:
@@ -398,17 +391,24 @@ def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     # Before the trust gate reads anything: the targets file says which CUDA this target's images carry.
     check_driver_version(gpu.driver, target.cuda, target.driver_floor, f"{target.name} images, per the targets file", ui)
     fit = check_memory(target, gpu, s, ui)
+    gpus.check_free_memory(chosen, fit, s, ui)
+    tp = gpus.tensor_parallel_size(chosen, s, target.runtime.unified_memory)
+    joined = gpus.read_topology(chosen, ui)
     model = _model(s, target, ui)
     engine = detect_engine(s)
     ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
-    runtime = gpu_runtime(engine, gpu, s, ui, allow_none)
+    _, heads_note = heads.check(s, tp, model.path if model else None, engine.cli, ui)
+    runtime = gpu_runtime(engine, chosen, s, ui, allow_none)
     check_disk(engine, s, ui)
     check_port(engine, s, ui)
-    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers, model)
+    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers, model, tuple(chosen), joined, tp, heads_note)
 
 
 def run_cpu(s: Settings, ui: Ui, target: targets.Target) -> HostPlan:
     """The cpu target: CPU flags, host memory for the KV cache, the model folder, engine, disk, port; no GPU."""
+    if (s.tensor_parallel_size or 1) > 1:
+        raise Stop(EX_PREFLIGHT, f"TENSOR_PARALLEL_SIZE={s.tensor_parallel_size}: the cpu target serves in one process "
+                   "on this host's CPU", f"leave TENSOR_PARALLEL_SIZE empty (or 1) in {s.env_file}")
     cpuinfo = _read("/proc/cpuinfo")
     cpuhost.check_flags(cpuinfo, ui)
     model = _model(s, target, ui)

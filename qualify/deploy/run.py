@@ -13,13 +13,16 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from qualify.config.imageref import ImageRef
 from qualify.core import manifest as mf
+from qualify.core import topology
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.deploy import api, choice, compose, gate, ops, preflight, state
+from qualify.deploy import allreduce, api, choice, compose, gate, ops, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import cmd, paths
 from qualify.release import evidence as ev
+from qualify.trust import gpuconfig
+from qualify.trust.policy import AllReduceFloor
 from qualify.trust.records import PUBLICATION_FILE
 from qualify.trust.verify import KeyAnchor, TrustedKey
 
@@ -48,6 +51,9 @@ class Trust:
     reason: str
     need_probe: bool
     accepted: Optional[state.Accepted] = None  # what this host remembers once it goes ahead
+    # The all-reduce floors the verified release's policy signs; None where nothing signed any: a release from
+    # before the signed policy, the registry-only path (a release statement carries no policy), no release.
+    allreduce_floors: Optional[Tuple[AllReduceFloor, ...]] = None
 
 
 class Deploy:
@@ -146,7 +152,8 @@ class Deploy:
             self.ui.say(f"published: {published} (from {PUBLICATION_FILE}, signed with the release key)")
         self.ui.say(f"manifest: {release.path / target.entry.manifest_file}; image: {image}")
         decision = gate.gate_decision(m, promoted=target.promotion is not None)
-        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted)
+        floors = release.index.policy.allreduce_floors if release.index.policy else None
+        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted, floors)
         return self.decide(trust, decision)
 
     def decide(self, trust: Trust, decision: gate.Decision) -> Trust:
@@ -191,20 +198,27 @@ class Deploy:
 
     # --- GPU checks on this host ----------------------------------------------------
 
-    def probe_here(self, trust: Trust) -> Tuple[Trust, Optional[Path]]:
-        """The probe's GPU checks inside the image, on our GPU; the evidence is saved beside the manifest."""
+    def probe_here(self, trust: Trust, scope: str = "gpu") -> Tuple[Trust, Optional[Path]]:
+        """The probe's GPU checks inside the image, on our GPUs; the evidence is saved beside the manifest.
+        Several GPUs: the checks include the NCCL collectives, which the all-reduce gate then judges; scope
+        `allreduce` runs only those (a level that skips the GPU checks still gets the gate)."""
         from qualify.host.engine import Engine
         from qualify.qualification import container
 
-        rt = self.plan.runtime
-        gpus = {"nvidia": f"device={self.plan.gpu.uuid}", "cdi": "all"}.get(rt.kind)
-        where = f"with {self.plan.gpu.name}" if gpus else f"WITHOUT a GPU (GPU_RUNTIME={rt.kind}; this host's " \
-            f"{self.plan.gpu.name} is not given to the container)"
-        self.ui.say(f"GPU checks: running the probe inside the image, {where}, before serving")
-        target = container.probe_target(self.plan.target, trust.manifest.profile if trust.manifest else None)
+        rt, plan = self.plan.runtime, self.plan
+        gpus, devices = rt.probe_gpus()  # exactly the deployment's GPUs
+        what = f"{len(plan.gpus)} x {plan.gpu.name}" if plan.multi_gpu else plan.gpu.name
+        where = f"with {what}" if gpus or devices else f"WITHOUT a GPU (GPU_RUNTIME={rt.kind}; this host's " \
+            f"{what} is not given to the container)"
+        self.ui.say(f"GPU checks: running the probe inside the image, {where}, before serving"
+                    + (f" ({scope}: the NCCL collectives on {plan.tensor_parallel_size} GPUs)" if scope == "allreduce"
+                       else ""))
+        target = container.probe_target(plan.target, trust.manifest.profile if trust.manifest else None,
+                                        tensor_parallel_size=plan.tensor_parallel_size if plan.multi_gpu else 0,
+                                        allreduce_floors=(self.floor,) if self.floor else ())
         engine = Engine(self.plan.engine.kind, binary=self.plan.engine.cli)  # the client preflight found answering
         try:
-            run = container.run_probe(engine, trust.image, target, scope="gpu", gpus=gpus)
+            run = container.run_probe(engine, trust.image, target, scope=scope, gpus=gpus, devices=devices)
             predicate, sources = run.predicate, run.probe_sha256  # the digest of the bytes that were mounted
             outcome = ev.probe_outcome(predicate, str(self.plan.target.capability))
         except QualifyError as exc:  # the probe did not complete: infrastructure, it proves nothing
@@ -212,6 +226,9 @@ class Deploy:
             outcome = ev.ProbeOutcome(ev.Outcome.INFRASTRUCTURE, f"the probe did not complete: {exc}", ())
         record = self.evidence_record(trust, outcome, predicate, sources)
         path = self.save_evidence(trust, record)
+        self.probed = predicate
+        if scope == "allreduce":
+            return trust, path  # judged by allreduce_gate, whatever the single-GPU checks' outcome would be
         if outcome.outcome == ev.Outcome.PASS:
             self.ui.say(f"GPU checks: all passed on this host ({outcome.reason})")
             return replace(trust, reason=f"{trust.reason}; GPU checks passed here"), path
@@ -240,13 +257,81 @@ class Deploy:
             tflops = (c.get("evidence") or {}).get("tflops") if c.get("id") == "gpu.bf16-matmul" else None
             if isinstance(tflops, (int, float)):
                 figures["bf16_matmul_tflops"] = float(tflops)
+        busbw = gpuconfig.bus_bandwidth(outcome.checks)
+        if busbw is not None:
+            figures["allreduce_busbw_gbs"] = busbw
         return ev.Evidence(
             release=trust.tag, target=self.target, capability=str(self.plan.target.capability),
             image_reference=trust.image, image_digest=ImageRef.parse(trust.image).digest or "",
             probe_sources_digest=sources,
             gpu=ev.Gpu(name=g.name, capability=g.capability, uuid_sha256=ev.hashed(g.uuid), driver=g.driver),
             host_id_sha256=ev.host_id(), time=ev.now(), outcome=outcome.outcome, reason=outcome.reason,
-            checks=tuple(outcome.checks), figures=figures, run_id=str(predicate.get("run_id") or ""))
+            checks=tuple(outcome.checks), figures=figures, run_id=str(predicate.get("run_id") or ""),
+            configuration=self.configuration())
+
+    def configuration(self) -> gpuconfig.Configuration:
+        """This deployment's row in seed 000's matrix: one GPU, or N joined by a topology."""
+        p = self.plan
+        return gpuconfig.Configuration(len(p.gpus), p.tensor_parallel_size, p.topology.kind) if p.multi_gpu else \
+            gpuconfig.SINGLE_GPU
+
+    def signed_floor(self, trust: Trust) -> Trust:
+        """Several GPUs: the all-reduce floor for the topology and TP size preflight found, from the verified
+        release's signed policy only (never this checkout's targets file, which anyone running start.sh may
+        edit). No signed floor (a release signed before floors existed, the registry-only path, whose release
+        statement carries no policy, or a policy without this topology) refuses: fail closed, since the gate
+        could not judge what it measures. --allow-unqualified overrides it loudly, as every gate refusal."""
+        p, self.floor = self.plan, None
+        if not p.multi_gpu:
+            return trust
+        tp, kind = p.tensor_parallel_size, p.topology.kind
+        if trust.allreduce_floors is not None:
+            self.floor = topology.floor_for(trust.allreduce_floors, kind, tp)
+            if self.floor is not None:
+                self.ui.say(f"all-reduce floor: {self.floor.min_bus_gbps:g} GB/s bus bandwidth for {tp} GPUs joined by "
+                            f"{kind} (signed in release {trust.tag}'s policy)")
+                return trust
+            signs = ", ".join(f"{f.topology} from {f.gpus} GPUs" for f in trust.allreduce_floors) or "none"
+            why = f"release {trust.tag}'s signed policy has no all-reduce floor for {tp} GPUs joined by {kind} " \
+                f"(it signs: {signs})"
+        elif trust.manifest is None:
+            why = "no release vouches for the image, so nothing signs an all-reduce floor"
+        elif trust.folder is None:
+            why = ("the image was trusted from its registry attestation alone, whose release statement signs no "
+                   "policy and so no all-reduce floor")
+        else:
+            why = f"release {trust.tag or '(none)'} was signed without a policy, so it signs no all-reduce floor"
+        reason = (f"a tensor-parallel deploy on {tp} GPUs is judged by the all-reduce floor its release signs, and "
+                  f"{why}: the NCCL gate could not judge what it measures")
+        fix = (f"deploy a release signed with [allreduce] floors for {kind} (RELEASE_TAG in {self.s.env_file}, and "
+               "MANIFESTS_DIR with its release folder), or serve on one GPU (GPU_DEVICE=0)")
+        return replace(trust, reason=self.override(reason, trust.image, fix))
+
+    def allreduce_gate(self, trust: Trust) -> Trust:
+        """Several GPUs: the NCCL collectives on exactly them, from the GPU checks just run or run now, judged
+        against the single-GPU reference and the floor for their topology; refused (with the numbers) unless
+        they hold."""
+        plan = self.plan
+        if not plan.multi_gpu:
+            return trust
+        if self.probed is None or not any(c.get("id") == "gpu.nccl-allreduce" for c in self.probed.get("checks") or []
+                                          if isinstance(c, dict)):
+            trust, _ = self.probe_here(trust, scope="allreduce")
+        judged = allreduce.judge(self.probed or {}, plan.tensor_parallel_size, plan.topology, self.floor)
+        where = self.evidence[0] if self.evidence else "not saved"
+        if judged.ok:
+            self.ui.say(f"all-reduce gate: passed: {judged.reason}")
+            return replace(trust, reason=f"{trust.reason}; NCCL all-reduce passed on {plan.tensor_parallel_size} GPUs "
+                           f"({plan.topology.kind}, busbw {judged.busbw_gbs:g} GB/s)")
+        reason = (f"the NCCL all-reduce gate refused {plan.tensor_parallel_size} x {plan.gpu.name} "
+                  f"({plan.topology.describe()}): {judged.reason} (evidence: {where})")
+        return replace(trust, reason=self.override(reason, trust.image, self.allreduce_fix()))
+
+    def allreduce_fix(self) -> str:
+        if self.plan.runtime.kind == "none":
+            return self.gpu_checks_fix()
+        return ("check the GPUs' links (nvidia-smi topo -m; NCCL_DEBUG=INFO in CONTAINER_ENV_NCCL_DEBUG shows NCCL's "
+                "transport), or serve on one GPU (GPU_DEVICE=0)")
 
     def save_evidence(self, trust: Trust, record: ev.Evidence) -> Optional[Path]:
         # Beside the manifest; trusted from the registry alone, in the deploy folder.
@@ -287,7 +372,7 @@ class Deploy:
             model_path=str(plan.model.path) if plan.model else "",
             cpu_kv_cache_gib=plan.target.runtime.kv_cache_gib if plan.target.is_cpu else 0,
             served_model_name=s.served_model_name, gpu_memory_utilization=plan.fit.gpu_memory_utilization,
-            max_model_len=s.max_model_len, gpu_runtime=plan.runtime.kind,
+            max_model_len=s.max_model_len, gpu_runtime=plan.runtime.kind, tensor_parallel_size=plan.tensor_parallel_size,
             gpu_device=plan.runtime.container_gpu or "0", selinux_label_disable=plan.runtime.selinux_off,
             bind_address=s.bind_address, port=s.api_port, shm_size=s.shm_size,
             tool_call_parser=s.tool_call_parser, extra_args=s.extra_serve_args,
@@ -420,19 +505,28 @@ class Deploy:
                "model": {"path": str(self.plan.model.path), "files": self.plan.model.files,
                          "bytes": self.plan.model.size} if self.plan.model else
                {"id": self.s.model_id, "revision": self.s.model_revision},
-               "served_model_name": self.s.served_model_name}
+               "served_model_name": self.s.served_model_name,
+               "gpus": {"devices": [g.uuid for g in self.plan.gpus], "tensor_parallel_size": self.plan.tensor_parallel_size,
+                        "topology": self.plan.topology.as_json()} if self.plan.gpus else None}
         write_json(self.s.compose_file.with_name(ops.DEPLOYMENT_FILE), doc)
 
     def summary(self, trust: Trust, url: str) -> str:
-        s, g = self.s, self.plan.gpu
+        s = self.s
         return (f"Serving {self.model_source()} as '{s.served_model_name}'\n"
                 f"  API:      {url}/v1   (OpenAI-compatible)\n"
                 f"  image:    {trust.image}\n"
-                f"  target:   {self.target} on {g.name}" + (f" ({g.uuid})" if g.uuid else "") + "\n"
+                f"  target:   {self.target} on {self.gpus_text()}\n"
                 f"  trust:    {trust.reason}\n"
                 f"  manage:   {s.hint('status')}\n"
                 f"            {s.hint('verify', '--full')}\n"
                 f"            {s.hint('stop')} [--purge-cache]\n")
+
+    def gpus_text(self) -> str:
+        p = self.plan
+        if not p.multi_gpu:
+            return p.gpu.name + (f" ({p.gpu.uuid})" if p.gpu.uuid else "")
+        return (f"{len(p.gpus)} x {p.gpu.name} ({', '.join(g.uuid for g in p.gpus)}), tensor parallel "
+                f"{p.tensor_parallel_size}, {p.topology.describe()}")
 
     def dry_run_gate(self, trust: Trust) -> Trust:
         """Nothing runs in a dry run: say what the GPU checks would be, and refuse when they could not pass."""
@@ -444,15 +538,32 @@ class Deploy:
                     f"{' '.join(self.plan.runtime.run_args)} ... {trust.image} python3 -m qualify.probe --only gpu")
         return trust
 
+    def dry_run_allreduce(self, trust: Trust) -> Trust:
+        p = self.plan
+        if p.runtime.kind == "none":
+            reason = (f"the NCCL all-reduce gate cannot run on {p.tensor_parallel_size} GPUs with GPU_RUNTIME=none "
+                      "(the container gets no GPU; the real run would run it, and refuse after it)")
+            return replace(trust, reason=self.override(reason, trust.image, self.allreduce_fix()))
+        floor = f"floor {self.floor.min_bus_gbps:g} GB/s busbw" if self.floor else "no signed floor"
+        self.ui.say(f"dry run: would run the NCCL all-reduce gate on {p.tensor_parallel_size} GPUs "
+                    f"({p.topology.describe()}; {floor}): "
+                    f"{p.engine.cli} run --rm {' '.join(p.runtime.run_args)} ... {trust.image} python3 -m qualify.probe "
+                    f"--only {'gpu' if trust.need_probe else 'allreduce'}")
+        return trust
+
     def main(self) -> int:
         self.evidence: Optional[Tuple[Path, ev.Evidence]] = None
+        self.probed: Optional[Dict[str, Any]] = None  # the predicate of the probe run here, if one ran
+        self.floor: Optional[AllReduceFloor] = None  # the signed all-reduce floor for these GPUs (signed_floor)
         self.plan = preflight.run(self.s, self.ui, self.opts.allow_no_gpu_runtime or self.opts.allow_unqualified)
         self.target = self.plan.target.name
-        trust = self.trust_gate()
+        trust = self.signed_floor(self.trust_gate())
         url = api.api_url(self.s.bind_address, self.s.api_port)
         if self.opts.dry_run:
             if trust.need_probe:
                 trust = self.dry_run_gate(trust)
+            if self.plan.multi_gpu:
+                trust = self.dry_run_allreduce(trust)
             text = self.compose_text(trust)
             self.ui.say(f"dry run: preflight and trust gate passed; the compose file start.sh would write to "
                         f"{self.s.compose_file}:")
@@ -464,6 +575,7 @@ class Deploy:
         self.pull(trust.image)
         if trust.need_probe:
             trust, _ = self.probe_here(trust)
+        trust = self.allreduce_gate(trust)
         cid = self.compose_up(self.compose_text(trust))
         self.record_deployment(trust, cid)
         self.wait_healthy(cid, url)

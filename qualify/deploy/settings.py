@@ -42,6 +42,11 @@ PINS = ("RELEASE_KEY_FINGERPRINT", "RELEASE_TAG")
 # What the gate checked and compose sets: the image's loader path (its libcuda, 803/804) and the GPU it gets.
 RESERVED_CONTAINER_ENV = ("LD_LIBRARY_PATH", "LD_PRELOAD", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
                           "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE")
+ALL_GPUS = "all"
+GPU_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,95}")  # an nvidia-smi index or UUID (GPU-..., MIG-...)
+MAX_GPUS = 64
+# vLLM arguments that change how many GPUs a server spans: the deploy sets --tensor-parallel-size itself.
+PARALLEL_ARGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp")
 
 
 def path_problem(value: str) -> str:
@@ -73,6 +78,7 @@ def value_problems(values: Mapping[str, str]) -> list:
     if fraction and not re.fullmatch(r"[0-9]{0,3}(\.[0-9]{1,6})?", fraction):
         out.append(("GPU_MEMORY_UTILIZATION", f"{fraction[:40]!r}: a fraction such as 0.85, or empty for the "
                     "target's value"))
+    out += gpu_problems(values)
     if values["DEPLOY_TARGET"] and not TARGET.fullmatch(values["DEPLOY_TARGET"]):
         out.append(("DEPLOY_TARGET", f"{values['DEPLOY_TARGET'][:40]!r} is not a target name (e.g. cpu or sm120), or "
                     "empty for this host's"))
@@ -81,6 +87,38 @@ def value_problems(values: Mapping[str, str]) -> list:
     if values["RELEASE_KEY_FINGERPRINT"] and not FINGERPRINT.fullmatch(values["RELEASE_KEY_FINGERPRINT"]):
         out.append(("RELEASE_KEY_FINGERPRINT", f"{values['RELEASE_KEY_FINGERPRINT'][:80]!r} is not sha256:<64 hex> "
                     "(the fingerprint `qualify sign generate-key` and the release's tag message print)"))
+    return out
+
+
+def gpu_devices(value: str) -> Tuple[str, ...]:
+    """GPU_DEVICE as the GPUs it names: () for `all`, else each index or UUID in the order given."""
+    return () if value.strip() == ALL_GPUS else tuple(d.strip() for d in value.split(","))
+
+
+def gpu_problems(values: Mapping[str, str]) -> list:
+    """GPU_DEVICE (an index or UUID, a comma-separated list of them, or `all`), TENSOR_PARALLEL_SIZE (empty: the
+    number of GPUs chosen) and EXTRA_SERVE_ARGS, which must not set the parallelism these two settle."""
+    out = []
+    devices = values["GPU_DEVICE"]
+    chosen = gpu_devices(devices)
+    if devices.strip() != ALL_GPUS:
+        bad = next((d for d in chosen if not GPU_ID.fullmatch(d)), None)
+        if bad is not None or len(chosen) > MAX_GPUS:
+            out.append(("GPU_DEVICE", f"{devices[:80]!r}: an index or UUID (nvidia-smi -L), a comma-separated list "
+                        f"of up to {MAX_GPUS} (0,1), or all"))
+        elif len(set(chosen)) != len(chosen):
+            twice = next(d for d in chosen if chosen.count(d) > 1)
+            out.append(("GPU_DEVICE", f"{devices[:80]!r} names {twice} twice"))
+    tp = values["TENSOR_PARALLEL_SIZE"]
+    if tp and (not re.fullmatch(r"[0-9]{1,4}", tp) or not 1 <= int(tp) <= MAX_GPUS):
+        out.append(("TENSOR_PARALLEL_SIZE", f"{tp[:40]!r}: a whole number from 1 to {MAX_GPUS}, or empty for the "
+                    "number of GPUs in GPU_DEVICE"))
+    for arg in values["EXTRA_SERVE_ARGS"].split():
+        name = arg.split("=", 1)[0]
+        if name in PARALLEL_ARGS:
+            out.append(("EXTRA_SERVE_ARGS", f"{name}: the deploy settles the parallelism (TENSOR_PARALLEL_SIZE and "
+                        "GPU_DEVICE give vLLM --tensor-parallel-size, and the NCCL check proves exactly that); "
+                        "remove it from EXTRA_SERVE_ARGS"))
     return out
 
 
@@ -177,7 +215,8 @@ class Settings:
     evidence_signing_key: Optional[Path]
     release_public_key: Optional[Path]
     deploy_target: str  # "" for this host's
-    gpu_device: str
+    gpu_device: str  # as given: an index or UUID, a comma-separated list, or `all` (gpu_devices parses it)
+    tensor_parallel_size: Optional[int]  # None: the number of GPUs chosen
     gpu_memory_utilization: Optional[float]
     gpu_runtime: RuntimeKind
     cdi_spec_dirs: Tuple[Path, ...]
@@ -213,6 +252,7 @@ class Settings:
             evidence_signing_key=optional_path("EVIDENCE_SIGNING_KEY"),
             release_public_key=optional_path("RELEASE_PUBLIC_KEY"), model_path=optional_path("MODEL_PATH"),
             gpu_memory_utilization=float(fraction) if fraction else None,
+            tensor_parallel_size=int(values["TENSOR_PARALLEL_SIZE"]) if values["TENSOR_PARALLEL_SIZE"] else None,
             gpu_runtime=RuntimeKind(values["GPU_RUNTIME"]), container_engine=EngineName(values["CONTAINER_ENGINE"]),
             cdi_spec_dirs=tuple(Path(d) for d in values["CDI_SPEC_DIRS"].split()), container_env=container_env)
 

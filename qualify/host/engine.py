@@ -470,6 +470,7 @@ class Engine:
         gpus: Optional[str] = None,
         on_stderr_line: Optional[Callable[[str], None]] = None,
         init: bool = False,
+        devices: Sequence[str] = (),
     ) -> cmd.Result:
         """Run a throw-away container; mounts are (host, container, 'ro'|'rw').
         `on_stderr_line` sees each stderr line as it is written (progress of long steps).
@@ -487,6 +488,8 @@ class Engine:
             argv += ["--platform", platform]
         if gpus:
             argv += ["--gpus", gpus]
+        for device in devices:  # e.g. a CDI device, nvidia.com/gpu=0
+            argv += ["--device", device]
         for host, inside, mode in mounts:
             argv += ["-v", f"{host}:{inside}:{mode}"]
         for key, value in sorted((env or {}).items()):

@@ -34,6 +34,8 @@ def configure_parser(parser: argparse.ArgumentParser, target_required: bool = Tr
                         help="the target as JSON (what the host passes into the container)")
     parser.add_argument("--profile", choices=Profile.values(), default=None)
     parser.add_argument("--only", choices=runner.SCOPES, default="all", help="static, gpu, or all checks")
+    parser.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
+                        help="the all-reduce's world size: exactly N GPUs must be visible (default: every visible GPU)")
     parser.add_argument("--cross-compile", default="", help="extra capabilities to compile a Triton kernel for, e.g. 10.0,12.1")
     parser.add_argument("--path", action="append", default=[], help="extra directory for the census (repeatable)")
     parser.add_argument("--out", help="write the manifest (or predicate) here, atomically")
@@ -48,6 +50,8 @@ def probe_target(args) -> runner.ProbeTarget:
     t = runner.ProbeTarget.from_json(args.target_json)
     if args.profile:
         t = dataclasses.replace(t, profile=args.profile)
+    if getattr(args, "tensor_parallel_size", None) is not None:
+        t = dataclasses.replace(t, tensor_parallel_size=args.tensor_parallel_size)
     if args.cross_compile:
         t = dataclasses.replace(t, cross_compile=[c.strip() for c in args.cross_compile.split(",") if c.strip()])
     return t

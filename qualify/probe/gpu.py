@@ -7,17 +7,21 @@ target's own architecture lifts a manifest above `unverified`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import shutil
+import subprocess
+from typing import Any, Dict, List, Optional, Sequence
 
-from qualify.core import arch
+from qualify.core import arch, topology
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 from qualify.probe.subproc import run_snippet
 
 NO_ALLOCATOR = "no allocator was set"
 # The GPU checks every run with a GPU must pass to count as a pass (seed 000), whatever a record says
 # about `required`: `qualify promote` recomputes a run's outcome from these (release/evidence.py).
-# gpu.device only says which GPU it was; gpu.nccl-allreduce needs two GPUs.
+# gpu.device only says which GPU it was; gpu.nccl-allreduce needs two GPUs, and is required on top of these in
+# a run of a multi-GPU configuration (release/evidence.py: required_checks).
 REQUIRED_GPU_CHECKS = ("gpu.memory", "gpu.triton-scratch", "gpu.bf16-matmul", "gpu.torch-compile")
+ALLREDUCE_CHECK = "gpu.nccl-allreduce"
 
 
 def device_check(gpus: Optional[List[Dict[str, str]]], target: arch.Capability) -> CheckResult:
@@ -107,31 +111,97 @@ def _meminfo_gib() -> float:
     return 0.0
 
 
+def read_topology(count: int) -> topology.Topology:
+    """How the GPUs this probe sees are joined (nvidia-smi topo -m, indices 0..count-1 as it numbers them here);
+    `unknown` when that cannot be read."""
+    if count < 2:
+        return topology.Topology(topology.SINGLE)
+    smi = shutil.which("nvidia-smi")
+    try:
+        proc = subprocess.run([smi or "nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0:
+            return topology.for_gpus(topology.parse_matrix(proc.stdout), list(range(count)))
+    except (OSError, subprocess.TimeoutExpired, topology.TopologyError):
+        pass
+    return topology.Topology(topology.UNKNOWN)
+
+
+def _failed_part(data: Dict[str, Any]) -> str:
+    """What of the collectives went wrong, in words: the sum, the reference, the shards, a rank that died."""
+    parts = []
+    if data.get("sum_ok") is False:
+        parts.append("ranks do not all hold n(n+1)/2 after the all-reduce: " + ", ".join(
+            f"rank {r['rank']} holds {r['value']:g}" for r in data.get("ranks", []) if not r.get("all_equal")))
+    for r in data.get("ranks", []):
+        ref = r.get("reference") or {}
+        for row in ref.get("all_reduce", []) + ref.get("reduce_scatter", []):
+            if not row.get("finite") or not row.get("within_tolerance"):
+                parts.append(f"rank {r['rank']} {row['dtype']}: " + ("non-finite values" if not row.get("finite") else
+                             f"error {row['max_abs_error']:g} = {row['max_error_over_bound']:.2f} x the tolerance"))
+        for row in ref.get("all_gather", []):
+            if row.get("slots_not_their_rank"):
+                parts.append(f"rank {r['rank']} {row['dtype']}: all-gather slots {row['slots_not_their_rank']} "
+                             "do not hold their rank's shard")
+    codes = [c for c in data.get("exit_codes", []) if c != 0]
+    if codes:
+        parts.append(f"rank processes exited {codes}")
+    return "; ".join(parts[:6]) or str(data.get("error") or data.get("skipped") or "wrong all-reduce result")
+
+
 def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[str, Any]],
-                   needs: Optional[str]) -> CheckResult:
-    """All-reduce across the visible GPUs with the image's own NCCL (tensor-parallel readiness)."""
+                   needs: Optional[str], world_size: int = 0, floors: Sequence[Any] = (),
+                   required: bool = False) -> CheckResult:
+    """Collectives across the visible GPUs with the image's own NCCL (tensor-parallel readiness; seed 000's
+    two-rank test): exact sums, a single-GPU reference within a stated tolerance, shard ownership, then the bus
+    bandwidth, judged against the floor for the topology seen when the host passes floors. `world_size`: the
+    deployment's tensor-parallel size, which must be the number of GPUs visible (0: every visible GPU)."""
     cid, title = "gpu.nccl-allreduce", "NCCL all-reduce across the visible GPUs"
     nccl = [{"library": r["short"], "class": r["class"], "best": r["best"], "sass": r["sass"], "ptx": r["ptx"]}
             for r in census_rows if "libnccl" in r["short"]]
     count = len(gpus or [])
-    if count < 2:
-        seen = "no GPU visible" if count == 0 else "1 GPU visible"
-        return not_run(cid, title, f"{seen}; an all-reduce needs at least 2", required=False, nccl_census=nccl)
+    world = world_size or count
+    if count < 2 or world < 2:
+        seen = "no GPU visible" if count == 0 else f"{count} GPU visible" if count == 1 else f"world size {world}"
+        return not_run(cid, title, f"{seen}; an all-reduce needs at least 2", required=required, nccl_census=nccl)
+    if count != world:
+        return not_run(cid, title, f"{count} GPUs visible, but the deployment's tensor-parallel size is {world}: "
+                       "the check runs on exactly the GPUs the server would use", required=required, nccl_census=nccl)
     if needs:
-        return not_run(cid, title, needs, required=False, nccl_census=nccl)
-    data = _nccl_child()
+        return not_run(cid, title, needs, required=required, nccl_census=nccl)
+    joined = read_topology(count)
+    data = _nccl_child(world)
     data["nccl_census"] = nccl
-    if data.get("ok"):
-        ranks = data["ranks"]
-        return CheckResult(cid, title, PASS,
-                           f"NCCL {data['nccl']}: {data['world_size']} GPUs ({', '.join(r['device'] for r in ranks)}) "
-                           f"each hold {ranks[0]['value']:g} = sum of 1..{data['world_size']}; "
-                           f"256 MiB all-reduce busbw {data['bandwidth']['busbw_gbs']:g} GB/s", evidence=data)
-    return CheckResult(cid, title, FAIL, str(data.get("error") or data.get("skipped") or "wrong all-reduce result"),
+    data["topology"] = joined.as_json()
+    floor = topology.floor_for(floors, joined.kind, world)
+    data["floor"] = floor.as_json() if floor is not None else None
+    if data.get("backend", "nccl") != "nccl":  # a stand-in proves the checking, never the GPUs: not-run, not fail
+        return not_run(cid, title, f"the collectives ran over {data.get('backend')!r}, not NCCL on the GPUs (a "
+                       "stand-in): nothing about these GPUs is proven", required=required, **data)
+    if data.get("skipped"):
+        return not_run(cid, title, str(data["skipped"]), required=required, **data)
+    if not data.get("ok"):
+        return CheckResult(cid, title, FAIL, _failed_part(data), evidence=data)
+    ranks, busbw = data["ranks"], data["bandwidth"]["busbw_gbs"]
+    worst = max(row["max_error_over_bound"] for r in ranks
+                for row in r["reference"]["all_reduce"] + r["reference"]["reduce_scatter"])
+    said = (f"NCCL {data['nccl']}: {world} GPUs ({', '.join(r['device'] for r in ranks)}) joined by "
+            f"{joined.kind}; each holds {ranks[0]['value']:g} = sum of 1..{world}; float32 and bfloat16 all-reduce "
+            f"and reduce-scatter match the single-GPU reference (worst {worst:.2f} x the tolerance), all-gather "
+            f"shards in their ranks' slots; 256 MiB all-reduce busbw {busbw:g} GB/s")
+    if not floors:
+        return CheckResult(cid, title, PASS, said + " (no floor given: bandwidth not judged)", evidence=data)
+    if floor is None:
+        return CheckResult(cid, title, WARN, said + f"; no all-reduce floor for {world} GPUs joined by {joined.kind} "
+                           "(nvidia-smi topo -m could not be read, or the floors name no such topology): the "
+                           "bandwidth is not judged", evidence=data)
+    if busbw < floor.min_bus_gbps:
+        return CheckResult(cid, title, FAIL, f"busbw {busbw:g} GB/s is below the floor of {floor.min_bus_gbps:g} GB/s "
+                           f"for {world} GPUs joined by {joined.kind} ({said})", evidence=data)
+    return CheckResult(cid, title, PASS, f"{said}, at or above the floor of {floor.min_bus_gbps:g} GB/s",
                        evidence=data)
 
 
-def _nccl_child() -> Dict[str, Any]:
+def _nccl_child(world: int) -> Dict[str, Any]:
     env = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    res = run_snippet("nccl_allreduce", [], timeout=420, env=env)
+    res = run_snippet("nccl_allreduce", [str(world)], timeout=420, env=env)
     return res.data if res.ok else {"ok": False, "error": res.failure(), **res.evidence()}

@@ -15,10 +15,10 @@ import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from qualify import __version__
-from qualify.core import arch, manifest
+from qualify.core import arch, manifest, topology
 from qualify.core.enums import CPU_CAPABILITY, Accelerator, CheckStatus, Profile, SupportLevel
 from qualify.core.report import Reporter
 from qualify.probe import (
@@ -37,7 +37,8 @@ from qualify.probe.model import CheckResult
 
 REPORT = Reporter("probe")
 
-SCOPES = ("all", "static", "gpu")
+# allreduce: only the device and the NCCL collectives (the deploy's gate before a tensor-parallel server).
+SCOPES = ("all", "static", "gpu", "allreduce")
 # Who built the image: "built" (this toolkit: its wiring is expected) or "external" (judged by what it holds).
 ORIGINS = ("built", "external")
 
@@ -63,6 +64,10 @@ class ProbeTarget:
     cross_compile: List[arch.Capability] = field(default_factory=list)  # extra capabilities to compile for
     emulated: bool = False  # the probe runs under qemu-user (image platform is not the host's)
     accelerator: str = Accelerator.CUDA.value
+    # A deployment's tensor-parallel size (0: not a deployment; the all-reduce spans every visible GPU) and the
+    # all-reduce floors its bandwidth is judged by (core/topology.py; the host passes the targets file's).
+    tensor_parallel_size: int = 0
+    allreduce_floors: Tuple[topology.AllReduceFloor, ...] = ()
 
     def __post_init__(self) -> None:
         def typed(name: str, value: Any) -> None:
@@ -77,6 +82,11 @@ class ProbeTarget:
         typed("profile", Profile(self.profile) if self.profile else None)
         typed("cross_compile", [c if isinstance(c, arch.Capability) else arch.Capability.parse(c)
                                 for c in self.cross_compile])
+        if not isinstance(self.tensor_parallel_size, int) or isinstance(self.tensor_parallel_size, bool) or \
+                self.tensor_parallel_size < 0:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size!r} is not a whole number")
+        typed("allreduce_floors", tuple(f if isinstance(f, topology.AllReduceFloor) else
+                                        topology.floors_from_json([f])[0] for f in self.allreduce_floors))
 
     @property
     def capability_text(self) -> str:
@@ -90,6 +100,7 @@ class ProbeTarget:
         """The wire form from_json reads: capabilities as text, enums as their values."""
         data = asdict(self)
         data.update(capability=self.capability_text, cross_compile=[str(c) for c in self.cross_compile],
+                    allreduce_floors=[f.as_json() for f in self.allreduce_floors],
                     intended_support_level=self.intended_support_level.value,
                     profile=self.profile.value if self.profile else None)
         return json.dumps(data, sort_keys=True)
@@ -175,9 +186,10 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
 
     if scope in ("all", "gpu"):
         _gpu_checks(checks, t, cap, gpus, has_gpu, triton_version, pkgs)
-        rows = predicate.get("census", {}).get("libraries", [])
-        no_torch = None if "torch" in pkgs else "torch is not installed in this image"
-        _timed(checks, gpu.nccl_allreduce, gpus, rows, no_torch)
+    if scope == "allreduce":
+        _timed(checks, gpu.device_check, gpus, cap)
+    if scope in ("all", "gpu", "allreduce"):
+        _allreduce(checks, predicate, t, gpus, pkgs, scope)
 
     for c in checks:
         # GPU checks count once a GPU is there to run them, and always when only
@@ -187,7 +199,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     predicate["checks"] = [c.to_dict() for c in checks]
     predicate["scope"] = "gpu" if has_gpu and scope != "static" else "static"
     verdict = manifest.verdict(predicate["checks"])
-    on_target = has_gpu and scope != "static" and arch.Capability.parse(gpus[0]["compute_cap"]) == cap and all(
+    on_target = has_gpu and scope in ("all", "gpu") and arch.Capability.parse(gpus[0]["compute_cap"]) == cap and all(
         c.status == CheckStatus.PASS for c in checks if c.id.startswith("gpu."))
     predicate["gpu_evidence_on_target"] = bool(on_target)
     predicate["verdict"] = verdict.value
@@ -274,6 +286,21 @@ def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
             results = providers.provider_checks(found, cap, pkgs["vllm"])
     predicate["providers"] = [entry.to_json() for entry in found]
     _record(checks, results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap))
+
+
+def _allreduce(checks: List[CheckResult], predicate: Dict[str, Any], t: ProbeTarget, gpus, pkgs, scope: str) -> None:
+    """The NCCL collectives; a multi-GPU run records its tensor-parallel size and topology beside the devices."""
+    rows = predicate.get("census", {}).get("libraries", [])
+    no_torch = None if "torch" in pkgs else "torch is not installed in this image"
+    required = scope == "allreduce" or t.tensor_parallel_size > 1
+    check = _timed(checks, gpu.nccl_allreduce, gpus, rows, no_torch, t.tensor_parallel_size, t.allreduce_floors,
+                   required)
+    world = t.tensor_parallel_size or len(gpus or [])
+    if world > 1:
+        seen = len(gpus or [])
+        joined = (check.evidence or {}).get("topology") or (
+            gpu.read_topology(seen) if seen > 1 else topology.Topology(topology.UNKNOWN)).as_json()
+        predicate["gpu"].update(tensor_parallel_size=world, topology=joined)
 
 
 def _gpu_checks(checks, t: ProbeTarget, cap, gpus, has_gpu, triton_version, pkgs) -> None:

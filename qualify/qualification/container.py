@@ -19,12 +19,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 from qualify.config.targets import Target
 from qualify.core.errors import EngineError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 from qualify.core.report import Reporter, emit
+from qualify.core.topology import AllReduceFloor
 from qualify.host import paths, workdirs
 from qualify.probe import identity, staged
 from qualify.probe.runner import ProbeTarget
@@ -40,8 +41,10 @@ STAGED_ROOT = "/opt/qualify-staged"  # the decoders for the image's interpreter 
 PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
 
 
-def probe_target(target: Target, profile: Optional[str], emulated: bool = False) -> ProbeTarget:
-    """What the probe needs to know about a target of the targets file."""
+def probe_target(target: Target, profile: Optional[str], emulated: bool = False, tensor_parallel_size: int = 0,
+                 allreduce_floors: Sequence[AllReduceFloor] = ()) -> ProbeTarget:
+    """What the probe needs to know about a target of the targets file (and, for a multi-GPU run, the
+    all-reduce's world size and the floors its bandwidth is judged by)."""
     return ProbeTarget(
         name=target.name, capability=target.capability, platform=target.platform, accelerator=target.accelerator.value,
         torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton_env,
@@ -49,6 +52,7 @@ def probe_target(target: Target, profile: Optional[str], emulated: bool = False)
         unified_memory=target.runtime.unified_memory,
         gpu_memory_utilization=target.runtime.gpu_memory_utilization,
         min_gpu_memory_gib=target.runtime.min_gpu_memory_gib, emulated=emulated,
+        tensor_parallel_size=tensor_parallel_size, allreduce_floors=tuple(allreduce_floors),
     )
 
 
@@ -155,10 +159,12 @@ def _engine_problem(said: str, image: str) -> Optional[EngineError]:
 
 
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
-              timeout: float = 900, origin: str = "built") -> ProbeRun:
+              timeout: float = 900, origin: str = "built", devices: Sequence[str] = ()) -> ProbeRun:
     """The probe's predicate, from a throw-away container of `image`, with the decoders for its python3
     staged beside it (qualification/staging.py), and the digest of the probe that was mounted. `origin`
-    "external": an image this toolkit did not build, judged by what it holds rather than against our wiring."""
+    "external": an image this toolkit did not build, judged by what it holds rather than against our wiring.
+    `gpus` is docker's --gpus; `devices` are --device values (CDI names: nvidia.com/gpu=...), so a
+    deployment's probe sees exactly its GPUs."""
     from qualify.qualification import staging
 
     tag, version = interpreter(engine, image, target.platform)
@@ -166,7 +172,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
         mounted = staging.copy_probe(run / "probe")
         staged_dir = staging.decoders_into(tag, run / "staged")
         predicate = _run_in(engine, image, target, scope, gpus, timeout, origin, run / "probe", staged_dir, version,
-                            tag)
+                            tag, devices)
     toolkit = predicate.get("toolkit")
     said = toolkit.get("probe_sha256") if isinstance(toolkit, dict) else None
     if said is not None and said != mounted:
@@ -176,7 +182,8 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
 
 
 def _run_in(engine: Engine, image: str, target: ProbeTarget, scope: str, gpus: Optional[str], timeout: float,
-            origin: str, mount: Path, staged_dir: Optional[Path], version: str, tag: str) -> Dict[str, Any]:
+            origin: str, mount: Path, staged_dir: Optional[Path], version: str, tag: str,
+            devices: Sequence[str]) -> Dict[str, Any]:
     if staged_dir is None:
         REPORT.say(f"no decoder wheels for {tag} (python {version}): compressed containers stay unknown")
     mounts = [(str(mount), CONTAINER_ROOT, "ro")]
@@ -187,7 +194,7 @@ def _run_in(engine: Engine, image: str, target: ProbeTarget, scope: str, gpus: O
     with tempfile.TemporaryDirectory(prefix="qualify-out-") as out:
         out_dir = Path(out)
         out_dir.chmod(0o777)
-        where = f"with GPUs {gpus}" if gpus else "no GPU"
+        where = f"with GPUs {gpus or ' '.join(devices)}" if gpus or devices else "no GPU"
         REPORT.say(f"probing {image} in a container (no network, {where}, checks: {scope})")
         proc = engine.run_container(
             image,
@@ -195,7 +202,7 @@ def _run_in(engine: Engine, image: str, target: ProbeTarget, scope: str, gpus: O
              "--only", scope, "--predicate-only", "--out", "/out/predicate.json",
              *(["--origin", origin] if origin != "built" else [])],
             mounts=[*mounts, (str(out_dir), "/out", "rw")], env=env,
-            network="none", platform=target.platform, timeout=timeout, gpus=gpus,
+            network="none", platform=target.platform, timeout=timeout, gpus=gpus, devices=devices,
             on_stderr_line=_forward_progress,
             # An init as PID 1: a probe that crashes (under qemu-user) exits instead of hanging until the timeout.
             init=True,

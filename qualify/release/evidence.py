@@ -30,6 +30,7 @@ from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
+from qualify.trust.gpuconfig import SINGLE_GPU, Configuration, required_checks
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
 NO_GPU = "none"  # the GPU name and capability of a run that saw none
@@ -76,12 +77,17 @@ class Evidence:
     checks: Tuple[Mapping[str, Any], ...] = ()
     figures: Mapping[str, float] = field(default_factory=dict)
     run_id: str = ""  # the probe's id of the run ("" from a probe older than run ids)
+    configuration: Configuration = SINGLE_GPU  # written only for several GPUs: a 1-GPU record is as before
 
     def as_dict(self) -> Dict[str, Any]:
         doc = asdict(self)
         doc["outcome"] = self.outcome.value
         doc["checks"] = [dict(c) for c in self.checks]
         doc["figures"] = dict(self.figures)
+        if self.configuration.multi_gpu:
+            doc["configuration"] = self.configuration.as_json()
+        else:
+            del doc["configuration"]
         return {"schema": SCHEMA, **doc}
 
     def to_bytes(self) -> bytes:
@@ -182,7 +188,8 @@ def _named(checks: Sequence[Mapping[str, Any]]) -> str:
 def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str,
                required: Sequence[str] = REQUIRED_GPU_CHECKS) -> ProbeOutcome:
     """Seed 000's outcome of one run, by an allow-list over the GPU checks required (probe/gpu.py:
-    REQUIRED_GPU_CHECKS; promote passes the release's signed list), whatever the record says about `required`:
+    REQUIRED_GPU_CHECKS, and the NCCL check for a run on several GPUs: `required_checks`; promote passes the
+    release's signed list), whatever the record says about `required`:
 
     - a required check that failed: a product failure;
     - every required check present and `pass`, on a GPU of the target's capability: a pass;
@@ -208,11 +215,12 @@ def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capabi
 
 
 def probe_outcome(predicate: Mapping[str, Any], capability: str) -> ProbeOutcome:
-    """The outcome of a probe run's predicate (the GPU checks run here, or a probe manifest)."""
+    """The outcome of a probe run's predicate (the GPU checks run here, or a probe manifest), for the
+    configuration it ran on."""
     devices = [d for d in (predicate.get("gpu") or {}).get("devices") or [] if isinstance(d, dict)]
     seen = str((devices[0] if devices else {}).get("compute_cap", ""))
     checks = [c for c in predicate.get("checks") or [] if isinstance(c, dict)]
-    return outcome_of(checks, seen, capability)
+    return outcome_of(checks, seen, capability, required_checks(Configuration.of_predicate(predicate)))
 
 
 # --- reading ---------------------------------------------------------------------------------------
@@ -262,7 +270,7 @@ def _digest_field(doc: Mapping[str, Any], key: str, where: str) -> str:
 
 _RECORD_KEYS = {"schema", "release", "target", "capability", "image_reference", "image_digest",
                 "probe_sources_digest", "gpu", "host_id_sha256", "time", "outcome", "reason", "checks", "figures",
-                "run_id"}
+                "run_id", "configuration"}
 
 
 def parse(data: bytes, where: str) -> Evidence:
@@ -298,8 +306,11 @@ def parse(data: bytes, where: str) -> Evidence:
         host_id_sha256=_digest_field(doc, "host_id_sha256", where),
         time=normal_time(doc.get("time"), f"{where}: field 'time'"), outcome=declared,
         reason=str(doc.get("reason") or ""), checks=_valid_checks(doc.get("checks"), where),
-        figures={str(k): float(v) for k, v in figures.items()}, run_id=run_id)
-    return _agreed(record, outcome_of(record.checks, record.gpu.capability, record.capability), where)
+        figures={str(k): float(v) for k, v in figures.items()}, run_id=run_id,
+        configuration=Configuration.parse(doc["configuration"], where, EvidenceError) if "configuration" in doc
+        else SINGLE_GPU)
+    return _agreed(record, outcome_of(record.checks, record.gpu.capability, record.capability,
+                                      required_checks(record.configuration)), where)
 
 
 def _agreed(record: Evidence, computed: ProbeOutcome, where: str) -> Evidence:
@@ -367,7 +378,7 @@ def from_statement(stmt: Mapping[str, Any], release: str, where: str) -> Evidenc
                 uuid_sha256=hashed(str(device.get("uuid") or "")), driver=str(device.get("driver_version") or "")),
         host_id_sha256=hashed(host), time=normal_time(pred.get("created"), f"{where}: predicate.created"),
         outcome=outcome.outcome, reason=outcome.reason, checks=tuple(outcome.checks),
-        run_id=run_id if isinstance(run_id, str) else "")
+        run_id=run_id if isinstance(run_id, str) else "", configuration=Configuration.of_predicate(pred))
 
 
 def from_bytes(data: bytes, release: str, where: str) -> Evidence:

@@ -33,15 +33,18 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from qualify.core import killpoint
 from qualify.core import manifest as mf
+from qualify.core.enums import SupportLevel
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import read_small
 from qualify.release import evidence as ev
+from qualify.release import rows
 from qualify.signing import formats
 from qualify.signing.signer import Signer
-from qualify.trust import journal
+from qualify.trust import gpuconfig, journal
 from qualify.trust import records as rec
 from qualify.trust.folder import read_hosts_file, read_release
+from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow
 from qualify.trust.highwater import PromoterState, RollbackError, Seen
 from qualify.trust.policy import TargetRule
 from qualify.trust.verify import (
@@ -68,11 +71,13 @@ class Counted:
     host: str  # enrolled host name, or "unsigned"
     identity: str
     outcome: ev.Outcome
+    reason: str = ""  # why the signed all-reduce floor changed a multi-GPU run's outcome ("": the record's reason)
 
     def summary(self) -> rec.CountedEvidence:
         r = self.record
-        return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value, r.reason, r.gpu.name,
-                                   r.gpu.driver, self.host, tuple(sorted(r.figures.items())))
+        return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value, self.reason or r.reason,
+                                   r.gpu.name, r.gpu.driver, self.host, tuple(sorted(r.figures.items())),
+                                   r.configuration.key)
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,22 @@ def standing(counted: Iterable[Counted], rule: TargetRule, released_level: str) 
     return Standing(level, streak, required, tuple(ordered), "; ".join(notes[-3:]))
 
 
+def configuration_rows(counted: Sequence[Counted], rule: TargetRule, released_level: str
+                       ) -> Tuple[List[Counted], Tuple[Counted, ...], Tuple[ConfigurationRow, ...]]:
+    """Seed 000's rows: the 1-GPU runs (the target's level, from `released_level`) and one row per multi-GPU
+    configuration, each standing on its own runs from unverified; also every run, oldest first. A multi-GPU
+    run's outcome was already judged by the release's signed all-reduce floors (`_judged`)."""
+    grouped = rows.by_configuration(counted)
+    single = grouped.pop(SINGLE_GPU.key)
+    everything = standing(counted, rule, released_level).counted
+    others = []
+    for group in grouped.values():
+        s = standing(group, rule, SupportLevel.UNVERIFIED.value)
+        others.append(ConfigurationRow(group[0].record.configuration, s.level, s.consecutive_passes, s.required,
+                                       len(s.counted), s.note))
+    return single, everything, tuple(sorted(others, key=lambda r: r.configuration.key))
+
+
 @dataclass(frozen=True)
 class Promoted:
     target: str
@@ -158,6 +179,7 @@ class Promoted:
     written: bool = True
     added: Tuple[Counted, ...] = ()  # the runs this promotion took in, each with its outcome
     rule: Optional[TargetRule] = None
+    configurations: Tuple[ConfigurationRow, ...] = ()  # the multi-GPU rows beside the 1-GPU row (`standing`)
 
 
 def _store(folder: Path, target: str, create: bool = False) -> Path:
@@ -179,12 +201,26 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> 
     out = []
     for a in vt.accepted:
         record = ev.from_bytes(a.data, release.tag, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.sha256}.json")
-        out.append(Counted(record, a.sha256, a.host, ev.record_identity(record), _outcome(record, rule)))
+        out.append(_counted(record, a.sha256, a.host, ev.record_identity(record), rule))
     return out, vt.unlisted
 
 
+def _judged(record: ev.Evidence, rule: TargetRule) -> Tuple[ev.Outcome, str]:
+    """A run's outcome under the release's signed rule, recomputed from its checks: the required GPU checks (and
+    for several GPUs the NCCL check), then a multi-GPU pass against the signed all-reduce floor for its
+    configuration (rows.by_floor); with the reason when the floor changed it ("" otherwise)."""
+    required = gpuconfig.required_checks(record.configuration, rule.required_gpu_checks)
+    outcome = ev.outcome_of(record.checks, record.gpu.capability, rule.capability, required).outcome
+    return rows.by_floor(record, outcome, rule.allreduce_floors)
+
+
 def _outcome(record: ev.Evidence, rule: TargetRule) -> ev.Outcome:
-    return ev.outcome_of(record.checks, record.gpu.capability, rule.capability, rule.required_gpu_checks).outcome
+    return _judged(record, rule)[0]
+
+
+def _counted(record: ev.Evidence, sha: str, host: str, identity: str, rule: TargetRule) -> Counted:
+    outcome, reason = _judged(record, rule)
+    return Counted(record, sha, host, identity, outcome, reason)
 
 
 def _seen(release: VerifiedRelease, vt: VerifiedTarget) -> Seen:
@@ -267,13 +303,15 @@ def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, relea
                 for t, new in sorted(by_target.items())]
 
 
-def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str) -> bytes:
+def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str, everything: Sequence[Counted],
+                    others: Sequence[ConfigurationRow]) -> bytes:
     stmt = copy.deepcopy(dict(vt.manifest.statement))  # what the verified bytes hold, rewritten
     pred = mf.predicate(stmt)
     pred["support_level"] = s.level
     pred["promotion"] = {"released_level": released, "level": s.level, "consecutive_passes": s.consecutive_passes,
                          "required_consecutive_passes": s.required, "note": s.note, "sequence": sequence,
-                         "evidence": [c.summary().as_json(vt.target) for c in s.counted]}
+                         "evidence": [c.summary().as_json(vt.target) for c in everything],
+                         **({"configurations": [r.as_json() for r in others]} if others else {})}
     return mf.dumps(stmt)
 
 
@@ -314,29 +352,30 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
     folder, target, rule = release.path, vt.target, release.rule(vt.target)
     old, ignored = accepted(release, vt, rule)
     added = _new_runs(new, old, rule)
-    counted = old + [Counted(s.record, s.sha256, s.host or "unsigned", s.identity, _outcome(s.record, rule))
-                     for s in added]
+    counted = old + [_counted(s.record, s.sha256, s.host or "unsigned", s.identity, rule) for s in added]
     released = vt.entry.support_level
-    s = standing(counted, rule, released)
+    single, everything, others = configuration_rows(counted, rule, released)
+    s = standing(single, rule, released)
     manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
     previous = vt.promotion_sequence
     if not added:
-        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False, rule=rule)
+        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False, rule=rule,
+                        configurations=others)
     store = _store(folder, target, create=True)
     for signed in added:
         _keep(store, signed)
     killpoint.reached("promote:kept")  # a kill here leaves files the record does not name: listed, never counted
     ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in added})
-    manifest = _manifest_bytes(vt, s, previous + 1, released)
+    manifest = _manifest_bytes(vt, s, previous + 1, released, everything, others)
     unsigned = (allow_unsigned and any(not c.host for c in added)) or \
         bool(vt.promotion and vt.promotion.unsigned_evidence_allowed)
     record = rec.PromotionRecord(
         release=release.tag, release_sha256=release.index_sha256, target=target, sequence=previous + 1,
         previous_sha256=vt.promotion_sha256, released_level=released, level=s.level,
         consecutive_passes=s.consecutive_passes, required_consecutive_passes=s.required, note=s.note,
-        manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in s.counted),
+        manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in everything),
         unsigned_evidence_allowed=unsigned, hosts_sha256=hosts.sha256 if hosts else None,
-        hosts_sequence=hosts.hosts.sequence if hosts else 0, policy_version=rule.version)
+        hosts_sequence=hosts.hosts.sequence if hosts else 0, policy_version=rule.version, configurations=others)
     files = [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())]
     replaces = {vt.entry.manifest_file: vt.manifest_sha256, rec.promotion_file(target): vt.promotion_sha256}
     if vt.promotion:  # the record it replaces is kept: the ledger is never overwritten
@@ -348,7 +387,8 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
                        manifest_sha256=sha256(manifest))
     marks.observe_release(release.key.fingerprint, new_seen, f"release folder {folder}")
     taken = tuple(c for c in counted if c.identity in {a.identity for a in added})
-    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken, rule=rule)
+    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken, rule=rule,
+                    configurations=others)
 
 
 def release_signer(key_file: Path) -> Tuple[Signer, TrustedKey]:
@@ -371,6 +411,12 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
              f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
     if p.rule is not None:
         lines.append(f"  rule: {p.rule.describe()}")
+    if p.configurations:  # seed 000's matrix: each multi-GPU configuration is a row of its own
+        lines[0] = lines[0].replace(f"{p.target}: ", f"{p.target} ({SINGLE_GPU.key}): ", 1)
+    for r in p.configurations:
+        lines.append(f"{p.target} ({r.configuration.key}): {r.level} ({r.consecutive_passes} of "
+                     f"{r.required_consecutive_passes} consecutive passes; {r.runs} records)"
+                     + (f"; {r.note}" if r.note else ""))
     for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
         lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.outcome.value}"
                      + (f" ({c.record.reason})" if c.record.reason else ""))

@@ -31,6 +31,10 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
     out += _promotion_lines(p.get("promotion"))
     gpus = (p.get("gpu") or {}).get("devices") or []
     out.append("gpu        " + (", ".join(f"{g.get('name')} ({g.get('compute_cap')})" for g in gpus) or "none visible"))
+    tp, joined = (p.get("gpu") or {}).get("tensor_parallel_size"), (p.get("gpu") or {}).get("topology") or {}
+    if tp:
+        links = ", ".join(sorted({str(lk.get("link")) for lk in joined.get("links") or []})) or "not read"
+        out.append(f"parallel   tensor parallel {tp}, GPUs joined by {joined.get('kind')} ({links})")
     versions = (p.get("versions") or {}).get("packages") or {}
     key = [k for k in ("torch", "triton", "vllm", "flashinfer-python", "flashinfer-cubin", "transformers") if k in versions]
     if key:

@@ -3,15 +3,16 @@
 `qualify promote` applies only what this section says (and the release's own entries: capability and
 platform), never a targets file handed to it: a copy of images/targets.toml that says "one pass suffices"
 or "sm120 is capability 9.0" changes nothing. The section is written by `qualify release` from the
-releasing checkout's targets file (`[promotion] consecutive_passes`) and the qualified manifests
-(`predicate.target.intended_support_level`).
+releasing checkout's targets file (`[promotion] consecutive_passes`, `[allreduce] floors`) and the qualified
+manifests (`predicate.target.intended_support_level`). Promote judges a multi-GPU run's bus bandwidth, and the
+deploy's all-reduce gate the GPUs it is about to serve on, only by the signed `allreduce_floors`.
 
     "policy": {
       "version": 1,
       "promotion": {"consecutive_passes": 7, "required_gpu_checks": ["gpu.memory", ...]},
       "targets": [{"target": "sm120", "intended_level": "baseline"}],
       "level_checks": [],      # extension point (issue 39): [{"level": "baseline", "checks": ["serve.canary"]}]
-      "allreduce_floors": []   # extension point (issue 44): [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 350}]
+      "allreduce_floors": [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 150.0}, ...]   # issue 44
     }
 
 Extension points are typed and parsed strictly now, so a later issue only has to apply them: a release
@@ -31,6 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from qualify.core import topology
 from qualify.core.enums import SupportLevel
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 
@@ -41,8 +43,9 @@ IMPLIED_PASSES = 7  # seed 000: what every release before the signed policy was 
 INTENDED = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value, SupportLevel.EXPERIMENTAL.value)
 CHECK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-# The extension points this toolkit applies. Issue 39 adds "level_checks", issue 44 "allreduce_floors".
-ENFORCED: frozenset = frozenset()
+# The extension points this toolkit applies. Issue 39 adds "level_checks"; issue 44's "allreduce_floors" are
+# applied by promote (rows.by_floor) and the deploy's all-reduce gate (deploy/run.py).
+ENFORCED: frozenset = frozenset({"allreduce_floors"})
 
 
 @dataclass(frozen=True)
@@ -57,17 +60,10 @@ class LevelChecks:
         return {"level": self.level, "checks": list(self.checks)}
 
 
-@dataclass(frozen=True)
-class AllReduceFloor:
-    """Extension point (issue 44): the lowest all-reduce bus bandwidth a run on `gpus` GPUs of `topology`
-    may measure (gpu.nccl-allreduce) and still count as a pass."""
-
-    topology: str
-    gpus: int
-    min_bus_gbps: float
-
-    def as_json(self) -> Dict[str, Any]:
-        return {"topology": self.topology, "gpus": self.gpus, "min_bus_gbps": self.min_bus_gbps}
+# Issue 44: the lowest all-reduce bus bandwidth (gpu.nccl-allreduce, GB/s) a run on `gpus` or more GPUs joined by
+# `topology` may measure and still count as a pass. One type with the probe's and preflight's (core/topology.py),
+# so the floor the deploy takes from the verified release is what the probe in the image judges by.
+AllReduceFloor = topology.AllReduceFloor
 
 
 @dataclass(frozen=True)
@@ -122,6 +118,8 @@ class ReleasePolicy:
                           f"{', '.join(sorted(released)) or 'none'}")
         level_checks = tuple(_level_checks(x) for x in f.items("level_checks"))
         floors = tuple(_floor(x) for x in f.items("allreduce_floors"))
+        if len({(x.topology, x.gpus) for x in floors}) != len(floors):
+            raise f.error(f"{f.where}: allreduce_floors names one topology and GPU count twice")
         for name, values in (("level_checks", level_checks), ("allreduce_floors", floors)):
             if values and name not in ENFORCED:
                 raise f.error(f"{f.where}: the release's policy sets {name}, which this toolkit does not apply; "
@@ -144,15 +142,23 @@ def _floor(f: Fields) -> AllReduceFloor:
     value = f.doc.get("min_bus_gbps")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise f.error(f"{f.where}: min_bus_gbps must be a positive number")
-    return AllReduceFloor(f.text("topology", TOPOLOGY), f.integer("gpus", 2), float(value))
+    joined = f.text("topology", TOPOLOGY)
+    if joined not in topology.TOPOLOGIES:  # a floor this toolkit cannot match to GPUs: refused, never ignored
+        raise f.error(f"{f.where}: topology {joined!r} is not one this toolkit knows ({', '.join(topology.TOPOLOGIES)})",
+                      hint="use the toolkit version that made the release (or a newer one)")
+    return AllReduceFloor(joined, f.integer("gpus", 2), float(value))
 
 
-def for_release(intended: Mapping[str, str], consecutive_passes: int) -> ReleasePolicy:
-    """The policy `qualify release` signs: the targets' intended levels and the targets file's pass count."""
+def for_release(intended: Mapping[str, str], consecutive_passes: int,
+                allreduce_floors: Sequence[AllReduceFloor] = ()) -> ReleasePolicy:
+    """The policy `qualify release` signs: the targets' intended levels, the targets file's pass count and its
+    all-reduce floors ([allreduce]), in a fixed order so a re-run signs the same bytes."""
     if consecutive_passes < 1:
         raise ValueError("consecutive_passes must be at least 1")
+    floors = tuple(AllReduceFloor(f.topology, f.gpus, float(f.min_bus_gbps))
+                   for f in sorted(allreduce_floors, key=lambda f: (f.topology, f.gpus)))
     return ReleasePolicy(VERSION, consecutive_passes, tuple(REQUIRED_GPU_CHECKS),
-                         tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)))
+                         tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)), allreduce_floors=floors)
 
 
 def recorded_intended(predicate: Mapping[str, Any]) -> Optional[str]:
@@ -174,12 +180,15 @@ class TargetRule:
     required_gpu_checks: Tuple[str, ...]
     signed: bool  # False: a release from before the signed policy, under the implied rule
     version: int = 0  # the policy version (0: implied)
+    # The signed all-reduce floors (none: no multi-GPU run can pass, rows.by_floor; the implied rule has none).
+    allreduce_floors: Tuple[AllReduceFloor, ...] = ()
 
     def describe(self) -> str:
         how = f"release.json policy v{self.version}" if self.signed else "the implied rule of a release signed " \
             "before release.json held a policy"
+        floors = ", ".join(f"{f.topology} from {f.gpus} GPUs {f.min_bus_gbps:g} GB/s" for f in self.allreduce_floors)
         return (f"{self.consecutive_passes} consecutive passes on capability {self.capability} ({self.platform}), "
-                f"intended level {self.intended_level} ({how})")
+                f"intended level {self.intended_level}; all-reduce floors: {floors or 'none signed'} ({how})")
 
 
 def rule(policy: Optional[ReleasePolicy], target: str, capability: str, platform: str,
@@ -187,6 +196,7 @@ def rule(policy: Optional[ReleasePolicy], target: str, capability: str, platform
     """The rule for `target` of a verified release: its signed policy, else the implied one."""
     if policy is not None:
         return TargetRule(target, capability, platform, policy.intended(target) or SupportLevel.EXPERIMENTAL.value,
-                          policy.consecutive_passes, policy.required_gpu_checks, True, policy.version)
+                          policy.consecutive_passes, policy.required_gpu_checks, True, policy.version,
+                          policy.allreduce_floors)
     return TargetRule(target, capability, platform, recorded_intended(predicate) or SupportLevel.EXPERIMENTAL.value,
                       IMPLIED_PASSES, tuple(REQUIRED_GPU_CHECKS), False)

@@ -28,6 +28,7 @@ from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.core.readlimit import strict_json
+from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow, row_field, row_of, rows_field, rows_of
 from qualify.trust.order import ReleaseOrder, Version, tag_problem
 from qualify.trust.policy import ReleasePolicy
 
@@ -293,6 +294,7 @@ class CountedEvidence:
     driver: str
     host: str  # the enrolled host's name, or "unsigned"
     figures: Tuple[Tuple[str, float], ...] = ()
+    configuration: str = SINGLE_GPU.key  # its promotion row (gpuconfig.Configuration.key); written for N GPUs only
 
     def file(self, target: str) -> str:
         return f"evidence/{target}/{self.sha256}.json"
@@ -300,11 +302,12 @@ class CountedEvidence:
     def as_json(self, target: str) -> Dict[str, Any]:
         return {"sha256": self.sha256, "identity": self.identity, "file": self.file(target), "time": self.time,
                 "outcome": self.outcome, "reason": self.reason, "gpu": self.gpu, "driver": self.driver,
-                "host": self.host, "figures": dict(self.figures)}
+                "host": self.host, "figures": dict(self.figures), **row_field(self.configuration)}
 
     @classmethod
     def parse(cls, f: Fields, target: str) -> CountedEvidence:
-        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures")
+        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures",
+               "configuration")
         sha = f.text("sha256", HEX)
         if f.text("file") != f"evidence/{target}/{sha}.json":
             raise f.error(f"{f.where}: 'file' is not evidence/{target}/{sha}.json")
@@ -314,7 +317,7 @@ class CountedEvidence:
             raise f.error(f"{f.where}: figures must map names to numbers")
         return cls(sha, f.text("identity", HEX), f.text("time"), f.text("outcome"), f.text("reason", empty=True),
                    f.text("gpu", empty=True), f.text("driver", empty=True), f.text("host"),
-                   tuple(sorted((str(k), float(v)) for k, v in figures.items())))
+                   tuple(sorted((str(k), float(v)) for k, v in figures.items())), row_of(f))
 
 
 @dataclass(frozen=True)
@@ -339,6 +342,7 @@ class PromotionRecord:
     hosts_sequence: int = 0  # and its sequence (0: no hosts file)
     policy_version: int = 0  # the release.json policy applied (0: the implied rule of an older release)
     legacy: bool = False  # read from a promotion/v2 record (before the ledger: its predecessors were overwritten)
+    configurations: Tuple[ConfigurationRow, ...] = ()  # multi-GPU rows; `level` is the 1-GPU row's (seed 000)
 
     def as_json(self) -> Dict[str, Any]:
         return {"schema": PROMOTION_SCHEMA, "release": self.release, "release_sha256": self.release_sha256,
@@ -349,7 +353,8 @@ class PromotionRecord:
                 "manifest_sha256": self.manifest_sha256,
                 "evidence": [e.as_json(self.target) for e in self.evidence],
                 "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256,
-                "hosts_sequence": self.hosts_sequence, "policy_version": self.policy_version}
+                "hosts_sequence": self.hosts_sequence, "policy_version": self.policy_version,
+                **rows_field(self.configurations)}
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.as_json())
@@ -360,7 +365,8 @@ class PromotionRecord:
         legacy = f.doc.get("schema") == PROMOTION_SCHEMA_V2
         f.only("schema", "release", "release_sha256", "target", "sequence", "previous_sha256", "released_level",
                "level", "consecutive_passes", "required_consecutive_passes", "note", "manifest_sha256", "evidence",
-               "unsigned_evidence_allowed", "hosts_sha256", *(() if legacy else ("hosts_sequence", "policy_version")))
+               "unsigned_evidence_allowed", "hosts_sha256",
+               *(() if legacy else ("hosts_sequence", "policy_version", "configurations")))
         target = f.text("target", mf.TARGET_NAME)
         previous = f.optional_text("previous_sha256")
         hosts = f.optional_text("hosts_sha256")
@@ -380,7 +386,7 @@ class PromotionRecord:
             evidence=tuple(CountedEvidence.parse(e, target) for e in f.items("evidence")),
             unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts,
             hosts_sequence=0 if legacy else f.integer("hosts_sequence"),
-            policy_version=0 if legacy else f.integer("policy_version"), legacy=legacy)
+            policy_version=0 if legacy else f.integer("policy_version"), legacy=legacy, configurations=rows_of(f))
 
 
 # --- published.json ---------------------------------------------------------------------------

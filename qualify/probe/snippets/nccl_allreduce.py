@@ -1,12 +1,29 @@
-"""All-reduce across every visible GPU with the image's own NCCL (one process per GPU).
+"""Collectives across the GPUs a tensor-parallel server would use, with the image's own NCCL (one process per GPU).
 
-usage: nccl_allreduce.py [BANDWIDTH_MIB]
-Rank r contributes a tensor filled with r + 1; every rank must end with
-n(n+1)/2. Then a BANDWIDTH_MIB (default 256) float32 all-reduce is timed with
-CUDA events and reported as nccl-tests does: algbw = bytes / time and
-busbw = algbw * 2(n-1)/n (the per-link figure comparable across GPU counts),
-from the mean time over ranks. NVLink multicast (NVLS) stays off: it can take
-shared GPUs out of service, and the qualification does not need it.
+usage: nccl_allreduce.py [WORLD_SIZE [BANDWIDTH_MIB]]
+WORLD_SIZE 0 (the default) is every visible GPU; another number must be exactly the number visible (the
+deployment's --tensor-parallel-size), else nothing runs. Per rank, seed 000's two-rank test:
+
+- sum: rank r contributes a tensor filled with r + 1; every rank must end with n(n+1)/2, exactly;
+- reference: rank r contributes seeded normal values (generated on the CPU from seed SEED + r, so every rank
+  can make every rank's input), in float32 and in bfloat16; each rank's all-reduced result must be finite and
+  equal, within the tolerance below, to the sum of all inputs computed on its own GPU alone in float64 (the
+  single-GPU reference);
+- shards: an all-gather puts rank r's shard at slot r of a (world x K) result on every rank, bit for bit, and a
+  reduce-scatter leaves on rank r exactly shard r of the reference sum (within the tolerance): the shape and
+  ownership tensor parallelism relies on.
+
+Tolerance: |x - ref| <= n * u * sum_i |x_i| elementwise, u the unit roundoff (float32 2^-24, bfloat16 2^-8):
+the textbook bound on a floating-point sum of n terms in any order ((n - 1) u), with a factor n of slack.
+Then a BANDWIDTH_MIB (default 256) float32 all-reduce is timed with CUDA events and reported as nccl-tests
+does: algbw = bytes / time and busbw = algbw * 2(n-1)/n (the per-link figure comparable across GPU counts),
+from the mean time over ranks. NVLink multicast (NVLS) stays off: it can take shared GPUs out of service, and
+the qualification does not need it.
+
+TEST DOUBLE: with BLACKWELL_COLLECTIVES_STANDIN=gloo the same collectives run over gloo between CPU processes
+(no GPU, no NCCL, no bandwidth worth the name), so CI on a machine without GPUs exercises every comparison
+above with real torch.distributed. The result then says `"backend": "gloo"`, and the probe's check never
+passes it (probe/gpu.py): it proves the checking, not a GPU.
 """
 
 import json
@@ -15,6 +32,31 @@ import socket
 import sys
 
 WARMUP, ITERS = 5, 20
+SEED = 4400
+SHARD = 1 << 17  # elements per rank's shard in the reference and shard checks
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
+TOLERANCE = "|x - ref| <= n * u * sum_i |x_i| (u: float32 2^-24, bfloat16 2^-8); ref: the float64 sum on one GPU"
+
+
+def _standin():  # read when used, never at import (tests/test_house_rules.py)
+    return os.environ.get("BLACKWELL_COLLECTIVES_STANDIN") == "gloo"
+
+
+def _device(torch, rank):
+    return torch.device("cpu") if _standin() else torch.device("cuda", rank)
+
+
+def _sync(torch):
+    if not _standin():
+        torch.cuda.synchronize()
+
+
+def _gather(dist):  # torch 2.13 renamed these (the old names warn); images and hosts carry older ones too
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _scatter(dist):
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _free_port():
@@ -24,6 +66,15 @@ def _free_port():
 
 
 def _bandwidth(torch, dist, world, nbytes):
+    if _standin():  # wall time on CPU processes: no CUDA events; the figure means nothing for a GPU
+        import time
+
+        x = torch.ones(nbytes // 4, dtype=torch.float32)
+        dist.all_reduce(x)
+        began = time.perf_counter()
+        for _ in range(2):
+            dist.all_reduce(x)
+        return (time.perf_counter() - began) / 2
     x = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
     for _ in range(WARMUP):
         dist.all_reduce(x)
@@ -37,22 +88,75 @@ def _bandwidth(torch, dist, world, nbytes):
     return start.elapsed_time(end) / 1000.0 / ITERS
 
 
+def _inputs(torch, world):
+    """Every rank's input, made on the CPU from its seed: the same numbers on every rank and every GPU."""
+    out = []
+    for r in range(world):
+        g = torch.Generator().manual_seed(SEED + r)
+        out.append(torch.randn(world * SHARD, generator=g, dtype=torch.float32))
+    return out
+
+
+def _compare(torch, got, exact, magnitude, world, dtype):
+    """got (on the GPU, any dtype) against the float64 reference; the worst error and its share of the bound."""
+    got = got.double()
+    bound = world * UNIT_ROUNDOFF[dtype] * magnitude + 1e-30
+    err = (got - exact).abs()
+    return {"dtype": dtype, "finite": bool(torch.isfinite(got).all().item()),
+            "max_abs_error": float(err.max().item()), "max_error_over_bound": float((err / bound).max().item()),
+            "within_tolerance": bool((err <= bound).all().item()), "elements": got.numel()}
+
+
+def _reference(torch, dist, rank, world, inputs):
+    """The all-reduce, all-gather and reduce-scatter against a single-GPU reference, in float32 and bfloat16."""
+    device = _device(torch, rank)
+    out = {"all_reduce": [], "reduce_scatter": []}
+    owned = True
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        mine = [t.to(dtype, copy=True) for t in inputs]  # what each rank contributes, in this dtype
+        stacked = torch.stack([t.to(device).double() for t in mine])
+        exact, magnitude = stacked.sum(0), stacked.abs().sum(0)  # the reference, on this GPU alone
+        x = mine[rank].to(device, copy=True)  # collectives work in place: the inputs stay as made
+        dist.all_reduce(x)
+        out["all_reduce"].append(_compare(torch, x, exact, magnitude, world, name))
+        shard = torch.empty(SHARD, dtype=dtype, device=device)
+        _scatter(dist)(shard, mine[rank].to(device, copy=True))
+        sl = slice(rank * SHARD, (rank + 1) * SHARD)
+        row = _compare(torch, shard, exact[sl], magnitude[sl], world, name)
+        row["shape"] = list(shard.shape)
+        out["reduce_scatter"].append(row)
+        gathered = torch.empty(world * SHARD, dtype=dtype, device=device)
+        _gather(dist)(gathered, mine[rank][:SHARD].to(device, copy=True))
+        wrong = [r for r in range(world) if not torch.equal(gathered[r * SHARD:(r + 1) * SHARD].cpu(),
+                                                            mine[r][:SHARD])]
+        owned = owned and not wrong and list(gathered.shape) == [world * SHARD]
+        out.setdefault("all_gather", []).append({"dtype": name, "shape": list(gathered.shape),
+                                                 "slots_not_their_rank": wrong})
+    out["ok"] = owned and all(r["finite"] and r["within_tolerance"]
+                              for r in out["all_reduce"] + out["reduce_scatter"])
+    return out
+
+
 def _worker(rank, world, port, nbytes, queue):
     import torch
     import torch.distributed as dist
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    if _standin():
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    else:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     try:
-        x = torch.full((1 << 20,), float(rank + 1), device="cuda")
+        x = torch.full((1 << 20,), float(rank + 1), device=_device(torch, rank))
         dist.all_reduce(x)
-        torch.cuda.synchronize()
+        _sync(torch)
         expected = world * (world + 1) / 2
+        reference = _reference(torch, dist, rank, world, _inputs(torch, world))
         seconds = _bandwidth(torch, dist, world, nbytes)
-        queue.put({"rank": rank, "device": torch.cuda.get_device_name(rank),
+        queue.put({"rank": rank, "device": "cpu (gloo stand-in)" if _standin() else torch.cuda.get_device_name(rank),
                    "value": x[0].item(), "all_equal": bool((x == expected).all().item()), "expected": expected,
-                   "seconds_per_allreduce": seconds})
+                   "reference": reference, "seconds_per_allreduce": seconds})
     finally:
         dist.destroy_process_group()
 
@@ -62,7 +166,8 @@ def _rates(world, nbytes, seconds):
     return {"bytes": nbytes, "dtype": "float32", "iterations": ITERS, "warmup": WARMUP,
             "time_us": round(seconds * 1e6, 1), "algbw_gbs": round(algbw, 2),
             "busbw_gbs": round(algbw * 2 * (world - 1) / world, 2),
-            "method": "mean time over ranks, CUDA events; busbw = algbw * 2(n-1)/n as nccl-tests"}
+            "method": ("wall time of CPU processes (gloo stand-in: not a GPU figure)" if _standin() else
+                       "mean time over ranks, CUDA events") + "; busbw = algbw * 2(n-1)/n as nccl-tests"}
 
 
 def main():
@@ -72,13 +177,18 @@ def main():
     import torch
     import torch.multiprocessing as mp
 
-    nbytes = int(sys.argv[1] if len(sys.argv) > 1 else 256) << 20
-    world = torch.cuda.device_count()
-    out = {"world_size": world, "nccl": ".".join(str(p) for p in torch.cuda.nccl.version()),
+    asked = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    nbytes = int(sys.argv[2] if len(sys.argv) > 2 else 256) << 20
+    visible = asked if _standin() else torch.cuda.device_count()
+    world = asked or visible
+    backend = "gloo" if _standin() else "nccl"
+    out = {"world_size": world, "visible": visible, "backend": backend, "tolerance": TOLERANCE, "seed": SEED,
+           "nccl": "none (gloo stand-in)" if _standin() else ".".join(str(p) for p in torch.cuda.nccl.version()),
            "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                               "NVSHMEM_DISABLE_NVLS")}}
-    if world < 2:
-        out.update({"ok": False, "skipped": f"{world} GPU(s) visible; an all-reduce needs at least 2"})
+    if world < 2 or visible != world:
+        out.update({"ok": False, "skipped": f"{visible} GPU(s) visible, world size {world}: an all-reduce needs at "
+                    "least 2, and exactly the GPUs the deployment uses"})
         print(json.dumps(out))
         return
     ctx = mp.get_context("spawn")
@@ -94,7 +204,9 @@ def main():
     out["ranks"] = ranks
     out["exit_codes"] = [p.exitcode for p in procs]
     out["bandwidth"] = _rates(world, nbytes, sum(r["seconds_per_allreduce"] for r in ranks) / world)
-    out["ok"] = all(r["all_equal"] for r in ranks) and all(c == 0 for c in out["exit_codes"])
+    out["sum_ok"] = all(r["all_equal"] for r in ranks)
+    out["reference_ok"] = all(r["reference"]["ok"] for r in ranks)
+    out["ok"] = out["sum_ok"] and out["reference_ok"] and all(c == 0 for c in out["exit_codes"])
     print(json.dumps(out))
 
 
