@@ -137,6 +137,7 @@ def make_model(dest: Path) -> Path:
     done = subprocess.run([sys.executable, "-m", "qualify", "tiny-model", "--out", str(dest)], cwd=REPO,
                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert f"serve it: MODEL_PATH={dest}" in done.stdout
     return dest
 
 

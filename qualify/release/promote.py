@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -28,9 +28,10 @@ from qualify.config.targets import TargetsFile
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import read_small
+from qualify.core.readlimit import read_small, strict_json
 from qualify.release import evidence as ev
 from qualify.release import records as rec
+from qualify.release import servecount, serving
 from qualify.release.folder import (
     KeyAnchor,
     Sign,
@@ -49,17 +50,30 @@ EVIDENCE_DIR = "evidence"
 
 @dataclass(frozen=True)
 class Counted:
-    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity."""
+    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity; and, where
+    serving evidence counts (servecount.py), the serve-check record it counted with, and the outcome of both."""
 
     record: ev.Evidence
     sha256: str
     host: str  # enrolled host name, or "unsigned"
     identity: str
+    serving_sha256: Optional[str] = None
+    combined: Optional[servecount.Combined] = None  # None: the GPU evidence alone decides
+    served: Optional[serving.ServeRecord] = None  # the serve-check record `serving_sha256` names
+
+    @property
+    def outcome(self) -> ev.Outcome:
+        return self.combined.outcome if self.combined else self.record.outcome
+
+    @property
+    def lifts(self) -> bool:
+        return self.combined.lifts if self.combined else self.record.outcome is ev.Outcome.PASS
 
     def summary(self) -> rec.CountedEvidence:
         r = self.record
-        return rec.CountedEvidence(self.sha256, self.identity, r.time, r.outcome.value, r.reason, r.gpu.name,
-                                   r.gpu.driver, self.host, tuple(sorted(r.figures.items())))
+        return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value,
+                                   self.combined.reason if self.combined else r.reason, r.gpu.name, r.gpu.driver,
+                                   self.host, tuple(sorted(r.figures.items())), self.serving_sha256)
 
 
 @dataclass(frozen=True)
@@ -109,12 +123,14 @@ def standing(counted: Iterable[Counted], required: int, intended: str, released_
     ordered = sorted(unique.values(), key=lambda c: (c.record.when, c.identity))
     streak, passed, notes = 0, False, []
     for c in ordered:
-        if c.record.outcome is ev.Outcome.PASS:
+        if c.outcome is ev.Outcome.PASS:
             streak, passed = streak + 1, True
-        elif c.record.outcome is ev.Outcome.PRODUCT_FAILURE:
+        elif c.outcome is ev.Outcome.PRODUCT_FAILURE:
             if streak >= required:
                 notes.append(f"demoted by a product failure at {c.record.time}")
             streak = 0
+        elif c.lifts:  # its GPU checks passed, its serving evidence is missing: experimental, no streak
+            passed = True
     can_be_baseline = mf.LEVEL_RANK.get(intended, 0) >= mf.LEVEL_RANK["baseline"]
     if streak >= required and can_be_baseline:
         level = "baseline"
@@ -144,21 +160,42 @@ def _store(folder: Path, target: str) -> Path:
     return folder / EVIDENCE_DIR / target
 
 
-def accepted(release: VerifiedRelease, vt: VerifiedTarget) -> Tuple[List[Counted], Tuple[str, ...]]:
+def _read_kept(store: Path, sha: str) -> bytes:
+    path = store / f"{sha}.json"
+    data = read_small(path, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
+                      missing_hint="restore the release folder's evidence/ from where it was promoted")
+    if sha256(data) != sha:
+        raise ev.EvidenceError(f"{path}: not the evidence the signed promotion record accepted (sha256 differs)",
+                               hint="restore the release folder's evidence/ from where it was promoted")
+    return data
+
+
+def _counted(release: VerifiedRelease, store: Path, e: rec.CountedEvidence, rule: servecount.ServingRule) -> Counted:
+    """One run the signed promotion record lists, re-read and re-judged: GPU evidence (with the serve-check
+    record it counted with), or, for the cpu target, a serve-check record that is the run itself."""
+    data, where = _read_kept(store, e.sha256), str(store / f"{e.sha256}.json")
+    if serving.is_serve_record(strict_json(data, where, ev.EvidenceError)):
+        served = serving.parse(data, where)
+        run = servecount.as_run(served, rule)
+        return Counted(run, e.sha256, e.host, e.identity, e.sha256,
+                       servecount.Combined(run.outcome, run.reason, run.outcome is ev.Outcome.PASS), served)
+    record = ev.from_bytes(data, release.tag, where)
+    served = serving.parse(_read_kept(store, e.serving_sha256), str(store / f"{e.serving_sha256}.json")) \
+        if e.serving_sha256 else None
+    combined = servecount.combine(record.outcome, record.reason, [served] if served else [], rule) \
+        if rule.counts_serving else None
+    return Counted(record, e.sha256, e.host, e.identity, e.serving_sha256, combined, served)
+
+
+def accepted(release: VerifiedRelease, vt: VerifiedTarget,
+             rule: Optional[servecount.ServingRule] = None) -> Tuple[List[Counted], Tuple[str, ...]]:
     """The runs the signed promotion record accepted, each file's sha256 checked; and the names of files in
     the evidence folder it does not name (dropped in by hand: they do not count)."""
     store = _store(release.path, vt.target)
+    rule = rule or servecount.rule_for(vt.manifest)
     listed = vt.promotion.evidence if vt.promotion else ()
-    out = []
-    for e in listed:
-        path = store / f"{e.sha256}.json"
-        data = read_small(path, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
-                          missing_hint="restore the release folder's evidence/ from where it was promoted")
-        if sha256(data) != e.sha256:
-            raise ev.EvidenceError(f"{path}: not the evidence the signed promotion record accepted (sha256 differs)",
-                                   hint="restore the release folder's evidence/ from where it was promoted")
-        out.append(Counted(ev.from_bytes(data, release.tag, str(path)), e.sha256, e.host, e.identity))
-    names = {f"{e.sha256}.json" for e in listed}
+    out = [_counted(release, store, e, rule) for e in listed]
+    names = {f"{e.sha256}.json" for e in listed} | {f"{e.serving_sha256}.json" for e in listed if e.serving_sha256}
     present = sorted(p.name for p in store.iterdir() if p.suffix == ".json"
                      and not p.name.endswith(formats.BUNDLE_SUFFIX)) if store.is_dir() else []
     return out, tuple(n for n in present if n not in names)
@@ -167,7 +204,8 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget) -> Tuple[List[Counted
 def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign: Sign, release_key: TrustedKey,
             hosts: Optional[rec.EnrolledHosts], allow_unsigned: bool = False,
             now: Optional[dt.datetime] = None, progress=lambda m: None) -> List[Promoted]:
-    """Apply seed 000's rule to the release in `folder` for every target the evidence names."""
+    """Apply seed 000's rule to the release in `folder` for every target the evidence names (GPU evidence and
+    serve-check records, told apart by what each file holds)."""
     for note in recover_journals(folder):
         progress(f"recovered: {note}")
     release = read_release(folder, KeyAnchor(trusted=release_key))
@@ -175,17 +213,25 @@ def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign
         raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
     now = now or dt.datetime.now(dt.timezone.utc)
     by_target: Dict[str, List[ev.Signed]] = {}
+    served: Dict[str, List[serving.SignedServe]] = {}
     for path in files:
-        signed = ev.read_signed(Path(path), tag, hosts, allow_unsigned)
-        record = signed.record
+        matrix = servecount.read_signed(Path(path), hosts, allow_unsigned)
+        record = matrix.record if matrix is not None else None
+        if matrix is None:
+            signed = ev.read_signed(Path(path), tag, hosts, allow_unsigned)
+            record = signed.record
         if not release.has(record.target):
             raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} does "
                                    f"not have (it has: {', '.join(t.target for t in release.targets)})")
         vt = release.target(record.target)
+        if matrix is not None:
+            servecount.check_binding(record, vt.manifest, release.index, str(path), now)
+            served.setdefault(record.target, []).append(matrix)
+            continue
         check_binding(record, vt.manifest, str(tf.get(record.target).capability), release.index, str(path), now)
         by_target.setdefault(record.target, []).append(signed)
-    return [_promote_target(release, release.target(t), new, tf, sign, allow_unsigned, hosts)
-            for t, new in sorted(by_target.items())]
+    return [_promote_target(release, release.target(t), by_target.get(t, []), tf, sign, allow_unsigned, hosts,
+                            served.get(t, []), progress) for t in sorted(set(by_target) | set(served))]
 
 
 def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str) -> bytes:
@@ -198,7 +244,7 @@ def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: st
     return mf.dumps(stmt)
 
 
-def _keep(store: Path, signed: ev.Signed) -> None:
+def _keep(store: Path, signed) -> None:  # ev.Signed or serving.SignedServe
     """The accepted file, content-addressed, with its signature: what the signed record names is what is kept."""
     path = store / f"{signed.sha256}.json"
     write_atomic(path, signed.data)
@@ -208,29 +254,68 @@ def _keep(store: Path, signed: ev.Signed) -> None:
         write_atomic(formats.bundle_path(path), signed.bundle)
 
 
+def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.SignedServe],
+                  rule: servecount.ServingRule, progress) -> Tuple[List[Counted], List[serving.SignedServe]]:
+    """Every run, each with the serve-check record of its deployment that decides it (servecount.choose); and
+    the handed-in records newly counted (to keep). The cpu target: each new record is a run of its own."""
+    known = {c.identity for c in old + runs}
+    if rule.alone:
+        fresh = [s for i, s in enumerate(new) if s.identity not in known
+                 and s.identity not in {x.identity for x in new[:i]}]
+        for s in fresh:
+            run = servecount.as_run(s.record, rule)
+            runs.append(Counted(run, s.sha256, s.host or "unsigned", s.identity, s.sha256,
+                                servecount.Combined(run.outcome, run.reason, run.outcome is ev.Outcome.PASS),
+                                s.record))
+        return old + runs, fresh
+    if not rule.counts_serving:
+        if new:
+            progress(f"{len(new)} serve-check record(s) not counted: this release's rule is {rule.source}")
+        return old + runs, []
+    out, taken = [], []
+    for c in old + runs:
+        mine = [s for s in new if servecount.pairs_with(c.record, s.record)]
+        pick = servecount.choose([c.served] if c.served else [], [s.record for s in mine], rule)
+        chosen = next((s for s in mine if s.record is pick), None)
+        if chosen is not None and chosen.sha256 != c.serving_sha256:
+            taken.append(chosen)
+            c = replace(c, serving_sha256=chosen.sha256, served=chosen.record)
+        combined = servecount.combine(c.record.outcome, c.record.reason, [c.served] if c.served else [], rule)
+        out.append(replace(c, combined=combined))
+    left = servecount.unpaired(new, [c.record for c in out])
+    if left:
+        progress(f"{len(left)} serve-check record(s) pair with no GPU run handed in or accepted (the GPU evidence "
+                 f"of their deployment is missing): {', '.join(str(s.source) for s in left[:3])}")
+    return out, taken
+
+
 def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], tf: TargetsFile, sign: Sign,
-                    allow_unsigned: bool, hosts: Optional[rec.EnrolledHosts]) -> Promoted:
+                    allow_unsigned: bool, hosts: Optional[rec.EnrolledHosts],
+                    served: Sequence[serving.SignedServe] = (), progress=lambda m: None) -> Promoted:
     folder, target = release.path, vt.target
-    old, ignored = accepted(release, vt)
+    rule = servecount.rule_for(vt.manifest)
+    old, ignored = accepted(release, vt, rule)
     known = {c.identity for c in old}
     added, seen = [], set()
     for s in new:
         if s.identity not in known and s.identity not in seen:
             seen.add(s.identity)
             added.append(s)
-    counted = old + [Counted(s.record, s.sha256, s.host or "unsigned", s.identity) for s in added]
+    runs = [Counted(s.record, s.sha256, s.host or "unsigned", s.identity) for s in added]
+    counted, matrices = _with_serving(old, runs, list(served), rule, progress)
+    seen |= {s.identity for s in matrices if rule.alone}
     released = vt.entry.support_level
     s = standing(counted, tf.promotion_passes, tf.get(target).support_level, released)
     manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
     previous = vt.promotion.sequence if vt.promotion else 0
-    if not added:
+    if not added and not matrices:
         return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False)
     store = _store(folder, target)
-    for signed in added:
+    for signed in [*added, *matrices]:
         _keep(store, signed)
-    ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in added})
+    ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in [*added, *matrices]})
     manifest = _manifest_bytes(vt, s, previous + 1, released)
-    unsigned = (allow_unsigned and any(not c.host for c in added)) or \
+    unsigned = (allow_unsigned and any(not c.host for c in [*added, *matrices])) or \
         bool(vt.promotion and vt.promotion.unsigned_evidence_allowed)
     record = rec.PromotionRecord(
         release=release.tag, release_sha256=release.index_sha256, target=target, sequence=previous + 1,
@@ -240,8 +325,9 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None)
     write_signed_files(folder, [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())],
                        sign, release.key)
-    taken = tuple(c for c in counted if c.identity in seen)
-    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken)
+    taken = tuple(c for c in counted if c.identity in seen or c.serving_sha256 in {m.sha256 for m in matrices})
+    return Promoted(target, s, manifest_path, record_path, len(added) + len(matrices), previous + 1, ignored,
+                    added=taken)
 
 
 def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:

@@ -277,6 +277,7 @@ class CountedEvidence:
     driver: str
     host: str  # the enrolled host's name, or "unsigned"
     figures: Tuple[Tuple[str, float], ...] = ()
+    serving_sha256: Optional[str] = None  # the serve-check record the run counted with (issue 39), kept beside it
 
     def file(self, target: str) -> str:
         return f"evidence/{target}/{self.sha256}.json"
@@ -284,11 +285,13 @@ class CountedEvidence:
     def as_json(self, target: str) -> Dict[str, Any]:
         return {"sha256": self.sha256, "identity": self.identity, "file": self.file(target), "time": self.time,
                 "outcome": self.outcome, "reason": self.reason, "gpu": self.gpu, "driver": self.driver,
-                "host": self.host, "figures": dict(self.figures)}
+                "host": self.host, "figures": dict(self.figures),
+                **({"serving_sha256": self.serving_sha256} if self.serving_sha256 else {})}
 
     @classmethod
     def parse(cls, f: Fields, target: str) -> CountedEvidence:
-        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures")
+        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures",
+               "serving_sha256")
         sha = f.text("sha256", HEX)
         if f.text("file") != f"evidence/{target}/{sha}.json":
             raise f.error(f"{f.where}: 'file' is not evidence/{target}/{sha}.json")
@@ -296,9 +299,12 @@ class CountedEvidence:
         figures = f.obj("figures").doc
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
             raise f.error(f"{f.where}: figures must map names to numbers")
+        serving = f.optional_text("serving_sha256")
+        if serving is not None and not HEX.fullmatch(serving):
+            raise f.error(f"{f.where}: 'serving_sha256' is not a sha256")
         return cls(sha, f.text("identity", HEX), f.text("time"), f.text("outcome"), f.text("reason", empty=True),
                    f.text("gpu", empty=True), f.text("driver", empty=True), f.text("host"),
-                   tuple(sorted((str(k), float(v)) for k, v in figures.items())))
+                   tuple(sorted((str(k), float(v)) for k, v in figures.items())), serving)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""`qualify promote` counts serve-check records (issue 39): signed by an enrolled host, bound to the release's
+image and probe, recomputed from their checks; the cpu target by them alone, a GPU target's run by its GPU
+evidence and the matrix of the same deployment together, where the release's rule says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from evidence_helpers import PROBE, TAG, Lab
+from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, statement
+from test_serve_matrix import record
+
+from qualify.probe import servematrix as sm
+from qualify.release import evidence as ev
+from qualify.release import folder, servecount, serving
+
+
+def cpu_lab(tmp_path) -> Lab:
+    stmt = statement("cpu", DIGEST_A, level="unverified", capability="cpu")
+    return Lab(tmp_path, stmt=stmt)
+
+
+def served(lab: Lab, n: int, statuses=None, target="cpu", digest=DIGEST_A, **kw) -> serving.ServeRecord:
+    fields = dict(release=TAG, target=target, capability="cpu" if target == "cpu" else "12.0",
+                  image=f"127.0.0.1:5555/blackwell/{target}@{digest}", subject_name=f"127.0.0.1:5555/blackwell/{target}",
+                  subject_digest=digest, time=lab.when(n), run_id=f"{n:032x}", probe_sources_digest=PROBE)
+    return record(statuses, **{**fields, **kw})
+
+
+def hand_in(lab: Lab, records, signed=True):
+    where = lab.root / "handed-in"
+    where.mkdir(parents=True, exist_ok=True)
+    out = []
+    for r in records:
+        path = serving.write(where / serving.file_name(r.target, r.time, ev.hashed(f"h{len(out)}")), r)
+        if signed:
+            ev.sign(path, lab.host_key, PASSWORD.encode())
+        out.append(path)
+    return out
+
+
+def promote(lab: Lab, paths, **kw):
+    from evidence_helpers import TF
+
+    from qualify.release import promote as pr
+
+    notes = []
+    (done,) = pr.promote(lab.folder, TAG, paths, TF, lab.sign, lab.key, lab.hosts, now=lab.now,
+                         progress=notes.append, **kw)
+    return done, notes
+
+
+def promotion(lab: Lab, target="cpu"):
+    return folder.read_release(lab.folder, folder.KeyAnchor(trusted=lab.key)).target(target)
+
+
+def test_the_cpu_target_is_promoted_by_signed_serve_check_records_alone(tmp_path):
+    lab = cpu_lab(tmp_path)
+    done, _ = promote(lab, hand_in(lab, [served(lab, 10)]))
+    assert done.standing.level == "experimental" and done.standing.consecutive_passes == 1 and done.new == 1
+    vt = promotion(lab)
+    (counted,) = vt.promotion.evidence
+    assert counted.outcome == "pass" and counted.serving_sha256 == counted.sha256 and counted.gpu == "none"
+    assert counted.reason == f"{len(sm.CHECK_IDS)} required serving checks passed"
+    assert vt.manifest.predicate["promotion"]["evidence"][0]["serving_sha256"] == counted.sha256
+    assert (lab.folder / "evidence" / "cpu" / f"{counted.sha256}.json.sig").exists()
+    again, _ = promote(lab, hand_in(lab, [served(lab, 10)]))  # the same run again: counted once
+    assert again.new == 0 and not again.written
+
+
+def test_a_failed_matrix_is_a_product_failure_and_resets_the_run(tmp_path):
+    lab = cpu_lab(tmp_path)
+    promote(lab, hand_in(lab, [served(lab, 10), served(lab, 20)]))
+    done, _ = promote(lab, hand_in(lab, [served(lab, 30, {"serve.niah": "fail"})]))
+    assert done.standing.consecutive_passes == 0
+    outcomes = [e.outcome for e in promotion(lab).promotion.evidence]
+    assert outcomes == ["pass", "pass", "product-failure"]
+    assert "serve.niah: fail" in promotion(lab).promotion.evidence[-1].reason
+
+
+def test_a_record_that_did_not_run_every_check_counts_for_nothing(tmp_path):
+    lab = cpu_lab(tmp_path)
+    done, _ = promote(lab, hand_in(lab, [served(lab, 10, {"serve.accuracy": "not-run"})]))
+    assert done.standing.level == "unverified" and done.standing.consecutive_passes == 0
+    assert promotion(lab).promotion.evidence[0].outcome == "infrastructure"
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"digest": DIGEST_B}, "not the released cpu image"),
+    ({"probe_sources_digest": "sha256:" + "d" * 64}, "a probe (and matrix) whose sources differ"),
+    ({"release": "v9.9.9"}, "for release v9.9.9"),
+])
+def test_a_record_about_another_image_probe_or_release_is_refused(tmp_path, kw, words):
+    lab = cpu_lab(tmp_path)
+    with pytest.raises(serving.ServeRecordError) as err:
+        promote(lab, hand_in(lab, [served(lab, 10, **kw)]))
+    assert words in err.value.message
+
+
+def test_an_unsigned_record_counts_only_with_allow_unsigned_evidence(tmp_path):
+    lab = cpu_lab(tmp_path)
+    paths = hand_in(lab, [served(lab, 10)], signed=False)
+    with pytest.raises(serving.ServeRecordError) as err:
+        promote(lab, paths)
+    assert "not a serve-check record from an enrolled host" in err.value.message
+    done, _ = promote(lab, paths, allow_unsigned=True)
+    assert done.new == 1 and promotion(lab).promotion.unsigned_evidence_allowed
+
+
+def test_a_changed_record_is_refused_by_its_own_checks(tmp_path):
+    lab = cpu_lab(tmp_path)
+    (path,) = hand_in(lab, [served(lab, 10, {"serve.soak": "fail"})])
+    doc = json.loads(path.read_text())
+    doc["predicate"]["checks"][3]["status"] = "pass"  # the outcome still says product-failure
+    path.write_text(json.dumps(doc))
+    with pytest.raises(serving.ServeRecordError) as err:
+        promote(lab, [path])
+    assert "declares outcome 'product-failure', but its checks give 'pass'" in err.value.message
+
+
+def test_a_gpu_release_signed_before_serving_rules_keeps_its_rule(tmp_path):
+    lab = Lab(tmp_path)
+    done, notes = promote(lab, [*lab.write([lab.record(10)]), *hand_in(lab, [served(lab, 11, target="sm120")])])
+    assert done.standing.consecutive_passes == 1 and done.new == 1
+    assert any("serve-check record(s) not counted" in n and "GPU evidence alone" in n for n in notes)
+    assert promotion(lab, "sm120").promotion.evidence[0].serving_sha256 is None
+
+
+def test_where_the_rule_requires_the_matrix_a_gpu_run_counts_with_the_record_of_its_deployment(tmp_path, monkeypatch):
+    """The rule issue 37 signs into release.json; here put in place of the older release's rule."""
+    rule = servecount.ServingRule(tuple(sm.CHECK_IDS), False, "the signed rule (test)")
+    monkeypatch.setattr(servecount, "rule_for", lambda m: rule)
+    lab = Lab(tmp_path)
+    gpu = [lab.record(10), lab.record(20)]
+    link = lambda r: serving.GpuLink(r.run_id, r.time, r.host_id_sha256, r.outcome.value)  # noqa: E731
+    done, notes = promote(lab, lab.write(gpu))  # GPU evidence alone: lifts to experimental, counts no streak
+    assert done.standing.level == "experimental" and done.standing.consecutive_passes == 0
+    paired = served(lab, 12, target="sm120", gpu_evidence=link(gpu[0]))
+    stray = served(lab, 13, target="sm120", gpu_evidence=None)
+    done, notes = promote(lab, hand_in(lab, [paired, stray]))
+    assert done.standing.consecutive_passes == 1 and done.written  # the first run now counts
+    assert any("pair with no GPU run" in n for n in notes)
+    first, second = promotion(lab, "sm120").promotion.evidence
+    assert first.outcome == "pass" and first.serving_sha256 and "matrix:" in first.reason
+    assert second.outcome == "infrastructure" and second.serving_sha256 is None
+    failed = served(lab, 21, {"serve.tools": "fail"}, target="sm120", gpu_evidence=link(gpu[1]))
+    done, _ = promote(lab, hand_in(lab, [failed]))
+    assert promotion(lab, "sm120").promotion.evidence[1].outcome == "product-failure"
+    assert done.standing.consecutive_passes == 0
