@@ -16,7 +16,8 @@ waits for /health, and a second one must converge on the same deployment: both o
 (`killed`, `started`). The teardown runs `scripts/stop.sh --purge-cache` and checks that nothing of the
 compose project is left; a failure there is an error of the session.
 
-Settings a later test needs changed (another parser, a longer context) belong in a deployment of its own:
+The server runs the tiny model in float32 (EXTRA_SERVE_ARGS=--dtype float32): test_cpu_matrix.py compares it
+with a BF16 reference. Settings a later test needs changed (another parser, a longer context) belong in a deployment of its own:
 `deploy(root, **settings)` makes one the same way, reusing the built image and the release (cached).
 The server's figures for this host (build, /health) are in `timings`.
 """
@@ -145,6 +146,8 @@ def settings_file(path: Path, d: CpuDeployment, fingerprint: str, **overrides: o
     values = {"MODEL_PATH": d.model_dir, "SERVED_MODEL_NAME": SERVED, "TOOL_CALL_PARSER": "hermes",
               "RELEASE_KEY_FINGERPRINT": fingerprint, "COMPOSE_PROJECT": d.project, "API_PORT": d.port,
               "DEPLOY_DIR": path.parent / "deploy", "MIN_FREE_DISK_GIB": 5, "HEALTH_TIMEOUT_S": HEALTH_TIMEOUT_S,
+              # float32, not vLLM's CPU default (bfloat16): serve.accuracy compares it with a BF16 reference
+              "EXTRA_SERVE_ARGS": "--dtype float32",
               **overrides}
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return path
