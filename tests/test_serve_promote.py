@@ -130,7 +130,7 @@ def test_a_gpu_release_signed_before_serving_rules_keeps_its_rule(tmp_path):
 def test_where_the_rule_requires_the_matrix_a_gpu_run_counts_with_the_record_of_its_deployment(tmp_path, monkeypatch):
     """The rule issue 37 signs into release.json; here put in place of the older release's rule."""
     rule = servecount.ServingRule(tuple(sm.CHECK_IDS), False, "the signed rule (test)")
-    monkeypatch.setattr(servecount, "rule_for", lambda m: rule)
+    monkeypatch.setattr(servecount, "rule_for", lambda m, signed=None: rule)
     lab = Lab(tmp_path)
     gpu = [lab.record(10), lab.record(20)]
     link = lambda r: serving.GpuLink(r.run_id, r.time, r.host_id_sha256, r.outcome.value)  # noqa: E731

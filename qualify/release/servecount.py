@@ -47,9 +47,23 @@ class ServingRule:
         return bool(self.required)
 
 
-def rule_for(m: mf.Manifest) -> ServingRule:
-    """The serving rule for a verified target. (With issue 37's signed policy: its `level_checks` for baseline,
-    filtered to `serve.*`, for targets that serve: the cpu target and the vllm profile.)"""
+def serves(m: mf.Manifest) -> bool:
+    """A target whose image serves (vLLM): the cpu target, a vllm profile; a smoke image has no server."""
+    return m.is_cpu or m.profile == "vllm"
+
+
+def rule_for(m: mf.Manifest, signed: Optional[Sequence[Tuple[str, Sequence[str]]]] = None) -> ServingRule:
+    """The serving rule for a verified target. `signed`: the release's own signed rule, as (level, check ids)
+    pairs (issue 37's release.json policy `level_checks`); None for a release signed before it carried one.
+
+    Under a signed rule, the `serve.*` checks it lists for baseline are what a run of a serving target needs
+    (a smoke image has no server: none); without one, GPU targets keep GPU evidence alone, and the cpu target,
+    which nothing could promote before, needs every check of the matrix."""
+    if signed is not None:
+        required = tuple(c for level, checks in signed if level == "baseline" for c in checks
+                         if c.startswith("serve.")) if serves(m) else ()
+        return ServingRule(required, m.is_cpu and bool(required),
+                           f"release.json's signed rule: {', '.join(required) or 'no serving checks'} for baseline")
     if m.is_cpu:
         return ServingRule(tuple(CHECK_IDS), True, "the cpu target: serve-check records alone, every check of "
                            "the matrix (a release signed before releases carried a serving rule)")
