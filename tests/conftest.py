@@ -22,6 +22,15 @@ NVCC = Path("/usr/local/cuda/bin/nvcc")
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+@pytest.fixture(autouse=True)
+def _own_promoter_state(monkeypatch, tmp_path_factory):
+    """Each test promotes with high-water marks of its own (QUALIFY_TRUST_DIR, inherited by the CLI it runs):
+    on this shared host the real ones (STATE_DIR/trust) belong to whoever promotes here."""
+    import uuid
+
+    monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path_factory.getbasetemp() / "trust" / uuid.uuid4().hex))
+
+
 def _require(condition: bool, why: str) -> None:
     if condition:
         return

@@ -127,6 +127,8 @@ def new_host(tmp_path: Path, signing_key: Path):
 
 
 def released(h: Host, **kw) -> Path:
+    """A release of sm120 at baseline, as release and promote make it (make_release: seven signed passes)."""
+    kw.setdefault("level", "baseline")
     h.settings(**kw.pop("settings", {}))
     options = kw.pop("options", {})
     return h.release(statement("sm120", DIGEST_A, **kw), **options)

@@ -15,6 +15,7 @@ from qualify.core import manifest as mf
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.release import evidence as ev
 from qualify.release import folder, promote
+from qualify.release import hosts as hosts_chain
 from qualify.release import records as rec
 from qualify.signing import formats, signer
 from qualify.signing import keys as cosign_keys
@@ -49,36 +50,42 @@ def sign_with(key_file: Path, password: str = PASSWORD):
 
 
 class Lab:
-    """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host."""
+    """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host. Its image is the smoke profile
+    (no server), so GPU evidence alone decides, as the rules these tests check are about; a vllm image's
+    runs also need the serving matrix (tests/test_serve_promote.py)."""
 
-    def __init__(self, root: Path, level: str = "unverified", stmt: Optional[dict] = None) -> None:
-        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves)."""
+    def __init__(self, root: Path, level: str = "unverified", stmt: Optional[dict] = None, **options) -> None:
+        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves); `options`:
+        make_release's (release.ReleaseOptions: e.g. targets_file)."""
         self.root = root
         keys = root / "keys"
         keys.mkdir(parents=True, exist_ok=True)
         self.release_key, self.release_pub = make_key_pair(keys)
         self.host_key, self.host_pub = make_key_pair(keys, prefix="gpu-host")
-        stmt = stmt or statement("sm120", DIGEST_A, level=level)
+        stmt = stmt or statement("sm120", DIGEST_A, level=level, profile="smoke")
         stmt["predicate"].setdefault("toolkit", {})["probe_sha256"] = PROBE
-        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key)
+        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key, **options)
         self.manifests = self.folder.parent
         self.sign, self.key = sign_with(self.release_key)
         self.t0 = rec.parse_time(folder.read_release(self.folder).index.time, "release time")
         self.now = self.t0 + dt.timedelta(days=30)
         self.enroll(("lab-5090", self.host_pub))
 
+    @property
+    def hosts_file(self) -> Path:
+        return self.manifests / rec.HOSTS_FILE
+
     def enroll(self, *hosts: tuple) -> Path:
-        entries = []
+        """Each host enrolled as `qualify hosts add NAME --key PUB` enrolls it (the next version of the chain)."""
         for name, pub in hosts:
             key = folder.TrustedKey.read(pub)
-            entries.append(rec.EnrolledHost(name, key_pem=key.pem.decode(), fingerprint=key.fingerprint))
-        path = self.manifests / rec.HOSTS_FILE
-        folder.write_hosts(path, rec.EnrolledHosts(len(entries), tuple(entries)), self.sign, self.key)
-        return path
+            hosts_chain.change(self.hosts_file, self.sign, self.key, replace=True,
+                               add=rec.EnrolledHost(name, key_pem=key.pem.decode(), fingerprint=key.fingerprint))
+        return self.hosts_file
 
     @property
     def hosts(self) -> rec.EnrolledHosts:
-        return folder.read_hosts(self.manifests / rec.HOSTS_FILE, self.key)
+        return folder.read_hosts(self.hosts_file, self.key)
 
     def when(self, n: int) -> str:
         return rec.format_time(self.t0 + dt.timedelta(seconds=n))  # after the release, never in the future
@@ -102,16 +109,25 @@ class Lab:
         where = where or self.root / "handed-in"
         where.mkdir(parents=True, exist_ok=True)
         out = []
+        host = self._signer(key or self.host_key) if signed else None
         for r in records:
             path = ev.write(where / ev.file_name(r.target, r.time, ev.hashed(f"host-{len(out)}")), r)
-            if signed:
-                ev.sign(path, key or self.host_key, PASSWORD.encode())
+            if host is not None:
+                host.sign_file(path, formats.signature_path(path), formats.bundle_path(path))  # as ev.sign signs
             out.append(path)
         return out
 
-    def promote(self, paths: Sequence[Path], allow_unsigned: bool = False, hosts=None) -> promote.Promoted:
-        (done,) = promote.promote(self.folder, TAG, paths, TF, self.sign, self.key,
-                                  self.hosts if hosts is None else hosts, allow_unsigned, now=self.now)
+    def _signer(self, key: Path):
+        """The host's built-in signer, its key decrypted once per key (scrypt costs 0.75 s a time)."""
+        cache = self.__dict__.setdefault("_signers", {})
+        if key not in cache:
+            cache[key] = signer.key_signer("builtin", key, PASSWORD.encode())[0]
+        return cache[key]
+
+    def promote(self, paths: Sequence[Path], allow_unsigned: bool = False, hosts_file: Optional[Path] = None
+                ) -> promote.Promoted:
+        (done,) = promote.promote(self.folder, TAG, paths, self.sign, self.key, hosts_file or self.hosts_file,
+                                  allow_unsigned, now=self.now)
         return done
 
     def run(self, records, **kw) -> promote.Promoted:

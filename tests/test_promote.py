@@ -22,7 +22,7 @@ from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, make_key_pair
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, VerificationError
 from qualify.release import evidence as ev
-from qualify.release import folder, promote, verify
+from qualify.release import folder, journal, promote, verify
 from qualify.release import records as rec
 from qualify.scaleout import merge
 from qualify.signing import formats
@@ -81,7 +81,7 @@ def test_a_product_failure_resets_and_demotes(lab):
     assert lab.run([lab.record(i) for i in range(1, 8)]).standing.level == "baseline"
     done = lab.run([lab.record(8, ev.Outcome.PRODUCT_FAILURE)])
     assert (done.standing.level, done.standing.consecutive_passes) == ("experimental", 0)
-    assert "demoted by a product failure" in done.standing.note
+    assert "lowered baseline to experimental" in done.standing.note
     again = lab.run([lab.record(i) for i in range(9, 15)])
     assert (again.standing.level, again.standing.consecutive_passes) == ("experimental", 6)
 
@@ -432,4 +432,341 @@ def test_a_promote_killed_midway_never_leaves_a_trusted_half_and_the_next_one_fi
     assert done.returncode == 0, done.stderr
     assert "sm120: baseline" in done.stdout
     assert folder.read_release(lab.folder).target("sm120").manifest.support_level == "baseline"
-    assert not list(lab.folder.glob(folder.JOURNAL_PREFIX + "*"))
+    assert not list(lab.folder.glob(journal.JOURNAL_PREFIX + "*"))
+
+
+# --- issue 37: the promotion ledger only moves forward -----------------------------------------------
+
+
+def _copy(names, src: Path, dest: Path) -> None:
+    for name in names:
+        for suffix in ("", ".sig", ".sigstore.json"):
+            if (src / (name + suffix)).exists():
+                shutil.copyfile(src / (name + suffix), dest / (name + suffix))
+
+
+CURRENT = ("sm120.json", "sm120.promotion.json")
+
+
+def test_every_promotion_record_is_kept_and_each_names_the_one_before(lab):
+    lab.run([lab.record(1)])
+    lab.run([lab.record(2)])
+    lab.run([lab.record(3, ev.Outcome.PRODUCT_FAILURE)])
+    assert sorted(p.name for p in lab.folder.glob("sm120.promotion*.json") if ".json." not in p.name) == \
+        ["sm120.promotion.1.json", "sm120.promotion.2.json", "sm120.promotion.json"]
+    vt = folder.read_release(lab.folder).target("sm120")
+    assert [s for s, _ in vt.chain] == [1, 2, 3]
+    kept = (lab.folder / "sm120.promotion.2.json").read_bytes()
+    assert vt.promotion.previous_sha256 == folder.sha256(kept)
+    assert rec.PromotionRecord.parse(kept, "2").previous_sha256 == folder.sha256(
+        (lab.folder / "sm120.promotion.1.json").read_bytes())
+
+
+def test_a_restored_promotion_never_undoes_a_demotion_and_routine_promotes_cannot_make_it_stick(lab, tmp_path):
+    """High 2: after a demotion, the previous promotion's signed files restored. The ledger beside them says the
+    current record is older than one it replaced; with that kept record removed too, the folder is exactly as
+    it was after promotion 1, which this promoter saw superseded: every later promote is refused."""
+    from qualify.release.highwater import RollbackError
+
+    assert lab.run([lab.record(i) for i in range(1, 8)]).standing.level == "baseline"
+    saved = tmp_path / "after-promotion-1"
+    shutil.copytree(lab.folder, saved)
+    lab.run([lab.record(8, ev.Outcome.PRODUCT_FAILURE)])
+    _copy(CURRENT, saved, lab.folder)
+    with pytest.raises(VerificationError, match="the current record was restored from an older state"):
+        folder.read_release(lab.folder)
+    for p in lab.folder.glob("sm120.promotion.1.json*"):
+        p.unlink()
+    assert folder.read_release(lab.folder).target("sm120").manifest.support_level == "baseline"
+    for n in (9, 10):
+        with pytest.raises(RollbackError, match="promotion 1, but promotion 2 was seen before: older "
+                                                "promotion files were restored"):
+            lab.run([lab.record(n)])
+    assert not (lab.folder / "sm120.promotion.1.json").exists()  # nothing was written on top of the old state
+
+
+def test_a_complete_journal_that_does_not_verify_is_reported_and_left(lab, tmp_path):
+    """High 2: the old files planted as a COMPLETE journal are no longer renamed into place unread."""
+    lab.run([lab.record(i) for i in range(1, 8)])
+    saved = tmp_path / "after-promotion-1"
+    shutil.copytree(lab.folder, saved)
+    lab.run([lab.record(8, ev.Outcome.PRODUCT_FAILURE)])
+    planted = lab.folder / (journal.JOURNAL_PREFIX + "planted")
+    planted.mkdir()
+    _copy(CURRENT, saved, planted)
+    (planted / journal.COMPLETE).write_bytes(b"")
+    said = []
+    (done,) = promote.promote(lab.folder, TAG, lab.write([lab.record(9)]), lab.sign, lab.key, lab.hosts_file,
+                              now=lab.now, progress=said.append)
+    assert any(n.startswith("LEFT") and "planted" in n and "restored from an older state" in n for n in said), said
+    assert planted.is_dir() and (done.sequence, done.standing.level) == (3, "experimental")
+    assert "product-failure" in {e.outcome for e in folder.read_release(lab.folder).target("sm120").promotion.evidence}
+
+
+def test_an_older_hosts_file_never_re_enrolls_a_removed_host(lab, tmp_path):
+    """High 3: enrolled (2), removed (3), the sequence-2 file restored: refused, before any promotion exists."""
+    from qualify.release import hosts
+    from qualify.release.highwater import RollbackError
+
+    rogue_key, rogue_pub = make_key_pair(tmp_path, prefix="rogue")
+    lab.enroll(("rogue", rogue_pub))
+    saved = tmp_path / "hosts-2"
+    saved.mkdir()
+    _copy(["hosts.json"], lab.manifests, saved)
+    hosts.change(lab.hosts_file, lab.sign, lab.key, remove="rogue")
+    _copy(["hosts.json"], saved, lab.manifests)
+    paths = lab.write([lab.record(i) for i in range(1, 8)], key=rogue_key)
+    with pytest.raises(RollbackError, match="it is sequence 2, but this host has seen sequence 3 of the enrolled hosts"):
+        lab.promote(paths)
+    assert not (lab.folder / "sm120.promotion.json").exists()
+
+
+def test_the_promotion_record_binds_its_hosts_file_and_a_fresh_promoter_refuses_an_older_one(lab, tmp_path,
+                                                                                                monkeypatch):
+    from qualify.release.highwater import RollbackError
+
+    saved = tmp_path / "hosts-1"
+    saved.mkdir()
+    _copy(["hosts.json"], lab.manifests, saved)
+    _, second = make_key_pair(tmp_path, prefix="second")
+    lab.enroll(("second", second))
+    lab.run([lab.record(1)])
+    record = rec.PromotionRecord.parse((lab.folder / "sm120.promotion.json").read_bytes(), "record")
+    assert (record.hosts_sequence, record.hosts_sha256) == (2, folder.sha256(lab.hosts_file.read_bytes()))
+    _copy(["hosts.json"], saved, lab.manifests)
+    monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path / "another-promoter"))  # no marks: the record decides
+    with pytest.raises(RollbackError, match="promotion 1 of sm120 was checked against sequence 2"):
+        lab.run([lab.record(2)])
+
+
+def test_a_refused_promote_still_records_the_hosts_sequence_it_read(lab, tmp_path, monkeypatch):
+    """The promoter's mark is raised by every promote that reads the file, refused or not."""
+    from qualify.release.highwater import RollbackError
+
+    saved = tmp_path / "hosts-1"
+    saved.mkdir()
+    _copy(["hosts.json"], lab.manifests, saved)
+    here = os.environ["QUALIFY_TRUST_DIR"]
+    monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path / "the-release-engineers-laptop"))
+    _, second = make_key_pair(tmp_path, prefix="second")
+    lab.enroll(("second", second))  # sequence 2, seen on another machine only
+    monkeypatch.setenv("QUALIFY_TRUST_DIR", here)
+    with pytest.raises(ev.EvidenceError, match="is for image digest"):
+        lab.run([lab.record(1, digest=DIGEST_B)])  # refused, after it read sequence 2
+    _copy(["hosts.json"], saved, lab.manifests)
+    with pytest.raises(RollbackError, match="it is sequence 1, but this host has seen sequence 2"):
+        lab.run([lab.record(1)])
+
+
+def test_hosts_add_never_restarts_a_lost_chain_at_one_unless_told_and_says_so(lab, tmp_path, monkeypatch):
+    from qualify.release import hosts
+
+    _, pub = make_key_pair(tmp_path, prefix="new")
+    key = folder.TrustedKey.read(pub)
+    host = rec.EnrolledHost("new-host", key_pem=key.pem.decode(), fingerprint=key.fingerprint)
+    for p in lab.manifests.glob("hosts.json*"):
+        p.unlink()
+    with pytest.raises(ConfigError, match="is missing, but this host saw sequence 1 of it"):
+        hosts.change(lab.hosts_file, lab.sign, lab.key, add=host)
+    done = hosts.change(lab.hosts_file, lab.sign, lab.key, add=host, new_chain=True)
+    assert (done.hosts.sequence, done.hosts.previous_sha256) == (2, None)
+    assert any("starts a NEW chain at sequence 2" in n for n in done.notes)
+    # On a promoter that never saw the chain, git's history is what says the file existed.
+    subprocess.run(["git", "add", "-f", "manifests/hosts.json"], cwd=lab.root / "repo", check=True)
+    subprocess.run(["git", "commit", "-qm", "hosts"], cwd=lab.root / "repo", check=True)
+    for p in lab.manifests.glob("hosts.json*"):
+        p.unlink()
+    monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path / "fresh"))
+    with pytest.raises(ConfigError, match="is missing, but git's history has it"):
+        hosts.change(lab.hosts_file, lab.sign, lab.key, add=host)
+
+
+def test_hosts_add_never_replaces_a_hosts_key_silently(lab, tmp_path):
+    from qualify.release import hosts
+
+    _, pub = make_key_pair(tmp_path, prefix="other")
+    key = folder.TrustedKey.read(pub)
+    other = rec.EnrolledHost("lab-5090", key_pem=key.pem.decode(), fingerprint=key.fingerprint)
+    with pytest.raises(ConfigError, match="lab-5090 is already enrolled .* with another key"):
+        hosts.change(lab.hosts_file, lab.sign, lab.key, add=other)
+    done = hosts.change(lab.hosts_file, lab.sign, lab.key, add=other, replace=True)
+    assert done.written and any("its key is REPLACED" in n for n in done.notes)
+
+
+def test_one_run_counts_once_after_its_host_is_renamed(lab):
+    """Medium: the identity is the run's (its hashed host id), never the enrolled name."""
+    from qualify.release import hosts
+
+    paths = lab.write([lab.record(1)])
+    assert lab.promote(paths).new == 1
+    hosts.change(lab.hosts_file, lab.sign, lab.key, remove="lab-5090")
+    lab.enroll(("lab-5090-renamed", lab.host_pub))
+    again = lab.promote(paths)
+    assert (again.new, again.written, again.standing.consecutive_passes) == (0, False, 1)
+
+
+def test_promote_takes_its_rule_from_the_signed_release_never_a_targets_file(lab, tmp_path):
+    """High 4: a targets file saying sm120 is capability 9.0 and one pass suffices changes nothing."""
+    index = folder.read_release(lab.folder).index
+    assert (index.policy.version, index.policy.consecutive_passes, index.policy.intended("sm120")) == \
+        (1, N, "baseline")
+    copy = tmp_path / "targets.toml"
+    copy.write_text((REPO / "images" / "targets.toml").read_text().replace("consecutive_passes = 7",
+                                                                           "consecutive_passes = 1"))
+    h200 = lab.record(1, cap="9.0", capability="9.0")  # as a 9.0 target's run: it passes on its own terms
+    (h200,) = lab.write([ev.Evidence(**{**h200.__dict__, "outcome": ev.Outcome.PASS})])
+    done = qualify_cli("promote", TAG, "--manifests", str(lab.manifests), "--key", str(lab.release_key),
+                       "--file", str(copy), "--evidence", str(h200))
+    assert done.returncode == ConfigError.exit_code and "never from a targets file" in done.stderr, done.stderr
+    with pytest.raises(ev.EvidenceError, match="not capability 12.0, which release v1.0.0 signs for sm120"):
+        lab.promote([h200])
+    one = lab.run([lab.record(2)])
+    assert one.standing.level == "experimental" and "7 consecutive passes on capability 12.0" in one.rule.describe()
+
+
+def test_a_policy_this_toolkit_cannot_apply_is_refused_never_ignored(lab):
+    data = json.loads((lab.folder / "release.json").read_text())
+    checks = data["policy"]["level_checks"]
+    data["policy"]["level_checks"] = [{"level": "baseline", "checks": ["serve.canary"]}]  # a check nobody judges
+    with pytest.raises(VerificationError, match="names check.s. serve.canary, which this toolkit does not judge"):
+        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+    data["policy"]["level_checks"] = checks
+    data["policy"]["allreduce_floors"] = [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 350}]
+    with pytest.raises(VerificationError, match="sets allreduce_floors, which this toolkit does not apply"):
+        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+    del data["policy"]["allreduce_floors"]
+    data["policy"]["version"] = 2
+    with pytest.raises(VerificationError, match="policy version 2 is newer than this toolkit knows"):
+        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+
+
+def test_a_release_signed_before_the_policy_keeps_its_implied_rule(lab):
+    index = json.loads((lab.folder / "release.json").read_text())
+    del index["policy"]  # as releases were signed before issue 37
+    path = lab.folder / "release.json"
+    path.write_bytes(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
+    lab.sign(path)
+    rule = folder.read_release(lab.folder).rule("sm120")
+    assert (rule.signed, rule.consecutive_passes, rule.capability, rule.intended_level) == (False, 7, "12.0",
+                                                                                           "experimental")
+    assert "the implied rule" in rule.describe()  # the manifest records no intended level: never baseline on a guess
+
+
+def test_two_promotes_at_once_never_lose_a_product_failure(lab):
+    """High 5: one lock per release folder; the record a promote replaces is re-checked inside it."""
+    lab.run([lab.record(1)])
+    n = 2
+    for _ in range(3):
+        (failure,) = lab.write([lab.record(n, ev.Outcome.PRODUCT_FAILURE)], where=lab.root / f"f{n}")
+        (passed,) = lab.write([lab.record(n + 1)], where=lab.root / f"p{n}")
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COSIGN_PASSWORD": PASSWORD}
+        procs = [subprocess.Popen([sys.executable, "-m", "qualify", "promote", TAG, "--manifests", str(lab.manifests),
+                                   "--key", str(lab.release_key), "--evidence", str(path)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for path in (failure, passed)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        n += 2
+    vt = folder.read_release(lab.folder).target("sm120")
+    outcomes = [e.outcome for e in vt.promotion.evidence]
+    assert vt.promotion_sequence == 7 and outcomes.count("product-failure") == 3 and len(outcomes) == 7
+    assert [s for s, _ in vt.chain] == list(range(1, 8))
+
+
+def test_a_write_whose_predecessor_changed_inside_the_lock_is_refused(lab):
+    with pytest.raises(VerificationError, match="changed while this write was prepared"):
+        journal.write_signed_files(lab.folder, [("sm120.promotion.json", b"{}")], lab.sign, lab.key,
+                                   replaces={"sm120.promotion.json": "0" * 64})
+    assert not (lab.folder / "sm120.promotion.json").exists() and not list(lab.folder.glob(".signed-write-*"))
+
+
+def test_a_product_failure_always_lowers_the_level(lab):
+    """High 6: a target released at baseline (an older toolkit's) is demoted by product failures; one released
+    at experimental falls to unverified."""
+    from qualify.probe.gpu import REQUIRED_GPU_CHECKS
+    from qualify.release.policy import TargetRule
+
+    rule = TargetRule("sm120", "12.0", "linux/amd64", "baseline", 7, REQUIRED_GPU_CHECKS, True, 1)
+    failures = [promote.Counted(lab.record(i, ev.Outcome.PRODUCT_FAILURE), "a" * 64, "h", str(i),
+                                ev.Outcome.PRODUCT_FAILURE) for i in range(1, 4)]
+    assert promote.standing(failures, rule, "baseline").level == "unverified"
+    assert promote.standing(failures[:1], rule, "baseline").level == "experimental"
+    assert promote.standing(failures[:1], rule, "experimental").level == "unverified"
+
+
+def test_a_release_cannot_ship_at_baseline_and_one_run_claims_at_most_experimental(tmp_path):
+    from signing_helpers import statement
+
+    from qualify.core.errors import ReleaseError
+    from qualify.release import assess, model, release
+
+    assert mf.support_level("pass", "baseline", True).value == "experimental"
+    data = mf.dumps(statement("sm120", DIGEST_A, level="baseline"))
+    withheld = assess.assess(model.Candidate.of(tmp_path / "sm120.json", data), "unverified", lambda r: DIGEST_A)
+    assert isinstance(withheld, model.Withheld) and "without the promotion rule" in withheld.reason
+    opts = model.ReleaseOptions("v1.0.0", tmp_path, tmp_path, tmp_path / "manifests", min_level="baseline")
+    with pytest.raises(ReleaseError, match="a release ships targets at experimental at most"):
+        release.check_tag(opts)
+
+
+def test_a_promote_killed_after_keeping_evidence_never_blocks_the_next(lab):
+    paths = lab.write([lab.record(i) for i in range(1, 8)])
+    argv = ("promote", TAG, "--manifests", str(lab.manifests), "--key", str(lab.release_key),
+            "--evidence", *map(str, paths))
+    assert qualify_cli(*argv, QUALIFY_KILL_AT="promote:kept").returncode == -9
+    assert len([p for p in (lab.folder / "evidence" / "sm120").glob("*.json") if ".json." not in p.name]) == 7
+    assert not (lab.folder / "sm120.promotion.json").exists()
+    other = lab.run([lab.record(8)])  # the kept files are listed, never counted, and block nothing
+    assert (other.standing.consecutive_passes, len(other.ignored)) == (1, 7)
+    done = qualify_cli(*argv)  # handed in again, they are taken in
+    assert done.returncode == 0 and "sm120: baseline (8 of 7" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_symlinked_evidence_folder_is_refused_never_followed(lab, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (lab.folder / "evidence").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="is a symbolic link or not a folder"):
+        lab.run([lab.record(1)])
+    assert not list(elsewhere.rglob("*"))
+
+
+def test_a_check_listed_twice_is_refused_and_never_counts_its_last_entry(lab):
+    record = lab.record(1)
+    checks = list(record.checks) + [gpu_check("gpu.bf16-matmul", "pass")]
+    checks[2] = gpu_check("gpu.bf16-matmul", "fail")
+    assert ev.outcome_of(checks, "12.0", "12.0").outcome is ev.Outcome.PRODUCT_FAILURE
+    (path,) = lab.write([ev.Evidence(**{**record.__dict__, "checks": tuple(checks),
+                                       "outcome": ev.Outcome.PRODUCT_FAILURE})])
+    with pytest.raises(ev.EvidenceError, match="check 'gpu.bf16-matmul' is listed 2 times"):
+        lab.promote([path])
+
+
+def test_a_valid_signature_beside_another_files_bundle_names_the_bundle(lab):
+    """Medium: the refusal names the real cause, not 'not from an enrolled host'."""
+    a, b = lab.write([lab.record(1), lab.record(2)])
+    shutil.copyfile(formats.bundle_path(b), formats.bundle_path(a))
+    with pytest.raises(ev.EvidenceError, match="its .sig verifies with enrolled host lab-5090's key, but its bundle "
+                                               "does not hold: .*the bundle of other bytes"):
+        lab.promote([a])
+
+
+def test_merge_keeps_the_signed_copy_and_refuses_an_edited_one(lab, tmp_path):
+    """Medium: an unsigned copy of a signed product failure, edited to pass, no longer displaces it."""
+    work = tmp_path / "merge"
+    (work / "copies").mkdir(parents=True)
+    failing = _signed_statement(lab, work, "signed.json", probe_statement(lab, 1, status="fail"))
+    edited = mf.write(work / "copies" / "a-edited.json", probe_statement(lab, 1, status="pass"))
+    with pytest.raises(merge.MergeError, match="the same run .* with different results"):
+        merge.merge([edited, failing])
+    shutil.copyfile(failing, edited)  # an unsigned copy of the very same bytes, found first
+    merged = merge.merge([work / "copies", failing])
+    assert len(merged.evidence) == 1 and merged.evidence[0].signed
+    assert len(merge.merge([work]).evidence) == 1  # the .sigstore.json beside signed.json is no manifest
+
+
+def test_promote_escapes_control_characters_in_what_it_prints(lab):
+    record = lab.record(1, gpu=ev.Gpu("RTX\x1b[2J 5090", "12.0", ev.hashed("GPU-1"), "580.1"))
+    done = lab.run([record])
+    lines = "\n".join(promote.summary_lines(done, False))
+    assert "\x1b" not in lines and "RTX\\x1b[2J 5090" in lines

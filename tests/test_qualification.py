@@ -143,7 +143,7 @@ def test_show_and_diff_read_manifests(qualified):
 
 
 def _probe(engine, image, target_name):
-    return container.run_probe(engine, image, container.probe_target(targets.load().get(target_name), "smoke"))
+    return container.run_probe(engine, image, container.probe_target(targets.load().get(target_name), "smoke")).predicate
 
 
 def test_missing_allocator_hook_fails(engine, docker_engine, tmp_path):

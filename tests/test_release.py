@@ -45,8 +45,8 @@ def ref(target: str) -> str:
 def repo(tmp_path):
     """A git repository with three qualified manifests in build/manifests.
 
-    sm100 passes (baseline); sm120 was qualified statically (incomplete,
-    unverified); sm121 has a failing required check.
+    sm100 passes (experimental: one run on its GPU, the most a release ships); sm120 was qualified statically
+    (incomplete, unverified); sm121 has a failing required check.
     """
     root = init_git_repo(tmp_path / "repo")
     qualify_all(root)
@@ -60,7 +60,7 @@ def head(root: Path) -> str:
 def qualify_all(root: Path) -> None:
     """The three manifests, qualified from the repository's HEAD (their source revision)."""
     out, rev = root / "build" / "manifests", head(root)
-    write_manifest(out / "sm100.json", "sm100", DIGEST_A, level="baseline", revision=rev)
+    write_manifest(out / "sm100.json", "sm100", DIGEST_A, level="experimental", revision=rev)
     write_manifest(out / "sm120.json", "sm120", DIGEST_B, level="unverified", revision=rev,
                    statuses={"fatbin-arch": "pass", "triton-compile": "pass", "gpu-smoke": "not-run"})
     write_manifest(out / "sm121.json", "sm121", DIGEST_C, level="unsupported", revision=rev,
@@ -120,7 +120,7 @@ def test_release_then_verify_and_every_tampering_is_named(repo, keys, tmp_path):
     for target in ("sm100", "sm120"):
         result = verify.verify(verify.VerifyOptions(rel / f"{target}.json", key=pub, image=ref(target),
                                                     require_pass=True))
-        assert result.support_level == {"sm100": "baseline", "sm120": "unverified"}[target]
+        assert result.support_level == {"sm100": "experimental", "sm120": "unverified"}[target]
 
     # Swapping in another key.
     _, other_pub = make_key_pair(tmp_path, prefix="other")
@@ -160,10 +160,12 @@ def test_release_index_and_tag_message(repo, keys):
 
 def test_min_level_raises_the_bar(repo, keys):
     key_file, _ = keys
-    outcome = do_release(repo, key_file, min_level="baseline")
+    outcome = do_release(repo, key_file, min_level="experimental")
     assert [e.target for e in outcome.released] == ["sm100"]
     assert {w.target: w.reason for w in outcome.withheld}["sm120"] == (
-        "support level unverified is below --min-level baseline")
+        "support level unverified is below --min-level experimental")
+    with pytest.raises(ReleaseError, match="--min-level baseline: a release ships targets at experimental at most"):
+        do_release(repo, key_file, min_level="baseline")  # baseline comes only from promote (issue 37)
 
 
 def test_image_digest_mismatch_withholds_the_target(repo, keys):
@@ -182,7 +184,7 @@ def test_nothing_to_release_is_refused_and_writes_nothing(repo, keys):
     key_file, _ = keys
     before = snapshot(repo)
     with pytest.raises(ReleaseError, match="nothing to release"):
-        do_release(repo, key_file, min_level="optimized")
+        do_release(repo, key_file, min_level="experimental", resolve=lambda reference: None)  # none served
     assert snapshot(repo) == before
 
 
@@ -198,7 +200,7 @@ def test_second_release_without_force_is_refused_and_changes_nothing(repo, keys)
         return builtin_factory(key_file)()
 
     # Another release under the same tag: refused before the key's password is asked for, nothing changed.
-    write_manifest(repo / "build" / "manifests" / "sm100.json", "sm100", DIGEST_A, level="experimental",
+    write_manifest(repo / "build" / "manifests" / "sm100.json", "sm100", DIGEST_A, level="unverified",
                    revision=head(repo))
     changed = snapshot(repo)
     with pytest.raises(ReleaseError, match=f"tag {TAG} already exists .* and holds another release .other manifests "

@@ -328,7 +328,7 @@ def test_the_tag_message_has_a_changelog_since_the_previous_release(repo, keys):
     message = git(repo, "tag", "-l", "--format=%(contents)", "v1.1.0")
     assert "Changes since v1.0.0:" in message
     assert "= sm100: unchanged" in message
-    assert f"~ sm120: digest {DIGEST_B} -> {DIGEST_C}; level baseline -> unverified; verdict pass -> incomplete" in message
+    assert f"~ sm120: digest {DIGEST_B} -> {DIGEST_C}; level experimental -> unverified; verdict pass -> incomplete" in message
     assert "check gpu-smoke: absent -> not-run" in message  # qualify diff underneath
     assert "+ sm121: new" in message
     assert outcome.tag_message == message.rstrip("\n") + "\n"  # git adds a blank line

@@ -8,12 +8,14 @@ import json
 
 import pytest
 from evidence_helpers import PROBE, TAG, Lab
-from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, statement
+from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, REPO, statement
 from test_serve_matrix import record
 
 from qualify.probe import servematrix as sm
 from qualify.release import evidence as ev
 from qualify.release import folder, servecount, serving
+
+REPO_TARGETS = REPO / "images" / "targets.toml"
 
 
 def cpu_lab(tmp_path) -> Lab:
@@ -41,12 +43,10 @@ def hand_in(lab: Lab, records, signed=True):
 
 
 def promote(lab: Lab, paths, **kw):
-    from evidence_helpers import TF
-
     from qualify.release import promote as pr
 
     notes = []
-    (done,) = pr.promote(lab.folder, TAG, paths, TF, lab.sign, lab.key, lab.hosts, now=lab.now,
+    (done,) = pr.promote(lab.folder, TAG, paths, lab.sign, lab.key, lab.hosts_file, now=lab.now,
                          progress=notes.append, **kw)
     return done, notes
 
@@ -119,21 +119,87 @@ def test_a_changed_record_is_refused_by_its_own_checks(tmp_path):
     assert "declares outcome 'product-failure', but its checks give 'pass'" in err.value.message
 
 
+def vllm_lab(tmp_path, **options) -> Lab:
+    """sm120 built with the vllm profile: an image that serves, so the signed policy's serving checks apply."""
+    stmt = statement("sm120", DIGEST_A, level="unverified", profile="vllm")
+    return Lab(tmp_path, stmt=stmt, **options)
+
+
+def test_the_release_signs_the_serving_checks_from_the_targets_file(tmp_path):
+    """images/targets.toml's [promotion] level_checks, the one source, in release.json's signed policy."""
+    from qualify.config import targets
+
+    lab = vllm_lab(tmp_path)
+    index = folder.read_release(lab.folder).index
+    assert [(x.level, x.checks) for x in index.policy.level_checks] == \
+        [(level, tuple(checks)) for level, checks in targets.load().promotion_level_checks.items()]
+    assert index.policy.level_checks and set(index.policy.level_checks[0].checks) == set(sm.CHECK_IDS)
+    rule = folder.read_release(lab.folder).rule("sm120")
+    assert servecount.rule_for(lab.manifest(), rule).required == index.policy.level_checks[0].checks
+
+
+def test_a_targets_file_naming_a_check_nobody_judges_is_refused(tmp_path):
+    from qualify.config import targets
+    from qualify.core.errors import ConfigError
+
+    copy = tmp_path / "targets.toml"
+    copy.write_text(REPO_TARGETS.read_text().replace('baseline = ["serve.determinism"', 'baseline = ["serve.canary"'))
+    with pytest.raises(ConfigError) as err:
+        targets.load(copy)
+    assert "[promotion] level_checks: 'baseline'" in err.value.message and "serve.determinism" in err.value.hint
+
+
+def without_serving_rule(tmp_path):
+    copy = tmp_path / "targets-before-issue-39.toml"
+    text = REPO_TARGETS.read_text()
+    kept = [line for line in text.splitlines(keepends=True) if not line.startswith("level_checks")]
+    assert len(kept) == len(text.splitlines()) - 1
+    copy.write_text("".join(kept))
+    return copy
+
+
 def test_a_gpu_release_signed_before_serving_rules_keeps_its_rule(tmp_path):
-    lab = Lab(tmp_path)
+    """A policy without level_checks (signed before issue 39): GPU evidence alone, serve-check records kept out."""
+    lab = vllm_lab(tmp_path, targets_file=without_serving_rule(tmp_path))
+    assert folder.read_release(lab.folder).index.policy.level_checks == ()
     done, notes = promote(lab, [*lab.write([lab.record(10)]), *hand_in(lab, [served(lab, 11, target="sm120")])])
     assert done.standing.consecutive_passes == 1 and done.new == 1
-    assert any("serve-check record(s) not counted" in n and "GPU evidence alone" in n for n in notes)
+    assert any("serve-check record(s) not counted" in n and "no serving checks" in n for n in notes), notes
     assert promotion(lab, "sm120").promotion.evidence[0].serving_sha256 is None
 
 
-def test_where_the_rule_requires_the_matrix_a_gpu_run_counts_with_the_record_of_its_deployment(tmp_path, monkeypatch):
-    """The rule issue 37 signs into release.json; here put in place of the older release's rule."""
-    rule = servecount.ServingRule(tuple(sm.CHECK_IDS), False, "the signed rule (test)")
-    monkeypatch.setattr(servecount, "rule_for", lambda m, signed=None: rule)
-    lab = Lab(tmp_path)
+def test_gpu_evidence_alone_never_counts_toward_baseline_of_a_serving_image(tmp_path):
+    """Fail closed: seven passing GPU runs of a vllm image and no serve-check record: experimental, no streak."""
+    lab = vllm_lab(tmp_path)
+    done, _ = promote(lab, lab.write([lab.record(i) for i in range(1, 8)]))
+    assert (done.standing.level, done.standing.consecutive_passes) == ("experimental", 0)
+    assert all(e.outcome == "infrastructure" and "no verified serve-check record" in e.reason
+               for e in promotion(lab, "sm120").promotion.evidence)
+
+
+def test_a_record_of_an_unenrolled_host_never_completes_a_gpu_run(tmp_path):
+    lab = vllm_lab(tmp_path)
+    (gpu,) = [lab.record(10)]
+    paired = served(lab, 12, target="sm120", gpu_evidence=link(gpu))
+    where = lab.root / "other-host"
+    where.mkdir()
+    path = serving.write(where / "sm120.serve-check.json", paired)
+    from signing_helpers import make_key_pair
+    other, _ = make_key_pair(where, prefix="other-host")
+    ev.sign(path, other, PASSWORD.encode())
+    with pytest.raises(serving.ServeRecordError) as err:
+        promote(lab, [*lab.write([gpu]), path])
+    assert "not a serve-check record from an enrolled host" in err.value.message
+
+
+def link(r):
+    return serving.GpuLink(r.run_id, r.time, r.host_id_sha256, r.outcome.value)
+
+
+def test_where_the_signed_policy_requires_the_matrix_a_gpu_run_counts_with_the_record_of_its_deployment(tmp_path):
+    """The release's own signed rule (images/targets.toml's level_checks), on an image that serves."""
+    lab = vllm_lab(tmp_path)
     gpu = [lab.record(10), lab.record(20)]
-    link = lambda r: serving.GpuLink(r.run_id, r.time, r.host_id_sha256, r.outcome.value)  # noqa: E731
     done, notes = promote(lab, lab.write(gpu))  # GPU evidence alone: lifts to experimental, counts no streak
     assert done.standing.level == "experimental" and done.standing.consecutive_passes == 0
     paired = served(lab, 12, target="sm120", gpu_evidence=link(gpu[0]))

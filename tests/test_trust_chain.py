@@ -15,10 +15,11 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from deploy_host import Host, key_fingerprint, released
+from deploy_host import REPO, SETTINGS, Host, key_fingerprint, released
 from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, make_release, statement
 
 from qualify.core import manifest as mf
@@ -41,8 +42,7 @@ def two_releases(tmp_path, keys):
     """The genuine release (sm100 + sm120, key A) and the attacker's (same names, key B)."""
     (a, _), (b, _) = keys
     genuine = make_release(tmp_path / "genuine", TAG, [statement("sm100", DIGEST_A), statement("sm120", DIGEST_A)], a)
-    forged = make_release(tmp_path / "forged", TAG, [statement("sm100", DIGEST_B), statement("sm120", DIGEST_B,
-                                                                                            level="optimized")], b)
+    forged = make_release(tmp_path / "forged", TAG, [statement("sm100", DIGEST_B), statement("sm120", DIGEST_B)], b)
     return genuine, forged
 
 
@@ -140,8 +140,8 @@ def test_the_host_refuses_an_older_release_than_it_accepted(host, docker_engine)
     assert "the first release this host accepts (v1.1.0 (sequence 2))" in first.stderr
     shutil.rmtree(host.manifests / "v1.1.0")  # the newer release vanishes: v1.0.0 is the newest left
     back = _deploy(host)
-    assert back.returncode == 4 and "refusing a rollback: v1.0.0 (sequence 1) is older than v1.1.0 (sequence 2)" \
-        in back.stderr and "set RELEASE_TAG=v1.0.0 and pass --allow-downgrade" in back.stderr
+    assert back.returncode == 4 and "refusing a rollback: v1.0.0 (sequence 1, promotion 1) is older than v1.1.0 " \
+        "(sequence 2)" in back.stderr and "set RELEASE_TAG=v1.0.0 and pass --allow-downgrade" in back.stderr
     host.settings(RELEASE_TAG="v1.0.0")
     assert _deploy(host).returncode == 4
     on_purpose = _deploy(host, "--allow-downgrade")
@@ -152,11 +152,11 @@ def test_the_host_refuses_an_older_release_than_it_accepted(host, docker_engine)
 
 def test_restoring_the_files_from_before_a_demotion_does_not_bring_baseline_back(host, docker_engine, tmp_path):
     """Promotion 1 (baseline), accepted by the host; promotion 2 (demoted). Restoring the manifest and its
-    signature of promotion 1 does not verify; restoring the promotion record too verifies as an older
-    promotion, which a host that accepted promotion 2 refuses."""
+    signature of promotion 1 does not verify; restoring the promotion record too is refused by the ledger kept
+    beside it; with the kept record removed as well the folder verifies as promotion 1, which a host that
+    accepted promotion 2 refuses, --allow-downgrade or not (issue 37: it goes back to releases, not promotions)."""
     from evidence_helpers import gpu_check
 
-    from qualify.config import targets
     from qualify.probe.gpu import REQUIRED_GPU_CHECKS
     from qualify.release import evidence as ev
     from qualify.release import promote
@@ -181,13 +181,12 @@ def test_restoring_the_files_from_before_a_demotion_does_not_bring_baseline_back
     stmt = json.loads(path.read_text())
     probe = stmt["predicate"].get("toolkit", {}).get("probe_sha256")
     assert probe is None  # the statement helper names no probe: the binding accepts any
-    tf = targets.load()
-    promote.promote(release_dir, TAG, [run(i) for i in range(1, 8)], tf, sign, key, None, allow_unsigned=True)
+    promote.promote(release_dir, TAG, [run(i) for i in range(1, 8)], sign, key, None, allow_unsigned=True)
     assert read_release(release_dir).target("sm120").manifest.support_level == "baseline"
     saved = tmp_path / "promotion-1"
     shutil.copytree(release_dir, saved)
     assert _deploy(host).returncode == 5  # accepted: promotion 1
-    promote.promote(release_dir, TAG, [run(8, fail=True)], tf, sign, key, None, allow_unsigned=True)
+    promote.promote(release_dir, TAG, [run(8, fail=True)], sign, key, None, allow_unsigned=True)
     assert _deploy(host).returncode == 5  # accepted (experimental: the GPU checks would run after the pull)
     assert state.load(host.root / "deploy")["sm120"].promotion == 2
     for name in ("sm120.json", "sm120.json.sig", "sm120.json.sigstore.json"):
@@ -196,10 +195,18 @@ def test_restoring_the_files_from_before_a_demotion_does_not_bring_baseline_back
         read_release(release_dir)
     for name in ("sm120.promotion.json", "sm120.promotion.json.sig", "sm120.promotion.json.sigstore.json"):
         shutil.copyfile(saved / name, release_dir / name)
+    with pytest.raises(VerificationError, match="the current record was restored from an older state"):
+        read_release(release_dir)
+    for p in release_dir.glob("sm120.promotion.1.json*"):
+        p.unlink()
     assert read_release(release_dir).target("sm120").manifest.support_level == "baseline"  # verifies as promotion 1
     done = _deploy(host)
-    assert done.returncode == 4 and "refusing a rollback: v1.0.0 (sequence 1, promotion 1) is older than v1.0.0 " \
-        "(sequence 1, promotion 2)" in done.stderr
+    said = "refusing a rollback: the newest promotion record of sm120 of release v1.0.0 here is promotion 1, but " \
+        "promotion 2 was seen before"
+    assert done.returncode == 4 and said in done.stderr, done.stderr[-2000:]
+    host.settings(RELEASE_TAG=TAG)
+    again = _deploy(host, "--allow-downgrade")
+    assert again.returncode == 4 and said in again.stderr and "never to an older promotion" in again.stderr
 
 
 def test_a_new_key_for_a_target_is_refused_unless_pinned(host, docker_engine, tmp_path):
@@ -210,7 +217,7 @@ def test_a_new_key_for_a_target_is_refused_unless_pinned(host, docker_engine, tm
     shutil.rmtree(host.manifests / TAG)
     make_release(host.repo, "v2.0.0", [statement("sm120", DIGEST_A)], other, "start.sh test key")
     done = _deploy(host)
-    assert done.returncode == 4 and "but this host accepted v1.0.0 (sequence 1) signed by" in done.stderr
+    assert done.returncode == 4 and "but this host accepted v1.0.0 (sequence 1, promotion 1) signed by" in done.stderr
     host.settings(RELEASE_KEY_FINGERPRINT=key_fingerprint(other_pub))
     assert _deploy(host).returncode == 5
 
@@ -449,3 +456,308 @@ def test_verify_reports_the_release_it_verified_as_part_of(tmp_path, keys):
     assert (result.release, result.release_sequence) == (TAG, 1) and "release v1.0.0 (sequence 1)" in result.signature
     with pytest.raises(VerificationError, match="not the key you trust"):
         verify.verify(verify.VerifyOptions(release_dir / "sm120.json", key=other_pub))
+
+
+# --- issue 37: evidence bound to the probe that ran; policy and settings fail closed ------------------------
+
+
+def test_a_probe_planted_in_the_state_folder_is_never_mounted_and_the_run_records_what_was(tmp_path, monkeypatch):
+    """High 1: a stage in the state folder's probe/<digest16>/ that reports every GPU check passing. Each run
+    mounts a private copy of this checkout's probe, and records the digest of that copy; the shared stage is
+    re-hashed before any use and staged again when it differs."""
+    from qualify.host import paths
+    from qualify.probe import identity
+    from qualify.qualification import container, staging
+
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
+    digest = container.probe_sources_digest()
+    planted = paths.probe_stage(digest)
+    staging.copy_probe(planted)
+    (planted / "qualify" / "probe" / "gpu.py").write_text("REQUIRED_GPU_CHECKS = ()  # every check passes\n")
+    assert "its image side is sha256:" in staging.stage_problem(planted, digest)
+    seen = {}
+
+    class Recorder:
+        def run_container(self, image, command, **options):
+            if not any(inside == "/out" for _, inside, _ in options["mounts"]):
+                return subprocess.CompletedProcess(command, 0, "cpython-311-x86_64 3.11\n", "")
+            mount = next(Path(host) for host, inside, _ in options["mounts"] if inside == container.CONTAINER_ROOT)
+            seen["mount"], seen["digest"] = mount, identity.sources_digest(mount / "qualify")
+            seen["private"] = oct(mount.parent.stat().st_mode & 0o777)
+            out = next(Path(host) for host, inside, _ in options["mounts"] if inside == "/out")
+            (out / "predicate.json").write_text(json.dumps({"toolkit": {"probe_sha256": seen["digest"]}}))
+            return subprocess.CompletedProcess(command, 0, "", "")
+
+    from qualify.config import targets
+    monkeypatch.setattr(staging, "decoders_into", lambda tag, into: None)  # the wheels are another test's
+    run = container.run_probe(Recorder(), "image", container.probe_target(targets.load().get("sm120"), "vllm"),
+                              scope="gpu")
+    assert run.probe_sha256 == seen["digest"] == digest and not str(seen["mount"]).startswith(str(planted))
+    assert seen["private"] == "0o700" and not seen["mount"].exists()  # private, and gone afterwards
+    assert container.stage_probe(digest) == planted and not staging.stage_problem(planted, digest)  # staged again
+
+
+def test_a_probe_that_reports_another_digest_than_was_mounted_is_refused(tmp_path, monkeypatch):
+    from qualify.config import targets
+    from qualify.core.errors import EngineError
+    from qualify.host import paths
+    from qualify.qualification import container, staging
+
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(staging, "decoders_into", lambda tag, into: None)
+
+    class Liar:
+        def run_container(self, image, command, **options):
+            if not any(inside == "/out" for _, inside, _ in options["mounts"]):
+                return subprocess.CompletedProcess(command, 0, "cpython-311-x86_64 3.11\n", "")
+            out = next(Path(host) for host, inside, _ in options["mounts"] if inside == "/out")
+            (out / "predicate.json").write_text(json.dumps({"toolkit": {"probe_sha256": "sha256:" + "0" * 64}}))
+            return subprocess.CompletedProcess(command, 0, "", "")
+
+    with pytest.raises(EngineError, match="reports its sources as sha256:0000.*but the host mounted"):
+        container.run_probe(Liar(), "image", container.probe_target(targets.load().get("sm120"), "vllm"))
+
+
+def test_a_probe_stage_writable_by_others_is_refused(tmp_path, monkeypatch):
+    from qualify.core.errors import EngineError
+    from qualify.host import paths
+    from qualify.qualification import staging
+
+    monkeypatch.setattr(paths, "STATE_DIR", tmp_path / "state")
+    runs = paths.probe_runs()
+    runs.mkdir(parents=True)
+    runs.chmod(0o777)
+    with pytest.raises(EngineError, match="probe-runs is writable by its group or by others"):
+        with staging.private_run():
+            pass
+    stage = tmp_path / "stage"
+    digest = staging.copy_probe(stage)
+    (stage / "qualify" / "probe" / "gpu.py").chmod(0o666)
+    assert "is writable by its group or by others" in staging.stage_problem(stage, digest)
+
+
+def test_clean_never_removes_the_promoters_marks_not_even_with_all(tmp_path):
+    from qualify.host import clean, paths
+
+    state_dir = tmp_path / "state"
+    removable = paths.STATE_SHARED + paths.STATE_SLOW
+    for name in removable + paths.STATE_NEVER_REMOVED:
+        (state_dir / name).mkdir(parents=True)
+    (state_dir / "trust" / "promoter-state.json").write_text("{}")
+    report = clean.CleanReport(dry_run=False)
+    clean._clean_state(state_dir, True, report, tmp_path / "checkout")
+    assert (state_dir / "trust" / "promoter-state.json").is_file()
+    assert not any((state_dir / n).exists() for n in removable)
+
+
+@pytest.mark.parametrize("kind", ["missing", "fifo", "directory", "unreadable"])
+def test_a_named_settings_file_that_cannot_be_read_is_an_error(host, tmp_path, kind):
+    """Medium: --env-file a FIFO, a mistyped path or an unreadable file used to mean 'the defaults', and the
+    key pin with it."""
+    env = {"missing": tmp_path / "tpyo.env", "fifo": tmp_path / "fifo.env", "directory": tmp_path,
+           "unreadable": tmp_path / "secret.env"}[kind]
+    if kind == "fifo":
+        os.mkfifo(env)
+    if kind == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root reads a mode-000 file; the other kinds cover the refusal")
+        env.write_text("RELEASE_KEY_FINGERPRINT=sha256:" + "a" * 64 + "\n")
+        env.chmod(0)
+    started = time.monotonic()
+    done = subprocess.run([str(REPO / "start.sh"), "--dry-run", "--env-file", str(env)],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                          env={k: v for k, v in os.environ.items() if k not in SETTINGS})
+    assert done.returncode == 2, done.stderr
+    said = {"missing": "no such settings file", "fifo": "not a regular file", "directory": "not a regular file",
+            "unreadable": "cannot be opened"}[kind]
+    assert said in done.stderr and time.monotonic() - started < 20
+    assert not (kind == "missing" and env.exists())  # a named file is never made from .env.example
+
+
+def test_an_empty_exported_pin_never_unpins_the_settings_file(host, docker_engine):
+    released(host, settings={"RELEASE_KEY_FINGERPRINT": key_fingerprint(Path(f"{host.key}.pub"))})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", RELEASE_KEY_FINGERPRINT="")
+    assert done.returncode == 2 and "RELEASE_KEY_FINGERPRINT is exported empty" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name", ["CONTAINER_ENV_LD_LIBRARY_PATH", "CONTAINER_ENV_NVIDIA_VISIBLE_DEVICES"])
+def test_container_variables_cannot_override_what_the_gate_checked(host, name):
+    host.settings(**{name: "/usr/local/cuda/compat"})
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 2 and "is what the trust gate checked" in done.stderr, done.stderr
+
+
+def test_a_release_folder_whose_index_was_removed_is_broken_and_stops_the_deploy(host, docker_engine):
+    """Medium: the newest release's release.json deleted; a pinned-key host used to deploy the older one."""
+    released(host)
+    host.release(statement("sm120", DIGEST_A, level="baseline"), tag="v1.1.0")
+    host.settings(RELEASE_KEY_FINGERPRINT=key_fingerprint(Path(f"{host.key}.pub")))
+    (host.manifests / "v1.1.0" / "release.json").unlink()
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 4 and "v1.1.0 does not verify" in done.stderr and "but no release.json" in done.stderr
+
+
+def test_with_the_only_index_gone_allow_unqualified_never_deploys_another_digest(host, docker_engine):
+    released(host, settings={"IMAGE": f"127.0.0.1:5000/own/sm120@{DIGEST_B}"})
+    (host.manifests / TAG / "release.json").unlink()
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 4 and "but no release.json" in done.stderr and DIGEST_B not in done.stdout
+
+
+def test_verify_of_a_file_in_a_release_folder_always_verifies_it_as_part_of_the_release(tmp_path, keys):
+    """Medium: --signature/--bundle, or a deleted release.json, verified a restored manifest on its own."""
+    from qualify.release import verify
+
+    (a, pub), _ = keys
+    release_dir = make_release(tmp_path / "repo", TAG, [statement("sm120", DIGEST_A)], a)
+    manifest = release_dir / "sm120.json"
+    outside = tmp_path / "out.sig"
+    shutil.copyfile(release_dir / "sm120.json.sig", outside)
+    with pytest.raises(VerificationError, match="is verified as part of that release with the folder's own "
+                                                "signatures, not --signature"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub, signature=outside))
+    (release_dir / "release.json").unlink()
+    with pytest.raises(VerificationError, match="release index not found"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub))
+    for p in release_dir.iterdir():
+        if not p.name.startswith("sm120.json"):
+            p.unlink()  # even with every other file gone, a folder named as a version is a release folder
+    with pytest.raises(VerificationError, match="release key not found"):
+        verify.verify(verify.VerifyOptions(manifest, key=pub))
+
+
+def test_a_compat_libcuda_of_unknown_version_is_refused_not_skipped(host, docker_engine):
+    """Medium: RuntimeFacts turned a null version into "", and the gate skipped the library."""
+    from signing_helpers import runtime_with
+
+    runtime = runtime_with(compat="580.65.06")
+    runtime["libcuda"]["first"]["version"] = None
+    released(host, runtime=runtime)
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 3 and "cannot be compared with this host's driver" in done.stderr, done.stderr
+
+
+def test_a_rewritten_ledger_is_a_fork_and_a_new_target_under_another_key_is_refused():
+    from qualify.release import highwater
+
+    mark = highwater.ReleaseMark(1, "a" * 64, {"sm120": highwater.TargetMark(2, "b" * 64, "c" * 64)})
+    fork = highwater.Seen(TAG, 1, "a" * 64, "sm120", 3, "d" * 64, "e" * 64, chain={2: "f" * 64, 3: "d" * 64}.get)
+    assert "its ledger was rewritten (a fork)" in highwater.problem(mark, fork)
+    same = highwater.Seen(TAG, 1, "a" * 64, "sm120", 2, "9" * 64, "c" * 64)
+    assert "another record, same sequence" in highwater.problem(mark, same)
+    forced_older = highwater.Seen(TAG, 0 + 1, "a" * 64, "sm120", 2, "b" * 64, "c" * 64)
+    assert highwater.problem(highwater.ReleaseMark(2, "0" * 64, {}), forced_older).startswith("release v1.0.0 is "
+                                                                                             "sequence 1 here")
+    known = state.Known({"sm100": state.Accepted("sm100", TAG, 1, 0, "a" * 64, "b" * 64, "sha256:k")})
+    with pytest.raises(state.StateError, match="every release this host accepted is signed by sha256:k"):
+        state.judge(None, state.Accepted("sm120", TAG, 1, 0, "a" * 64, "b" * 64, "sha256:other"), False, False,
+                    False, known)
+
+
+def test_a_pre_release_is_never_chosen_as_the_newest(tmp_path, keys):
+    from qualify.deploy.errors import DeployError
+
+    (a, _), _ = keys
+    make_release(tmp_path / "repo", "v1.0.0", [statement("sm120", DIGEST_A)], a)
+    make_release(tmp_path / "repo", "v1.1.0-rc.1", [statement("sm120", DIGEST_B)], a)
+    said = []
+    chosen = choice.choose_release(tmp_path / "repo" / "manifests", "sm120", "", KeyAnchor(), warn=said.append)
+    assert chosen.tag == "v1.0.0" and "v1.1.0-rc.1 is a pre-release" in said[0]
+    shutil.rmtree(tmp_path / "repo" / "manifests" / "v1.0.0")
+    with pytest.raises(DeployError, match="pre-releases only"):
+        choice.choose_release(tmp_path / "repo" / "manifests", "sm120", "", KeyAnchor())
+    assert choice.choose_release(tmp_path / "repo" / "manifests", "sm120", "v1.1.0-rc.1", KeyAnchor()).tag == \
+        "v1.1.0-rc.1"
+
+
+def test_a_seeded_host_refuses_a_rollback_on_its_first_deploy(host, docker_engine):
+    """README, Trust: seed the anti-rollback state from a known release before the first deploy."""
+    released(host)
+    host.release(statement("sm120", DIGEST_A), tag="v1.1.0")
+    host.settings(RELEASE_TAG="v1.1.0", RELEASE_KEY_FINGERPRINT=key_fingerprint(Path(f"{host.key}.pub")))
+    seeded = subprocess.run([sys.executable, "-m", "qualify", "deploy", "seed", "--env-file", str(host.env_file)],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert seeded.returncode == 0 and "now holds release v1.1.0 (sequence 2)" in seeded.stderr, seeded.stderr
+    shutil.rmtree(host.manifests / "v1.1.0")
+    host.settings(RELEASE_KEY_FINGERPRINT=key_fingerprint(Path(f"{host.key}.pub")))
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 4 and "refusing a rollback: v1.0.0 (sequence 1, promotion 1) is older than v1.1.0" \
+        in done.stderr, done.stderr[-2000:]
+
+
+def test_the_deploy_says_when_a_baseline_rests_on_unsigned_evidence(host, docker_engine, tmp_path):
+    from qualify.release import promote
+
+    path = host.release(statement("sm120", DIGEST_A))
+    from deploy_host import PASSWORD
+    from evidence_helpers import gpu_checks, sign_with
+    sign, key = sign_with(Path(f"{host.key}.key"), PASSWORD)
+    from qualify.release import evidence as ev
+    t0 = records.parse_time(read_release(path.parent).index.time, "t0")
+    runs = []
+    for n in range(1, 8):
+        checks = gpu_checks(ev.Outcome.PASS)
+        runs.append(ev.write(tmp_path / f"e{n}.json", ev.Evidence(
+            TAG, "sm120", "12.0", f"r@{DIGEST_A}", DIGEST_A, "sha256:" + "c" * 64,
+            ev.Gpu("RTX 5090", "12.0", ev.hashed("g"), "580"), ev.hashed("h"),
+            records.format_time(t0 + __import__("datetime").timedelta(seconds=n)), ev.Outcome.PASS, "", checks, {},
+            f"{n:032x}")))
+    promote.promote(path.parent, TAG, runs, sign, key, None, allow_unsigned=True)
+    host.settings()
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 0, done.stderr
+    assert "its level baseline rests on evidence no enrolled host signed" in done.stderr
+
+
+def test_a_duplicate_key_in_a_signed_registry_payload_is_named_as_the_cause(monkeypatch, keys):
+    """Medium: it was reported as 'no signed qualification statement ... publish again'."""
+    import hashlib
+
+    from qualify.core.fsutil import canonical_json
+    from qualify.publish import attestation_verify as av
+    from qualify.publish import dsse, oci
+    from qualify.signing import keys as cosign_keys
+
+    (a, pub), _ = keys
+    from signing_helpers import PASSWORD
+    private = cosign_keys.load_private_key(a.read_bytes(), PASSWORD)
+    qualification = canonical_json(statement("sm120", DIGEST_A)).replace(b'"predicateType"', b'"predicateType": '
+                                                                         b'"x", "predicateType"', 1)
+    sha = hashlib.sha256(qualification).hexdigest()
+    rs = records.ReleaseStatement(TAG, 1, 0, "2026-12-01T00:00:00Z", "a" * 64, "sm120", sha, sha,
+                                  "127.0.0.1:5000/qualify/sm120")
+    release_stmt = canonical_json(rs.statement("127.0.0.1:5000/qualify/sm120", DIGEST_A))
+    layers = []
+    for payload, ptype in ((release_stmt, records.RELEASE_STATEMENT_TYPE), (qualification, mf.PREDICATE_TYPE)):
+        data = dsse.sign(private, payload).to_json()
+        layers.append((oci.AttLayer("sha256:" + hashlib.sha256(data).hexdigest(), len(data), "application/vnd.dsse",
+                                    ptype), data))
+    monkeypatch.setattr(av, "resolve", lambda ref: DIGEST_A)
+    monkeypatch.setattr(av, "fetch_layers", lambda name, digest: layers)
+    with pytest.raises(VerificationError, match="duplicate JSON key 'predicateType'"):
+        av.verify_image(f"127.0.0.1:5000/qualify/sm120@{DIGEST_A}", TrustedKey.read(pub))
+
+
+def test_verify_and_hosts_list_escape_control_characters(capsys, tmp_path, keys):
+    """Low: raw control characters from `verify` and `hosts list`."""
+    from signing_helpers import PASSWORD
+
+    from qualify.cli import hosts_cmd, verify_cmd
+    from qualify.release import hosts, verify
+
+    verify_cmd._print_human(verify.VerifyResult("m\x1b[2J.json", "sm120\r", DIGEST_A, "key", None, None, "pass",
+                                                "baseline"))
+    (a, pub), _ = keys
+    from qualify.signing import formats, signer
+    s, _ = signer.key_signer("builtin", a, PASSWORD.encode())
+    key = TrustedKey.read(pub)
+    hosts_file = tmp_path / "hosts.json"
+    hosts.change(hosts_file, lambda p: s.sign_file(p, formats.signature_path(p), formats.bundle_path(p)), key,
+                 add=records.EnrolledHost("ci", identity="repo\x1b[31m", issuer="https://issuer"))
+
+    class Args:
+        action, file, key, json = "list", hosts_file, pub, False
+
+    hosts_cmd.execute(Args())
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "m\\x1b[2J.json" in out and "repo\\x1b[31m" in out

@@ -44,14 +44,14 @@ def test_verify_passes_and_reports_verdict_and_level(signed):
     manifest, pub = signed
     result = verify.verify(verify.VerifyOptions(manifest, key=pub, image=f"{REGISTRY}/qualify/sm120@{DIGEST_A}",
                                                 require_pass=True), resolve=never_resolve)
-    assert (result.verdict, result.support_level, result.target) == ("pass", "baseline", "sm120")
+    assert (result.verdict, result.support_level, result.target) == ("pass", "experimental", "sm120")
     assert result.image_digest == DIGEST_A and result.signature.startswith("key sha256:")
 
 
 def test_one_changed_byte_fails_the_signature_check(signed):
     manifest, pub = signed
     data = bytearray(manifest.read_bytes())
-    data[data.index(b"baseline")] = ord("B")
+    data[data.index(b"experimental")] = ord("E")
     manifest.write_bytes(bytes(data))
     with pytest.raises(VerificationError, match=r"^signature check failed"):
         verify.verify(verify.VerifyOptions(manifest, key=pub))
@@ -129,14 +129,14 @@ def test_cli_exit_codes_and_messages(signed, tmp_path):
     ok = run_qualify(["verify", str(manifest), "--key", str(pub), "--require-pass",
                       "--image", f"{REGISTRY}/qualify/sm120@{DIGEST_A}"], tmp_path)
     assert ok.returncode == 0, ok.stderr
-    assert "verdict:       pass" in ok.stdout and "support level: baseline" in ok.stdout
+    assert "verdict:       pass" in ok.stdout and "support level: experimental" in ok.stdout
     bad = run_qualify(["verify", str(manifest), "--key", str(pub), "--json",
                        "--image", f"{REGISTRY}/qualify/sm120@{DIGEST_B}"], tmp_path)
     assert bad.returncode == VerificationError.exit_code
     assert "error: image digest check failed" in bad.stderr
     assert json.loads(bad.stdout)["failed"] == "image digest"
     good = run_qualify(["verify", str(manifest), "--key", str(pub), "--json"], tmp_path)
-    assert json.loads(good.stdout)["ok"] is True and json.loads(good.stdout)["support_level"] == "baseline"
+    assert json.loads(good.stdout)["ok"] is True and json.loads(good.stdout)["support_level"] == "experimental"
 
 
 @pytest.mark.engine

@@ -187,6 +187,22 @@ def test_default_jobs_is_bounded():
     assert 1 <= workers.default_jobs() <= workers.MAX_DEFAULT_JOBS
 
 
+@pytest.mark.parametrize("load, expected", [(0.0, 4), (0.9, 4), (1.5, 3), (3.99, 1), (7.0, 1)])
+def test_default_jobs_leaves_out_the_cpus_other_work_keeps_busy(monkeypatch, load, expected):
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    monkeypatch.setattr(workers.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    assert workers.default_jobs() == expected
+
+
+def test_default_jobs_without_a_load_average_counts_every_cpu(monkeypatch):
+    def unavailable():
+        raise OSError("no load average")
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+    monkeypatch.setattr(workers.os, "getloadavg", unavailable)
+    assert workers.default_jobs() == workers.MAX_DEFAULT_JOBS
+
+
 def collector_state(_item: str) -> tuple:
     import gc
 

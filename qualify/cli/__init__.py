@@ -133,7 +133,9 @@ def _missing_dependency(missing: str, argv: List[str]) -> int:
     from qualify import toolenv
 
     venv_python = toolenv.python()
-    if venv_python.exists() and Path(sys.executable).resolve() != venv_python.resolve():
+    # By prefix, not by executable: a venv's python is a symlink to the interpreter it was made from, so the
+    # host's python3 and the venv's resolve to the same file.
+    if venv_python.exists() and Path(sys.prefix).resolve() != toolenv.VENV.resolve():
         os.execv(str(venv_python), [str(venv_python), "-m", "qualify", *argv])
     print(f"error: `{argv[0]}` needs the toolkit's dependencies, and this Python ({sys.executable}) lacks "
           f"{missing}\n  hint: run `bash scripts/setup-host.sh` once in {toolenv.REPO} (it makes {toolenv.VENV}, "

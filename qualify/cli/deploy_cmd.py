@@ -13,7 +13,7 @@ import errno
 from pathlib import Path
 
 from qualify.deploy import api, ops, run, settings
-from qualify.deploy.ui import EX_HOST, EX_USAGE, Stop, Ui
+from qualify.deploy.ui import EX_HOST, EX_TRUST, EX_USAGE, Stop, Ui
 
 CHECKS = {
     "health": lambda url, model: api.health(url),
@@ -23,12 +23,15 @@ CHECKS = {
     "tool-call": api.tool_call,
 }
 SCRIPTS = ("start", "status", "stop", "verify")
+SEED_HELP = ("record a known release in this host's anti-rollback state before the first deploy (RELEASE_TAG and "
+             "RELEASE_KEY_FINGERPRINT must be set): every target of it, verified with the pinned key")
 
 
 def _script_parsers(sub) -> None:
     for name in SCRIPTS:
         p = sub.add_parser(name, help=f"what ./{'start.sh' if name == 'start' else f'scripts/{name}.sh'} does")
-        p.add_argument("--env-file", type=Path, default=settings.REPO / ".env")
+        p.add_argument("--env-file", type=Path, default=None,
+                       help="settings file (default: .env; a file named here must exist and be readable)")
         p.add_argument("--prog", default=name, help="the name messages carry (the script that handed over)")
     start = sub.choices["start"]
     start.add_argument("--dry-run", action="store_true")
@@ -44,6 +47,9 @@ def _script_parsers(sub) -> None:
 def configure_parser(parser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     _script_parsers(sub)
+    seed = sub.add_parser("seed", help=SEED_HELP)
+    seed.add_argument("--env-file", type=Path, default=None)
+    seed.add_argument("--prog", default="seed")
 
     for name in CHECKS:
         chk = sub.add_parser(name, help=f"API check: {name}")
@@ -63,10 +69,13 @@ def _script(args) -> int:
     """One of the user's commands, in this process; a Stop prints its message and fixes and sets the exit code."""
     ui = Ui(args.prog)
     s = None
+    explicit = args.env_file is not None
+    env_file = args.env_file if explicit else settings.REPO / ".env"
+    args.env_file = env_file
     try:
         if args.action == "start":
-            settings.first_run(args.env_file, ui)
-        s = settings.load(args.env_file, ui)
+            settings.first_run(env_file, ui, explicit)
+        s = settings.load(env_file, ui, explicit=explicit)
         if args.action == "start":
             if args.allow_downgrade and not s.release_tag:
                 raise Stop(EX_USAGE, "--allow-downgrade goes back to one release on purpose: set RELEASE_TAG to it",
@@ -75,6 +84,8 @@ def _script(args) -> int:
                                allow_no_gpu_runtime=args.allow_no_gpu_runtime, probe=args.probe,
                                allow_downgrade=args.allow_downgrade)
             return run.Deploy(s, opts, ui).main()
+        if args.action == "seed":
+            return _seed(s, ui)
         if args.action == "status":
             return ops.status(s, ui)
         if args.action == "stop":
@@ -112,8 +123,28 @@ def host_refused(exc: OSError, s, args) -> Stop:
     return Stop(EX_HOST, f"{exc.strerror or exc}: {where}", *fixes)
 
 
+def _seed(s: settings.Settings, ui: Ui) -> int:
+    from qualify.core.errors import QualifyError
+    from qualify.deploy import state
+    from qualify.release.folder import KeyAnchor, read_release
+
+    if not (s.release_tag and s.release_key_fingerprint):
+        raise Stop(EX_USAGE, "seed records a known release: set RELEASE_TAG and RELEASE_KEY_FINGERPRINT (the tag and "
+                   f"the fingerprint announced with it) in {s.env_file}", "then run it again")
+    try:
+        release = read_release(s.manifests_dir / s.release_tag, KeyAnchor(pinned=s.release_key_fingerprint))
+        notes = state.seed(s.deploy_dir, release)
+    except QualifyError as exc:
+        raise Stop.because(EX_TRUST, f"seed: REFUSED: release {s.release_tag}", exc) from None
+    for note in notes:
+        ui.say(f"seed: {note}")
+    ui.say(f"seed: {state.state_path(s.deploy_dir)} now holds release {release.tag} (sequence "
+           f"{release.index.sequence}) for {', '.join(t.target for t in release.targets)}")
+    return 0
+
+
 def execute(args) -> int:
-    if args.action in SCRIPTS:
+    if args.action in SCRIPTS or args.action == "seed":
         return _script(args)
     if args.action in CHECKS:
         return _check(args)

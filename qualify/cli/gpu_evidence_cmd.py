@@ -35,13 +35,14 @@ def configure_parser(parser) -> None:
 
 def execute(args) -> int:
     from qualify.host.engine import Engine
-    from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
+    from qualify.qualification.container import probe_target, run_probe
 
     ref = parse_pinned(args.image, "--image", ConfigError, hint="give repository@sha256:<digest>")
     target = targets.load(args.file).get(args.target)
-    predicate = run_probe(Engine(args.engine).check(), ref.by_digest, probe_target(target, args.profile),
-                          scope="gpu", gpus=None if args.gpus == "none" else args.gpus)
-    predicate["toolkit"] = {**predicate.get("toolkit", {}), "probe_sha256": probe_sources_digest()}
+    run = run_probe(Engine(args.engine).check(), ref.by_digest, probe_target(target, args.profile),
+                    scope="gpu", gpus=None if args.gpus == "none" else args.gpus)
+    # The evidence names the probe that ran: the digest of the copy the host staged privately and mounted.
+    predicate = {**run.predicate, "toolkit": {**run.predicate.get("toolkit", {}), "probe_sha256": run.probe_sha256}}
     doc = manifest.statement(ref.name, ref.digest, predicate)
     manifest.write(args.out, doc)
     done = manifest.Manifest.from_statement(doc, str(args.out))

@@ -1,7 +1,8 @@
 """`python -m qualify hosts add|remove|list`: the hosts whose signed GPU evidence `promote` counts.
 
 The list is manifests/hosts.json, signed with the release key (so whoever can write a release folder
-cannot enroll themselves); commit it, and every release commit carries it.
+cannot enroll themselves); commit it, and every release commit carries it. Each change is the next version
+of a chain (release/hosts.py): a lost file is restored, or replaced on purpose with --new-chain.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qualify.core.errors import ConfigError
+from qualify.core.errors import ConfigError, printable
 from qualify.host import paths
 from qualify.release import folder
+from qualify.release import hosts as chain
 from qualify.release import records as rec
 
 
@@ -28,14 +30,15 @@ def configure_parser(parser) -> None:
         else:
             p.add_argument("--key", type=Path, default=Path("cosign.pub"), help="the release's public key")
             p.add_argument("--json", action="store_true")
+    for name in ("add", "remove"):
+        sub.choices[name].add_argument("--new-chain", action="store_true",
+                                       help="the hosts file is lost: start a new chain (above every sequence this "
+                                       "host saw); hosts enrolled before must be enrolled again")
     add = sub.choices["add"]
+    add.add_argument("--replace", action="store_true", help="replace the key of a host already enrolled")
     add.add_argument("--key", type=Path, help="the host's public key (its cosign.pub)")
     add.add_argument("--identity", help="keyless: the certificate identity (e.g. the release workflow)")
     add.add_argument("--issuer", help="keyless: the OIDC issuer (e.g. https://token.actions.githubusercontent.com)")
-
-
-def _current(path: Path, key: folder.TrustedKey) -> rec.EnrolledHosts:
-    return folder.read_hosts(path, key) if path.exists() else rec.EnrolledHosts(0, ())
 
 
 def _host(args) -> rec.EnrolledHost:
@@ -54,18 +57,22 @@ def execute(args) -> int:
         hosts = folder.read_hosts(args.file, folder.TrustedKey.read(args.key))
         if args.json:
             print(json.dumps(hosts.as_json(), indent=2, sort_keys=True))
+            return 0
+        print(f"{args.file}: sequence {hosts.sequence}" + (" (a chain's first)" if hosts.previous_sha256 is None
+                                                            else f", after sha256 {hosts.previous_sha256[:12]}..."))
         for h in hosts.hosts:
-            print(f"{h.name}: " + (f"keyless {h.identity} from {h.issuer}" if h.keyless else f"key {h.fingerprint}"))
+            print(printable(f"{h.name}: " + (f"keyless {h.identity} from {h.issuer}" if h.keyless
+                                             else f"key {h.fingerprint}")))
         return 0
     from qualify.release.promote import release_signer
 
     sign, key = release_signer(args.release_key)
-    hosts = _current(args.file, key)
-    others = tuple(h for h in hosts.hosts if h.name != args.name)
-    if args.action == "remove" and len(others) == len(hosts.hosts):
-        raise ConfigError(f"{args.name} is not enrolled in {args.file}")
-    new = rec.EnrolledHosts(hosts.sequence + 1, others + ((_host(args),) if args.action == "add" else ()))
-    folder.write_hosts(args.file, new, sign, key)
-    print(f"{args.file}: {len(new.hosts)} enrolled host(s), sequence {new.sequence}, signed with {key.fingerprint}; "
-          f"commit it (git add {args.file}*)")
+    done = chain.change(args.file, sign, key, add=_host(args) if args.action == "add" else None,
+                        remove=args.name if args.action == "remove" else "", new_chain=args.new_chain,
+                        replace=getattr(args, "replace", False))
+    for note in done.notes:
+        print(printable(note))
+    if done.written:
+        print(f"{args.file}: {len(done.hosts.hosts)} enrolled host(s), sequence {done.hosts.sequence}, signed with "
+              f"{key.fingerprint}; commit it (git add {args.file}*)")
     return 0

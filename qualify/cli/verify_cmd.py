@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qualify.core.errors import VerificationError
+from qualify.core.errors import VerificationError, printable
 from qualify.release import verify
 
 
@@ -33,16 +33,14 @@ def _failed_check(message: str) -> str:
 
 
 def _print_human(r: verify.VerifyResult) -> None:
-    print(f"{r.manifest}: verified")
-    print(f"  target:        {r.target or '(not recorded)'}")
-    print(f"  signature:     OK ({r.signature})")
-    if r.image:
-        print(f"  image digest:  OK ({r.image} is {r.image_digest})")
-    else:
-        print(f"  image digest:  not checked (no --image); the manifest is for {r.subject_digest}")
+    """Every line with its control characters escaped: names and values come from the files verified."""
+    lines = [f"{r.manifest}: verified", f"  target:        {r.target or '(not recorded)'}",
+             f"  signature:     OK ({r.signature})",
+             f"  image digest:  OK ({r.image} is {r.image_digest})" if r.image else
+             f"  image digest:  not checked (no --image); the manifest is for {r.subject_digest}"]
     failing = f" (failing checks: {', '.join(r.failing_checks)})" if r.failing_checks else ""
-    print(f"  verdict:       {r.verdict}{failing}")
-    print(f"  support level: {r.support_level}")
+    lines += [f"  verdict:       {r.verdict}{failing}", f"  support level: {r.support_level}"]
+    print("\n".join(printable(line) for line in lines))
 
 
 def execute(args) -> int:

@@ -170,6 +170,8 @@ class TargetsFile:
     promotion_passes: int = 7
     build: BuildSettings = DEFAULT_BUILD
     drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # [drivers]: CUDA -> driver floor
+    # [promotion] level_checks (issue 39): level -> the serving checks a serving target's runs need for it.
+    promotion_level_checks: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
 
     def get(self, name: str) -> Target:
         if name not in self.targets:

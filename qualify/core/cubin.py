@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the c
     from typing import Tuple
 
 _NOTE_LIMIT = 1 << 16
-_STUB_BY_TOP_BYTE = {STUB_TOP_BYTE: STUB_YES, CODE_TOP_BYTE: STUB_NO}
+STUB_BY_TOP_BYTE = {STUB_TOP_BYTE: STUB_YES, CODE_TOP_BYTE: STUB_NO}
 
 
 def sm_of(elf: ElfHeader) -> int:
@@ -31,7 +31,7 @@ def stub_status(abi_version: int, e_flags: int) -> str:
     """yes for an nvlink device-link stub, no for a cubin with code, from e_flags' top byte."""
     if abi_version < 8:  # older cubins keep other bits there
         return STUB_UNKNOWN
-    return _STUB_BY_TOP_BYTE.get(e_flags >> 24, STUB_UNKNOWN)
+    return STUB_BY_TOP_BYTE.get(e_flags >> 24, STUB_UNKNOWN)
 
 
 def variant_of(mm: mmap.mmap, elf: ElfHeader, scan: FileScan) -> Tuple[Variant, bool]:
@@ -55,16 +55,18 @@ def variant_of(mm: mmap.mmap, elf: ElfHeader, scan: FileScan) -> Tuple[Variant, 
     return Variant.PLAIN, False
 
 
-_CUBIN_IDENT = ELF_MAGIC + bytes([2, 1])  # ELF64, little-endian
-_CUBIN_FIELDS = struct.Struct("<18xH28xI")  # e_machine at 18, e_flags at 48
+CUBIN_IDENT = ELF_MAGIC + bytes([2, 1])  # ELF64, little-endian
+# What says whether an uncompressed cubin payload is a device-link stub, in one read of its ELF64 header:
+# the identity's first 6 bytes, the ABI version at 8, e_machine at 18, e_flags at 48 (fatbin.py reads it
+# this way inline, for tens of thousands of entries; payload_stub_status is the same rule as a function).
+CUBIN_HEAD = struct.Struct("<6s2xB9xH28xI")
 
 
 def payload_stub_status(mm: mmap.mmap, start: int, size: int) -> str:
-    """From the ELF64 header of an uncompressed cubin payload (read directly:
-    this runs for tens of thousands of entries)."""
-    if size < 64 or mm[start : start + 6] != _CUBIN_IDENT:
+    """From the ELF64 header of an uncompressed cubin payload of `size` bytes at `start`."""
+    if size < 64:
         return STUB_UNKNOWN
-    machine, e_flags = _CUBIN_FIELDS.unpack_from(mm, start)
-    if machine != EM_CUDA:
+    ident, abi_version, machine, e_flags = CUBIN_HEAD.unpack_from(mm, start)
+    if ident != CUBIN_IDENT or machine != EM_CUDA:
         return STUB_UNKNOWN
-    return stub_status(mm[start + 8], e_flags)
+    return stub_status(abi_version, e_flags)

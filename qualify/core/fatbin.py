@@ -500,8 +500,10 @@ def _parse_container(
         return container, None
     body_end = pos + header_size + body
     try:
-        # The entries, parsed inline: this loop runs for every entry of every
-        # container (cuFFT: 24k), so it avoids a call per entry.
+        # The entries, parsed inline: this loop runs for every entry of every container (cuFFT: 24k), so
+        # it makes one struct read per header (two for an uncompressed cubin, whose ELF header says
+        # whether it is a device-link stub), one table look-up for variant and compression, one object.
+        unpack, cubin_head, flag_info, stubs = _ENTRY_UNPACK, _CUBIN_UNPACK, _FLAG_INFO, _STUB_BY_TOP_BYTE
         at = pos + header_size
         while at < body_end:
             if len(entries) >= max_entries:
@@ -511,9 +513,32 @@ def _parse_container(
                 if not _all_zero(mm, at, body_end):
                     raise FormatError(f"{left} trailing bytes at {at:#x} are not an entry")
                 break
-            entry = _parse_entry(mm, at, left)
-            entries.append(entry)
-            at += entry.header_size + entry.payload_size
+            kind, hsize, psize, csize, arch, flags, usize = unpack(mm, at)
+            if hsize < ENTRY_MIN_HEADER or hsize > ENTRY_MAX_HEADER or hsize > left:
+                raise FormatError(f"entry at {at:#x}: header size {hsize:#x} is invalid")
+            if psize > left - hsize:
+                raise FormatError(
+                    f"entry at {at:#x}: payload size {psize:#x} runs past the container ({left - hsize:#x} bytes left)"
+                )
+            if arch < _ARCH_LOW or arch > _ARCH_HIGH:
+                raise FormatError(f"entry at {at:#x}: arch number {arch} is implausible")
+            info = flag_info.get(flags & _FLAG_MASK)
+            if info is None:
+                raise FormatError(f"entry at {at:#x}: flags {flags:#x} mark it both `a` and `f`")
+            variant, compression = info[1] if csize else info[0]
+            if kind == KIND_PTX:
+                stub = STUB_NO
+            elif kind == KIND_CUBIN and compression == "none" and psize >= 64:
+                # what cubin.stub_status reads, from the payload's ELF64 header
+                ident, abi, machine, e_flags = cubin_head(mm, at + hsize)
+                if ident == _CUBIN_IDENT and machine == EM_CUDA and abi >= 8:
+                    stub = stubs.get(e_flags >> 24, STUB_UNKNOWN)
+                else:
+                    stub = STUB_UNKNOWN
+            else:
+                stub = STUB_UNKNOWN
+            entries.append(Entry(at, kind, arch, variant, flags, compression, hsize, psize, csize, usize, stub, True))
+            at += hsize + psize
     except FormatError as exc:
         container.error = f"{_where(section, pos)}: {exc}"
     if section != SECTION_RELOCATABLE:  # never loaded, never judged: not worth decompressing
@@ -525,45 +550,38 @@ _HEADER_SIZE = CONTAINER_HEADER.size
 _CONTAINER_UNPACK = CONTAINER_HEADER.unpack_from
 _ENTRY_UNPACK = _ENTRY_HEADER.unpack_from
 _ARCH_LOW, _ARCH_HIGH = ARCH_NUMBER_RANGE
+_CUBIN_UNPACK = cubin.CUBIN_HEAD.unpack_from
+_CUBIN_IDENT = cubin.CUBIN_IDENT
+_STUB_BY_TOP_BYTE = cubin.STUB_BY_TOP_BYTE
 
 
 def _where(section: str, pos: int) -> str:
     return f"{section} container at {pos:#x}" if section else f"container at {pos:#x}"
 
 
-def _parse_entry(mm: mmap.mmap, pos: int, left: int) -> Entry:
-    kind, header_size, payload_size, compressed_size, arch_number, flags, uncompressed_size = _ENTRY_UNPACK(mm, pos)
-    if header_size < ENTRY_MIN_HEADER or header_size > ENTRY_MAX_HEADER or header_size > left:
-        raise FormatError(f"entry at {pos:#x}: header size {header_size:#x} is invalid")
-    if payload_size > left - header_size:
-        raise FormatError(
-            f"entry at {pos:#x}: payload size {payload_size:#x} runs past the container ({left - header_size:#x} bytes left)"
-        )
-    if not _ARCH_LOW <= arch_number <= _ARCH_HIGH:
-        raise FormatError(f"entry at {pos:#x}: arch number {arch_number} is implausible")
-    variant = _VARIANTS.get(flags & _VARIANT_FLAGS)
-    if variant is None:
-        raise FormatError(f"entry at {pos:#x}: flags {flags:#x} mark it both `a` and `f`")
-    if flags & FLAG_ZSTD:
-        compression = "zstd"
-    elif flags & FLAG_LZ4:
-        compression = "lz4"
-    else:
-        compression = "unknown" if compressed_size else "none"
-    if kind == KIND_PTX:
-        link_stub = STUB_NO
-    elif kind == KIND_CUBIN and compression == "none":
-        link_stub = cubin.payload_stub_status(mm, pos + header_size, payload_size)
-    else:
-        link_stub = STUB_UNKNOWN
-    return Entry(
-        pos, kind, arch_number, variant, flags, compression, header_size, payload_size, compressed_size,
-        uncompressed_size, link_stub, True,
-    )
+def _flag_info() -> dict:
+    """(variant, compression) by the flag bits that decide them, for an entry without and with a compressed
+    size: an entry flagged neither ZSTD nor LZ4 that states a compressed size is compressed in a way not
+    known here. Flags marking an entry both `a` and `f` are left out: that header is damaged."""
+    table = {}
+    for bits in range(16):
+        flags = (FLAG_ARCH if bits & 1 else 0) | (FLAG_FAMILY if bits & 2 else 0)
+        flags |= (FLAG_ZSTD if bits & 4 else 0) | (FLAG_LZ4 if bits & 8 else 0)
+        if flags & FLAG_ARCH and flags & FLAG_FAMILY:
+            continue
+        variant = Variant.ARCH if flags & FLAG_ARCH else Variant.FAMILY if flags & FLAG_FAMILY else Variant.PLAIN
+        if flags & FLAG_ZSTD:
+            plain = packed = "zstd"
+        elif flags & FLAG_LZ4:
+            plain = packed = "lz4"
+        else:
+            plain, packed = "none", "unknown"
+        table[flags] = ((variant, plain), (variant, packed))
+    return table
 
 
-_VARIANT_FLAGS = FLAG_ARCH | FLAG_FAMILY
-_VARIANTS = {0: Variant.PLAIN, FLAG_ARCH: Variant.ARCH, FLAG_FAMILY: Variant.FAMILY}  # both: damaged
+_FLAG_MASK = FLAG_ARCH | FLAG_FAMILY | FLAG_ZSTD | FLAG_LZ4
+_FLAG_INFO = _flag_info()
 
 
 def _all_zero(mm: mmap.mmap, start: int, end: int) -> bool:

@@ -21,7 +21,7 @@ from qualify.core.fatbin_model import KIND_CUBIN, KIND_PTX, STUB_YES, Container,
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
-    from typing import Callable, Dict, Optional, Tuple
+    from typing import Callable, Dict, List, Optional, Tuple
 
 # Whether a container holds a kernel (a `.text.<name>` section in a cubin, an
 # `.entry` in PTX). Decided by decompressing just enough of its entries.
@@ -281,17 +281,27 @@ def container_kernels(mm: mmap.mmap, container: Container, decoders: Decoders) -
         if answer == KERNELS_YES or (answer == KERNELS_NO and container.error is None):
             return answer
         return KERNELS_UNKNOWN
-    if container.is_link_stub:
-        return KERNELS_NO  # nvlink device-link stubs, read from the cubin header
+    # One pass: whether every entry is an nvlink device-link stub (container.is_link_stub, read from the
+    # cubin headers), and the entries the driver loads. Cubins first: their section names sit at the
+    # start, while PTX may hold MBs of constant tables before its first `.entry`. LTO IR and unknown
+    # kinds are not loaded by the driver, so they do not decide. The smallest cubin first: any one with a
+    # kernel decides, and a small one is decoded whole in one call where a large one costs a 128 KB ZSTD block.
+    cubins: List[Entry] = []
+    ptx: List[Entry] = []
+    stubs_only = bool(entries)
+    for entry in entries:
+        if entry.link_stub != STUB_YES:
+            stubs_only = False
+        if entry.kind_code == KIND_CUBIN:
+            cubins.append(entry)
+        elif entry.kind_code == KIND_PTX:
+            ptx.append(entry)
+    if stubs_only:
+        return KERNELS_NO
+    if len(cubins) > 1:
+        cubins.sort(key=_size)
     answers = set()
-    # Cubins first: their section names sit at the start, while PTX may hold
-    # MBs of constant tables before its first `.entry`. LTO IR and unknown
-    # kinds are not loaded by the driver, so they do not decide.
-    # The smallest cubin first: any one with a kernel decides, and a small one
-    # is decoded whole in one call where a large one costs a 128 KB ZSTD block.
-    loadable = sorted((e for e in container.entries if e.is_cubin), key=_size) + [
-        e for e in container.entries if e.is_ptx
-    ]
+    loadable = cubins + ptx
     for entry in loadable:
         answer = _entry_kernels(mm, entry, decoders)
         if answer == KERNELS_YES:

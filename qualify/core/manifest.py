@@ -63,12 +63,15 @@ def verdict(checks: Iterable[Mapping[str, Any]]) -> Verdict:
 
 
 def support_level(verdict_: str, intended: str, gpu_evidence_on_target: bool, recognised: bool = True) -> SupportLevel:
-    """A level above `unverified` needs GPU evidence on the target's own architecture."""
+    """What one probe run can claim. A level above `unverified` needs GPU evidence on the target's own
+    architecture, and one run is at most `experimental`: baseline (and optimized) come only from the promotion
+    rule over many runs (`qualify promote`, seed 000), never from the run that qualified the image."""
     if verdict_ == Verdict.FAIL or not recognised:
         return SupportLevel.UNSUPPORTED
     if not gpu_evidence_on_target or verdict_ == Verdict.INCOMPLETE:
         return SupportLevel.UNVERIFIED
-    return SupportLevel(intended)
+    SupportLevel(intended)  # an intended level this toolkit does not know is an error, as before
+    return SupportLevel.EXPERIMENTAL
 
 
 def statement(image_name: str, image_digest: str, predicate: Mapping[str, Any]) -> Dict[str, Any]:
@@ -320,7 +323,9 @@ def _text(value: Any) -> str:
 @dataclass(frozen=True)
 class RuntimeFacts:
     """predicate.runtime (the probe's runtime_env): who the image runs as, the CUDA it carries, and the
-    libcuda its loader finds first. `recorded` is False for a manifest from before the probe wrote it."""
+    libcuda its loader finds first. `recorded` is False for a manifest from before the probe wrote it.
+    `compat_unknown`: the first libcuda is CUDA's forward-compatibility library but its version is unknown
+    (null): it cannot be compared with the host driver, which is no reason to skip the check."""
 
     recorded: bool
     user_uid: Optional[int]
@@ -328,6 +333,7 @@ class RuntimeFacts:
     cuda: str  # "13.0"; "" when not recorded
     libcuda_first: str  # the libcuda.so.1 the loader finds first in the image; "" when none
     compat_libcuda: str  # its version when that one is CUDA's forward-compatibility library; "" otherwise
+    compat_unknown: bool = False
 
     @classmethod
     def of(cls, m: Manifest) -> RuntimeFacts:
@@ -340,6 +346,8 @@ class RuntimeFacts:
         first = _mapping(_mapping(runtime.get("libcuda") or {}, f"{where}.libcuda").get("first") or {},
                          f"{where}.libcuda.first")
         uid = user.get("uid")
+        compat = first.get("compat") is True
+        version = _text(first.get("version")) if compat else ""
         return cls(True, uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
                    _text(user.get("name")), _text(cuda.get("version")), _text(first.get("path")),
-                   _text(first.get("version")) if first.get("compat") is True else "")
+                   version, compat and not version)

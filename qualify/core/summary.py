@@ -31,6 +31,8 @@ ROLE_RELOCATABLE = "relocatable"
 COMPRESSIONS = ("none", "lz4", "zstd", "unknown")
 STUBS = (fatbin_model.STUB_YES, fatbin_model.STUB_NO, fatbin_model.STUB_UNKNOWN)
 EXCLUSIONS = ("link_stub", "relocatable", "no_driver_code", "no_kernel")
+_ONLY_STUBS = {fatbin_model.STUB_YES}
+_EMPTY = frozenset()
 
 
 
@@ -147,24 +149,36 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
     for c in scan.containers:
         ents = c.entries
         entries += len(ents)
+        unsure = None  # (kind, arch) whose a/f variant could not be read: standalone cubins only
         if len(ents) == 1:  # most containers (cuFFT: 24k of 24k): the same as below, fewer steps
             e = ents[0]
             stub = e.link_stub
             compression[e.compression] += 1
             keys = {(e.kind_code, e.arch_number, e.variant)}
+            if not e.variant_known:
+                unsure = {(e.kind_code, e.arch_number)}
         else:
-            stub = c.link_stub
             keys = set()
+            statuses = set()
             for e in ents:
                 compression[e.compression] += 1
                 keys.add((e.kind_code, e.arch_number, e.variant))
+                statuses.add(e.link_stub)
+                if not e.variant_known:
+                    unsure = unsure or set()
+                    unsure.add((e.kind_code, e.arch_number))
+            # as Container.link_stub: a stub only if all entries are, code if any is
+            if statuses == _ONLY_STUBS:
+                stub = fatbin_model.STUB_YES
+            else:
+                stub = fatbin_model.STUB_NO if fatbin_model.STUB_NO in statuses else fatbin_model.STUB_UNKNOWN
         stubs[stub] += 1
         sec = sections.get(c.section)
         if sec is None:
             sec = sections[c.section] = _Section(c.section, role(c))
         sec.count += 1
         sec.keys |= keys
-        acc.add(c, sec.role, stub, keys)
+        acc.add(c, sec.role, stub, keys, unsure)
     units, excluded = acc.result()
     return FileSummary(
         path=scan.path,
@@ -275,7 +289,7 @@ class _Units:
         self.pools: Dict[str, _Pool] = {}
         self.interned: Dict[FrozenSet[EntryKey], FrozenSet[EntryKey]] = {}  # thousands of units, a dozen key sets
 
-    def add(self, c: fatbin_model.Container, r: str, stub: str, keys: set) -> None:
+    def add(self, c: fatbin_model.Container, r: str, stub: str, keys: set, unsure: Optional[set]) -> None:
         excluded = self.excluded
         if r == ROLE_RELOCATABLE:
             excluded["relocatable"] += 1
@@ -285,18 +299,18 @@ class _Units:
             excluded["no_driver_code"] += 1  # a damaged one is judged: its lost entries may be code
         elif c.kernels == kernels.KERNELS_NO:
             excluded["no_kernel"] += 1  # read whole: nothing to launch, nothing to miss
+        elif r == ROLE_REGISTERED:
+            frozen = frozenset(keys)
+            frozen = self.interned.setdefault(frozen, frozen)
+            holds = c.kernels == kernels.KERNELS_YES
+            self.order.append(Unit(c.section, c.offset, 1, frozen, frozenset(unsure) if unsure else _EMPTY,
+                                   c.error is not None, holds))
         else:
-            unsure = {(e.kind_code, e.arch_number) for e in c.entries if not e.variant_known}
-            if r == ROLE_REGISTERED:
-                frozen = frozenset(keys)
-                frozen = self.interned.setdefault(frozen, frozen)
-                holds = c.kernels == kernels.KERNELS_YES
-                self.order.append(Unit(c.section, c.offset, 1, frozen, frozenset(unsure), c.damaged, holds))
-            else:
-                if c.section not in self.pools:
-                    self.pools[c.section] = _Pool(c.section)
-                    self.order.append(self.pools[c.section])
-                self.pools[c.section].add(1, keys, unsure, c.damaged, c.kernels == kernels.KERNELS_YES)
+            pool = self.pools.get(c.section)
+            if pool is None:
+                pool = self.pools[c.section] = _Pool(c.section)
+                self.order.append(pool)
+            pool.add(1, keys, unsure or _EMPTY, c.error is not None, c.kernels == kernels.KERNELS_YES)
 
     def result(self) -> Tuple[List[Unit], Dict[str, int]]:
         return [u.unit() if isinstance(u, _Pool) else u for u in self.order], self.excluded

@@ -48,12 +48,22 @@ DIED = "the process reading this file died (a crash or the memory limit); it was
 
 
 def default_jobs() -> int:
-    """The CPUs this process may run on, at most MAX_DEFAULT_JOBS."""
+    """The CPUs this process may run on, less one for each CPU's worth of other work (the 1-minute load
+    average, whole CPUs only, as `make -l` counts it), at least 1 and at most MAX_DEFAULT_JOBS.
+
+    Workers pay only on CPUs that are free: on the 2-core build host, with other jobs keeping its load
+    above 2, two workers read the bench's corpus slower than one process (their CPU time grew by half,
+    and forking, pickling and waiting came on top), while on an idle host they read it faster
+    (README, Performance; ARCHITECTURE.md, "Where we wrote our own code")."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_DEFAULT_JOBS))
+    try:
+        busy = int(os.getloadavg()[0])
+    except (AttributeError, OSError):  # no load average (some platforms): every CPU counts
+        busy = 0
+    return max(1, min(cpus - busy, cpus, MAX_DEFAULT_JOBS))
 
 
 def run_all(

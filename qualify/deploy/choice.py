@@ -2,8 +2,10 @@
 
 Releases come from release/folder.py, read and verified once; nothing here opens a release file. The
 newest is chosen by the release order (semver, then signed sequence; release/order.py), never by a
-folder name or a file time. A folder that does not verify is never skipped silently: with no
-RELEASE_TAG it stops the deploy, since passing over it could mean deploying an older release.
+folder name or a file time, and is never a pre-release (`v1.2.0-rc.1` deploys only when RELEASE_TAG names
+it). A folder that does not verify, or that holds a release's files but no release.json, is never skipped
+silently: with no RELEASE_TAG it stops the deploy, since passing over it could mean deploying an older
+release; with one it is reported.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from qualify.config.imageref import ImageRef, ImageRefError, parse_pinned
 from qualify.core import manifest as mf
@@ -19,7 +21,7 @@ from qualify.core.errors import QualifyError
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.host import cmd
 from qualify.release.folder import KeyAnchor, VerifiedRelease, list_releases, read_release
-from qualify.release.order import tag_problem
+from qualify.release.order import is_prerelease, tag_problem
 
 
 def fetch_release(manifests_dir: Path, tag: str, github_repo: str = "") -> Optional[Path]:
@@ -47,14 +49,14 @@ def fetch_release(manifests_dir: Path, tag: str, github_repo: str = "") -> Optio
 
 
 def choose_release(manifests_dir: Path, target: str, tag: str, anchor: KeyAnchor,
-                   fetch: Optional[callable] = None) -> VerifiedRelease:
+                   fetch: Optional[callable] = None, warn: Callable[[str], None] = lambda m: None) -> VerifiedRelease:
     """The verified release to deploy `target` from: RELEASE_TAG's, else the newest that has the target.
 
     NoReleaseError only when no release folder here has anything for the target (and none failed to
     verify): only then may the registry's attestation, or --allow-unqualified, stand in."""
     manifests_dir = Path(manifests_dir)
     if tag:
-        return _pinned(manifests_dir, target, tag, anchor, fetch)
+        return _pinned(manifests_dir, target, tag, anchor, fetch, warn)
     listing = list_releases(manifests_dir, anchor, target)
     if listing.broken:
         name, why = listing.broken[0]
@@ -65,10 +67,18 @@ def choose_release(manifests_dir: Path, target: str, tag: str, anchor: KeyAnchor
     if not listing.releases:
         raise NoReleaseError(f"no release under {manifests_dir} has a manifest for target {target}",
                              hint="update this checkout (git pull --tags), or point MANIFESTS_DIR at a release")
-    return listing.releases[-1]
+    final = [r for r in listing.releases if not is_prerelease(r.tag)]
+    if not final:
+        raise DeployError(f"the releases under {manifests_dir} with target {target} are pre-releases only "
+                          f"({', '.join(listing.tags())}); a pre-release is deployed only when named",
+                          hint=f"set RELEASE_TAG={listing.releases[-1].tag} to deploy it")
+    if final[-1] is not listing.releases[-1]:
+        warn(f"{listing.releases[-1].tag} is a pre-release: deploying the newest release, {final[-1].tag} "
+             "(RELEASE_TAG names a pre-release to deploy it)")
+    return final[-1]
 
 
-def _pinned(manifests_dir: Path, target: str, tag: str, anchor: KeyAnchor, fetch) -> VerifiedRelease:
+def _pinned(manifests_dir: Path, target: str, tag: str, anchor: KeyAnchor, fetch, warn) -> VerifiedRelease:
     problem = tag_problem(tag)
     if problem:
         raise DeployError(f"RELEASE_TAG: {problem}", hint="set RELEASE_TAG to a release's tag, e.g. v1.2.0")
@@ -84,6 +94,13 @@ def _pinned(manifests_dir: Path, target: str, tag: str, anchor: KeyAnchor, fetch
                           f"{target}: {', '.join(known) or 'none'}",
                           hint="set RELEASE_TAG to one of those, or leave it empty for the newest")
     release = read_release(folder, anchor)
+    try:
+        others = list_releases(manifests_dir, anchor).broken
+    except QualifyError:
+        others = ()
+    for name, why in others:
+        if name != tag:
+            warn(f"release folder {manifests_dir / name} does not verify (RELEASE_TAG={tag} is deployed): {why}")
     if not release.has(target):
         raise DeployError(f"release {tag} has no manifest for target {target} "
                           f"(it has: {', '.join(t.target for t in release.targets) or 'none'})",

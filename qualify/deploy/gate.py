@@ -25,12 +25,13 @@ class Decision:
     reason: str
 
 
-def gate_decision(m: mf.Manifest) -> Decision:
+def gate_decision(m: mf.Manifest, promoted: bool = True) -> Decision:
     """What the deploy does with a manifest whose signature, release and digest verified.
 
-    Only a level promoted by evidence (baseline, optimized) deploys without the GPU
-    checks running here first; experimental and unverified probe; a manifest that
-    `verify --require-pass` would refuse, or an unsupported level, is refused.
+    Only a level promoted by evidence (baseline, optimized, with a signed promotion record: `promoted`)
+    deploys without the GPU checks running here first; experimental and unverified probe, and so does a
+    baseline that a release signed without the promotion rule (an older toolkit's one-run baseline); a
+    manifest that `verify --require-pass` would refuse, or an unsupported level, is refused.
     """
     level, verdict = m.support_level, m.verdict
     if m.problems:
@@ -52,4 +53,7 @@ def gate_decision(m: mf.Manifest) -> Decision:
     if level not in PROVEN_LEVELS:
         return Decision(Action.PROBE.value, f"support level {level}, verdict {verdict}: not yet promoted by evidence, "
                         "so the GPU checks run on this host first")
+    if not promoted:
+        return Decision(Action.PROBE.value, f"support level {level} was signed at release time, not reached by the "
+                        "promotion rule (no promotion record): the GPU checks run on this host first")
     return Decision(Action.DEPLOY.value, f"support level {level}, verdict {verdict}")

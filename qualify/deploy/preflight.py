@@ -449,7 +449,7 @@ def check_verified_image(facts: mf.RuntimeFacts, plan: HostPlan, ui: Ui) -> None
                        f"add \"{facts.cuda}\" = \"<driver>\" to [drivers] from NVIDIA's CUDA {facts.cuda} release notes, "
                        "or deploy an image of a CUDA the table knows")
         check_driver_version(gpu.driver, facts.cuda, floor, "the image, per its verified manifest", ui)
-    if facts.compat_libcuda:
+    if facts.compat_libcuda or facts.compat_unknown:
         host = driver.DriverVersion.maybe(gpu.driver)
         compat = driver.DriverVersion.maybe(facts.compat_libcuda)
         problem = driver.compat_problem(compat, host, gpu.capability) if host and compat else (
@@ -457,5 +457,5 @@ def check_verified_image(facts: mf.RuntimeFacts, plan: HostPlan, ui: Ui) -> None
             "cannot be compared with this host's driver")
         if problem:
             raise Stop(EX_PREFLIGHT, f"driver: {problem}; nothing was pulled", driver.DROP_COMPAT_FIX,
-                       f"or run a driver the same as the compat library ({facts.compat_libcuda})")
+                       f"or run a driver the same as the compat library ({facts.compat_libcuda or 'version unknown'})")
         ui.say(f"driver: the image's forward-compatibility libcuda {facts.compat_libcuda} matches this host")

@@ -97,7 +97,8 @@ class Deploy:
         try:
             known = state.load(self.s.deploy_dir)
             note = state.judge(known.get(self.target), accepted, key_pinned=bool(self.s.release_key_fingerprint),
-                               tag_pinned=bool(self.s.release_tag), allow_downgrade=self.opts.allow_downgrade)
+                               tag_pinned=bool(self.s.release_tag), allow_downgrade=self.opts.allow_downgrade,
+                               known=known)
         except state.StateError as exc:
             raise Stop.because(EX_TRUST, "trust gate: REFUSED", exc, "--allow-unqualified does not override this") from None
         self.ui.say(f"trust gate: {note}")
@@ -117,7 +118,8 @@ class Deploy:
         tag, pin = self.s.release_tag, self.s.release_key_fingerprint
         self.ui.say(f"trust gate: release {tag or '(newest)'} for {self.target} under {manifests}")
         try:
-            release = choice.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch)
+            release = choice.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch,
+                                            warn=self.ui.warn)
         except NoReleaseError as exc:
             return self.no_release(exc)
         except QualifyError as exc:
@@ -130,20 +132,22 @@ class Deploy:
         m = target.manifest
         published = None if self.s.image else release.published_reference(self.target)
         image = self.checked(m, self.s.image, published)
-        accepted = state.Accepted(self.target, release.tag, release.index.sequence, target.promotion_sequence,
-                                  release.index_sha256, target.manifest_sha256, release.key.fingerprint)
+        accepted = state.of_release(release, self.target)
         self.ui.say(f"release {release.tag}: sequence {release.index.sequence}"
                     + (f", promotion {target.promotion_sequence} ({target.promotion.level})" if target.promotion else "")
                     + f"; verified in {release.path}")
         self.ui.say(f"release key: {release.key.fingerprint}" + (" (pinned)" if pin else
                     f", from the release folder (pin it: RELEASE_KEY_FINGERPRINT in {self.s.env_file})"))
         self.judge(accepted)
+        if target.promotion and target.promotion.unsigned_evidence_allowed:
+            self.ui.warn(f"{self.target}: its level {target.promotion.level} rests on evidence no enrolled host signed "
+                         "(promote --allow-unsigned-evidence, recorded in the signed promotion record)")
         if published:
             self.ui.say(f"published: {published} (from {PUBLICATION_FILE}, signed with the release key)")
         self.ui.say(f"manifest: {release.path / target.entry.manifest_file}; image: {image}")
-        for line in matrix_status.lines(target, release.path):
+        for line in matrix_status.lines(target, release.path, release.rule(self.target)):
             self.ui.say(line)
-        decision = gate.gate_decision(m)
+        decision = gate.gate_decision(m, promoted=target.promotion is not None)
         trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted)
         return self.decide(trust, decision)
 
@@ -184,7 +188,7 @@ class Deploy:
         accepted = state.Accepted(self.target, result.release.tag, result.release.sequence, result.release.promotion,
                                   result.release.release_sha256, result.release.manifest_sha256, key.fingerprint)
         self.judge(accepted)
-        decision = gate.gate_decision(m)
+        decision = gate.gate_decision(m, promoted=result.release.promotion > 0)
         return self.decide(Trust(image, m, None, result.release.tag, decision.reason, False, accepted), decision)
 
     # --- GPU checks on this host ----------------------------------------------------
@@ -202,12 +206,13 @@ class Deploy:
         target = container.probe_target(self.plan.target, trust.manifest.profile if trust.manifest else None)
         engine = Engine(self.plan.engine.kind, binary=self.plan.engine.cli)  # the client preflight found answering
         try:
-            predicate = container.run_probe(engine, trust.image, target, scope="gpu", gpus=gpus)
+            run = container.run_probe(engine, trust.image, target, scope="gpu", gpus=gpus)
+            predicate, sources = run.predicate, run.probe_sha256  # the digest of the bytes that were mounted
             outcome = ev.probe_outcome(predicate, str(self.plan.target.capability))
         except QualifyError as exc:  # the probe did not complete: infrastructure, it proves nothing
-            predicate = {}
+            predicate, sources = {}, container.probe_sources_digest()
             outcome = ev.ProbeOutcome(ev.Outcome.INFRASTRUCTURE, f"the probe did not complete: {exc}", ())
-        record = self.evidence_record(trust, outcome, predicate, container.probe_sources_digest())
+        record = self.evidence_record(trust, outcome, predicate, sources)
         path = self.save_evidence(trust, record)
         if outcome.outcome == ev.Outcome.PASS:
             self.ui.say(f"GPU checks: all passed on this host ({outcome.reason})")

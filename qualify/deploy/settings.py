@@ -3,12 +3,20 @@
 Order: the environment, then the settings file, then .env.example as the
 defaults, so every key .env.example documents has a value. A key that
 .env.example does not document is warned about and ignored.
+
+Fail closed: a settings file named with --env-file that is missing, not a
+regular file (a FIFO, a device) or unreadable is an error, never "no settings"
+(the defaults would drop a key pin); a pin (RELEASE_KEY_FINGERPRINT,
+RELEASE_TAG) exported empty over a file that sets it is an error; container
+variables that would change what the trust gate checked (the loader path, the
+GPU given) are refused.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -30,6 +38,10 @@ MAX_NAME_CHARS = 255  # one path component, as Linux file systems allow
 PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 TARGET = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")  # core/manifest.py:TARGET_NAME
+PINS = ("RELEASE_KEY_FINGERPRINT", "RELEASE_TAG")
+# What the gate checked and compose sets: the image's loader path (its libcuda, 803/804) and the GPU it gets.
+RESERVED_CONTAINER_ENV = ("LD_LIBRARY_PATH", "LD_PRELOAD", "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES",
+                          "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE")
 
 
 def path_problem(value: str) -> str:
@@ -81,8 +93,23 @@ def unquote(value: str) -> str:
 
 
 def _read_text(path: Path) -> str:
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_FILE_BYTES + 1)
+    """A regular file's text: a FIFO or device is refused at once (never read, never waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise Stop(EX_USAGE, f"{path}: no such settings file", "check the path given to --env-file") from None
+    except OSError as exc:
+        raise Stop(EX_USAGE, f"{path}: the settings file cannot be opened: {exc.strerror}",
+                   "make it readable, or name another with --env-file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Stop(EX_USAGE, f"{path}: not a regular file (a FIFO, device or folder); not read as settings",
+                   "name a settings file (KEY=VALUE lines) with --env-file")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise Stop(EX_USAGE, f"{path}: the settings file cannot be read: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise Stop(EX_USAGE, f"{path}: larger than {MAX_FILE_BYTES} bytes; not a settings file")
     return data.decode("utf-8", errors="replace")
@@ -212,21 +239,34 @@ _TEXT_FIELDS = ("model_id", "model_revision", "served_model_name", "tool_call_pa
                 "bind_address", "shm_size", "deploy_target")
 
 
-def first_run(env_file: Path, ui: Ui) -> None:
-    if env_file.exists():
+def first_run(env_file: Path, ui: Ui, explicit: bool = False) -> None:
+    """The default .env is made from .env.example when missing; a file named with --env-file never is."""
+    if explicit or env_file.exists() or env_file.is_symlink():
         return
     env_file.write_bytes(EXAMPLE.read_bytes())
     ui.say(f"first run: created {env_file} from .env.example; edit it to change the model, port or GPU")
 
 
-def load(env_file: Path, ui: Ui, environ: Optional[Mapping[str, str]] = None) -> Settings:
+def load(env_file: Path, ui: Ui, environ: Optional[Mapping[str, str]] = None, explicit: bool = False) -> Settings:
+    """`explicit`: the file was named (--env-file), so it must be there and readable. The default .env may be
+    missing (the defaults apply); one that is there but is no readable regular file is an error too."""
     environ = os.environ if environ is None else environ
     known = known_keys()
-    from_file = read_file(env_file, known, ui) if env_file.is_file() else {}
+    present = explicit or env_file.exists() or env_file.is_symlink()
+    from_file = read_file(env_file, known, ui) if present else {}
     defaults = read_file(EXAMPLE, known, ui)
+    for key in PINS:
+        if environ.get(key) == "" and from_file.get(key):
+            raise Stop(EX_USAGE, f"{key} is exported empty, which would unpin {env_file}'s {key}={from_file[key]}",
+                       f"unset {key} (or export the value you mean)")
     values = {k: environ.get(k, from_file.get(k, defaults.get(k, ""))) for k in known}
     extra = {k: v for k, v in from_file.items() if k.startswith(CONTAINER_ENV)}
     extra.update({k: v for k, v in environ.items() if k.startswith(CONTAINER_ENV)})
+    reserved = sorted(k for k in extra if k[len(CONTAINER_ENV):] in RESERVED_CONTAINER_ENV)
+    if reserved:
+        raise Stop(EX_USAGE, f"{reserved[0]}: the container's {reserved[0][len(CONTAINER_ENV):]} is what the trust "
+                   "gate checked (the image's loader path, the GPU it is given); it cannot be overridden",
+                   f"remove {', '.join(reserved)} from {env_file} and the environment")
     problems = value_problems(values)
     if problems:
         key, problem = problems[0]

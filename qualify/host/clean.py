@@ -12,7 +12,8 @@ What this checkout made, by construction rather than by guess:
 - the BuildKit cache records this checkout's builds made (host/cacheledger.py), except those the newest
   build of another checkout uses (`--all`: every checkout's); records no toolkit build made stay;
 - from the state directory (QUALIFY_STATE_DIR), as host/cleanstate.py says: this checkout's build
-  contexts, and work folders whose run is over; shared caches only with --all; some state never.
+  contexts, and work folders whose run is over; shared caches only with --all; never `trust/` (the
+  promoter's high-water marks) or the ledgers and locks (paths.STATE_NEVER_REMOVED), not even with --all.
 
 Released images (digests named by a release's manifests under manifests/<tag>/) and the hermetic base
 stay unless --all; the debootstrap rootfs cache goes only with --all.

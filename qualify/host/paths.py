@@ -25,7 +25,7 @@ STATE_DIR = Path(os.environ.get("QUALIFY_STATE_DIR", "/var/lib/blackwell-qualify
 STATE_PER_CHECKOUT = ("contexts",)
 # - work folders of running commands (`<kind>.<pid>.<random>`, host/workdirs.py): removed once their process is
 #   gone, whichever checkout ran it (nobody can use them any more);
-STATE_WORK = ("work", "repro")
+STATE_WORK = ("work", "repro", "probe-runs")
 # - shared, content-addressed caches any checkout's next build reuses: only with --all;
 STATE_SHARED = ("wheelhouse", "probe", "probe-staged", "bake-probe")
 # - slow to make again (debootstrap): only with --all;
@@ -34,7 +34,7 @@ STATE_SLOW = ("rootfs",)
 #   registry's storage (garbage-collected, never removed), and state a later command trusts, such as a
 #   promoter's or a deploy's high-water marks (anti-rollback: removing them would let an older release back
 #   in). A folder added to the state folder for such state is named here.
-STATE_NEVER_REMOVED = ("checkouts", "locks")
+STATE_NEVER_REMOVED = ("checkouts", "locks", "trust")
 
 
 def state(*parts: str, root: Optional[Path] = None) -> Path:
@@ -49,6 +49,17 @@ def build_contexts(root: Optional[Path] = None) -> Path:
 def probe_stage(sources_digest: str, root: Optional[Path] = None) -> Path:
     """The image side, copied read-only for containers, by its sources' digest."""
     return state("probe", sources_digest.split(":", 1)[-1][:16], root=root)
+
+
+def probe_runs(root: Optional[Path] = None) -> Path:
+    """Private folders, one per probe run, holding exactly the bytes that run mounts (qualification/staging.py)."""
+    return state("probe-runs", root=root)
+
+
+def trust_state(root: Optional[Path] = None) -> Path:
+    """The promoter's high-water marks: QUALIFY_TRUST_DIR, else STATE_DIR/trust (STATE_NEVER_REMOVED)."""
+    chosen = os.environ.get("QUALIFY_TRUST_DIR", "")
+    return Path(chosen) if chosen and root is None else state("trust", root=root)
 
 
 def staged_decoders(key: str, root: Optional[Path] = None) -> Path:

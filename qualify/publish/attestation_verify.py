@@ -162,9 +162,11 @@ def verify_image(image: str, key, require_pass: bool = False) -> ImageVerifyResu
     chosen = [payload for ptype, payload, _ in good
               if ptype == mf.PREDICATE_TYPE and hashlib.sha256(payload).hexdigest() == release.statement_sha256]
     if not chosen:
+        why = f" (layers that did not verify: {'; '.join(errors)})" if errors else ""
         raise VerificationError(f"{att_ref}: no signed qualification statement is the one release "
-                                f"{release.describe()} names (sha256 {release.statement_sha256[:12]}...)",
-                                hint="publish the release again: nox -s publish -- TAG")
+                                f"{release.describe()} names (sha256 {release.statement_sha256[:12]}...){why}",
+                                hint="publish the release again: nox -s publish -- TAG" if not errors else
+                                "a layer beside it is damaged or forged (see why above); publish the release again")
     where = f"qualification statement at {att_ref}"
     released = hashlib.sha256(mf.with_subject_name(chosen[0], release.manifest_subject, where)).hexdigest()
     if released != release.manifest_sha256:

@@ -42,7 +42,8 @@ from qualify.host.registry import Registry
 from qualify.imagebuild import image, wheelhouse
 from qualify.publish import dsse, imagefs, oci, referrers, sbom, slsa, supersede
 from qualify.release import records as rec
-from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, VerifiedTarget, read_release, write_signed_files
+from qualify.release.folder import KeyAnchor, TrustedKey, VerifiedRelease, VerifiedTarget, read_release
+from qualify.release.journal import release_lock, write_signed_files
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
@@ -311,6 +312,11 @@ class Published:
 def publish(opts: PublishOptions, progress: Progress = stderr_progress) -> Published:
     if not opts.release_dir.is_dir():
         raise ConfigError(f"{opts.release_dir}: no such release folder", hint="run `nox -s release -- TAG` first")
+    with release_lock(opts.release_dir):  # the folder's one writer at a time (release, promote, publish)
+        return _publish(opts, progress)
+
+
+def _publish(opts: PublishOptions, progress: Progress) -> Published:
     key = cosign_keys.load_private_key(formats._read(opts.key, "private key"), opts.password, what=str(opts.key))
     formats._require_p256(key, str(opts.key))
     release = read_signed_release(opts, key)

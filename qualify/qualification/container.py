@@ -7,6 +7,10 @@ target is passed as JSON, so nothing in the image reads the targets file.
 The container gets no network and one writable directory for its output,
 an init process as PID 1 (`--init`), and runs the image's own python3, so it
 qualifies what users will run.
+
+What is mounted is staged fresh for each run into a private folder, and the
+run records the digest of that copy (`ProbeRun.probe_sha256`), never the digest
+of a checkout it might differ from (staging.py: private_run, copy_probe).
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from qualify.config.targets import Target
-from qualify.core import fsutil
 from qualify.core.errors import EngineError
 from qualify.core.readlimit import MANIFEST_LIMIT, read_small, strict_json
 from qualify.core.report import Reporter
@@ -59,30 +63,44 @@ def probe_sources_digest(root: Path = PACKAGE_ROOT) -> str:
 
 
 def stage_probe(digest: str) -> Path:
-    """A read-only copy of the image side + pyelftools to mount into images."""
-    import elftools
+    """A read-only copy of the image side + pyelftools to mount or bundle (probe bundles, vllm-rules), by the
+    digest of its sources. An existing stage is used only when it is exactly this probe (staging.stage_problem:
+    re-hashed, nothing writable by others); otherwise it is staged again."""
+    from qualify.qualification import staging
 
     dest = paths.probe_stage(digest)
-    if (dest / "qualify" / "probe" / "__main__.py").exists():
-        # A stage made before images ran as a non-root user was 0700: made readable once.
-        return dest if fsutil.others_can_read(dest) else fsutil.readable_by_all(dest)
+    if dest.exists() or dest.is_symlink():
+        problem = staging.stage_problem(dest, digest)
+        if not problem:
+            return dest
+        REPORT.say(f"the staged probe {dest} is not this checkout's ({problem}): staging it again")
+        aside = workdirs.make("probe-stale")
+        dest.rename(aside / "stage")
+        shutil.rmtree(aside, ignore_errors=True)
     tmp = workdirs.make("probe")  # a kill before the rename leaves it to `clean` (host/workdirs.py)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    (tmp / "qualify").mkdir()
-    for name in IMAGE_SIDE:
-        src = PACKAGE_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, tmp / "qualify" / name, ignore=ignore)
-        else:
-            shutil.copy2(src, tmp / "qualify" / name)
-    shutil.copytree(Path(elftools.__file__).parent, tmp / "elftools", ignore=ignore)
-    fsutil.readable_by_all(tmp)  # the image's user is not root
+    copied = staging.copy_probe(tmp / "stage")
+    if copied != digest:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EngineError(f"the probe's sources changed while they were staged ({copied}, expected {digest})",
+                          hint="run again once the checkout is not being edited")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        tmp.rename(dest)
-    except OSError:  # another process staged the same digest first
-        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "stage").rename(dest)
+    except OSError:  # another process staged the same digest first: checked like any existing stage
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    problem = staging.stage_problem(dest, digest)
+    if problem:
+        raise EngineError(f"the staged probe {dest} is not this checkout's: {problem}")
     return dest
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe run: its predicate, and the sources digest of the image side the host mounted for it."""
+
+    predicate: Dict[str, Any] = field(repr=False)
+    probe_sha256: str
 
 
 def _forward_progress(line: str) -> None:
@@ -138,15 +156,28 @@ def _engine_problem(said: str, image: str) -> Optional[EngineError]:
 
 
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
-              timeout: float = 900, origin: str = "built") -> Dict[str, Any]:
+              timeout: float = 900, origin: str = "built") -> ProbeRun:
     """The probe's predicate, from a throw-away container of `image`, with the decoders for its python3
-    staged beside it (qualification/staging.py). `origin` "external": an image this toolkit did not build,
-    judged by what it holds rather than against our wiring."""
+    staged beside it (qualification/staging.py), and the digest of the probe that was mounted. `origin`
+    "external": an image this toolkit did not build, judged by what it holds rather than against our wiring."""
     from qualify.qualification import staging
 
-    mount = stage_probe(probe_sources_digest())
     tag, version = interpreter(engine, image, target.platform)
-    staged_dir = staging.stage(tag)
+    with staging.private_run() as run:
+        mounted = staging.copy_probe(run / "probe")
+        staged_dir = staging.decoders_into(tag, run / "staged")
+        predicate = _run_in(engine, image, target, scope, gpus, timeout, origin, run / "probe", staged_dir, version,
+                            tag)
+    toolkit = predicate.get("toolkit")
+    said = toolkit.get("probe_sha256") if isinstance(toolkit, dict) else None
+    if said is not None and said != mounted:
+        raise EngineError(f"the probe in {image} reports its sources as {said}, but the host mounted {mounted}: "
+                          "the image changed what ran", hint="qualify an image that does not shadow the probe")
+    return ProbeRun(predicate, mounted)
+
+
+def _run_in(engine: Engine, image: str, target: ProbeTarget, scope: str, gpus: Optional[str], timeout: float,
+            origin: str, mount: Path, staged_dir: Optional[Path], version: str, tag: str) -> Dict[str, Any]:
     if staged_dir is None:
         REPORT.say(f"no decoder wheels for {tag} (python {version}): compressed containers stay unknown")
     mounts = [(str(mount), CONTAINER_ROOT, "ro")]

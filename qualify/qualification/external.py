@@ -189,13 +189,13 @@ def default_path(target: str, img: ExternalImage) -> Path:
     return EXTERNAL_DIR / f"{target}-{img.digest.split(':', 1)[1][:16]}.json"
 
 
-def assemble(img: ExternalImage, predicate: Mapping[str, Any]) -> Dict[str, Any]:
+def assemble(img: ExternalImage, run: container.ProbeRun) -> Dict[str, Any]:
     """The Statement about `img`: what the probe found, the image as its config says, and no build facts."""
-    predicate = dict(predicate)
+    predicate = dict(run.predicate)
     predicate["image"] = img.to_predicate()
     predicate["base"] = {"kind": "unknown"}
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "source_revision": provenance.revision(),
-                            "probe_sha256": container.probe_sources_digest()}
+                            "probe_sha256": run.probe_sha256}
     doc = manifest.statement(img.name, img.digest, predicate)
     validate(doc)
     return doc
@@ -215,13 +215,13 @@ def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *
             REPORT.say(f"profile {chosen} (detected: {'vLLM is' if chosen == Profile.VLLM else 'no vLLM'} "
                   "installed)")
         emulated = target.platform != engine.native_platform()
-        predicate = container.run_probe(engine, img.reference, container.probe_target(target, chosen.value, emulated),
-                                        gpus=gpus, origin=ORIGIN)
+        run = container.run_probe(engine, img.reference, container.probe_target(target, chosen.value, emulated),
+                                  gpus=gpus, origin=ORIGIN)
     except EngineError as exc:  # name the image as it was asked for (a local image runs by its bare id)
         if img.requested in exc.message:
             raise
         raise EngineError(f"--image {img.requested}: {exc.message}", hint=exc.hint) from None
-    doc = assemble(img, predicate)
+    doc = assemble(img, run)
     path = write_atomic(out or default_path(target.name, img), manifest.dumps(doc))
     REPORT.say(f"{path} ({time.monotonic() - start:.1f} s)")
     return Qualified(path, manifest.Manifest.from_statement(doc, str(path)))

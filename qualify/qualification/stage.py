@@ -20,7 +20,7 @@ from qualify.core.report import Reporter
 from qualify.host import paths, provenance
 from qualify.host.engine import Engine
 from qualify.imagebuild import image
-from qualify.qualification.container import probe_sources_digest, probe_target, run_probe
+from qualify.qualification.container import ProbeRun, probe_sources_digest, probe_target, run_probe
 
 REPORT = Reporter("qualify")
 
@@ -36,14 +36,14 @@ def validate(doc: Dict[str, Any]) -> None:
         raise QualifyError(f"manifest does not match {paths.HERE.schema.name} at /{where}: {first.message}")
 
 
-def assemble(record: image.BuildRecord, predicate: Dict[str, Any]) -> Dict[str, Any]:
-    predicate = dict(predicate)
+def assemble(record: image.BuildRecord, run: ProbeRun) -> Dict[str, Any]:
+    predicate = dict(run.predicate)
     predicate["image"] = {"reference": record.image_reference, "digest": record.digest, "id": record.image_id,
                           "tag": record.image_tag, "origin": Origin.BUILT, "labels": record.labels}
     predicate["base"] = {"kind": record.base_kind, "image": record.base_image}
     predicate["build"] = {"engine": record.engine, "builder": record.builder, "seconds": record.build_seconds}
     predicate["toolkit"] = {**predicate.get("toolkit", {}), "source_revision": provenance.revision(),
-                            "probe_sha256": probe_sources_digest()}
+                            "probe_sha256": run.probe_sha256}  # the digest of what was mounted
     doc = manifest.statement(record.image_reference.split("@", 1)[0], record.digest, predicate)
     validate(doc)
     return doc
@@ -83,8 +83,8 @@ def qualify(tf: TargetsFile, record: image.BuildRecord, engine: Engine, force: b
         return existing
     start = time.monotonic()
     emulated = target.platform != engine.native_platform()
-    predicate = run_probe(engine, record.image_reference, probe_target(target, record.profile, emulated))
-    doc = assemble(record, predicate)
+    run = run_probe(engine, record.image_reference, probe_target(target, record.profile, emulated))
+    doc = assemble(record, run)
     data = manifest.dumps(doc)
     path = write_atomic(qualified_path(record), data)
     write_atomic(paths.HERE.release_input(record.target), data)

@@ -14,6 +14,7 @@ from qualify.core.readlimit import MANIFEST_LIMIT, read_small
 from qualify.core.report import Progress
 from qualify.host import paths
 from qualify.imagebuild import image
+from qualify.release import policy
 from qualify.release.model import Candidate, ReleasedTarget, ReleaseOptions, Withheld
 from qualify.release.verify import ImageResolver, match_digest
 
@@ -45,6 +46,10 @@ def _policy_reason(m: mf.Manifest, min_level: str) -> Optional[str]:
         return "verdict is fail"
     if m.problems:
         return "damaged manifest: " + "; ".join(m.problems)
+    if mf.LEVEL_RANK[m.support_level] > mf.LEVEL_RANK["experimental"]:
+        return (f"support level {m.support_level} without the promotion rule: a release ships at most experimental, "
+                "and baseline comes only from `qualify promote` (the signed rule's consecutive passes on the "
+                "target's GPU); re-qualify the image with this toolkit")
     if mf.LEVEL_RANK[m.support_level] < mf.LEVEL_RANK[min_level]:
         return f"support level {m.support_level} is below --min-level {min_level}"
     return None
@@ -91,7 +96,8 @@ def assess(c: Candidate, min_level: str, resolve: ImageResolver, repo: Optional[
     except VerificationError as exc:
         return Withheld(c.target, f"{exc.message} (the registry serves {served} for {reference})")
     return ReleasedTarget(c.target, reference, served, hashlib.sha256(c.data).hexdigest(), m.support_level,
-                          m.verdict, m.source_revision, m.capability, m.platform, m.profile)
+                          m.verdict, m.source_revision, m.capability, m.platform, m.profile,
+                          policy.recorded_intended(m.predicate) or "")
 
 
 def assess_all(candidates: List[Candidate], opts: ReleaseOptions, resolve: ImageResolver,

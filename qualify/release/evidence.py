@@ -96,20 +96,21 @@ class Evidence:
         return parse_time(self.time, "time")
 
 
-def identity(image_digest: str, probe_sources_digest: str, gpu_uuid_sha256: str, host: str, run_id: str,
+def identity(image_digest: str, probe_sources_digest: str, gpu_uuid_sha256: str, host_id_sha256: str, run_id: str,
              time: str) -> str:
-    """A run's identity, the same however its record is serialised: image, probe, GPU, who vouches for it
-    (the enrolled host's name, or `unsigned:` and the hashed host id), the probe's run id and the time
-    (normalised: parsed, written as UTC). The one identity function of promote and merge."""
+    """A run's identity, the same however its record is serialised and whoever vouches for it: image, probe,
+    GPU, the machine (its hashed host id, as the run recorded it: never an enrolled name, which a hosts.json
+    edit can change), the probe's run id and the time (parsed, written as UTC). The one identity function of
+    promote and merge."""
     fields = {"image_digest": image_digest, "probe_sources_digest": probe_sources_digest,
-              "gpu_uuid_sha256": gpu_uuid_sha256, "host": host, "run_id": run_id,
+              "gpu_uuid_sha256": gpu_uuid_sha256, "host_id_sha256": host_id_sha256, "run_id": run_id,
               "time": normal_time(time, "time")}
     return hashlib.sha256(canonical_json(fields)).hexdigest()
 
 
-def record_identity(record: Evidence, host: str = "") -> str:
+def record_identity(record: Evidence) -> str:
     return identity(record.image_digest, record.probe_sources_digest, record.gpu.uuid_sha256,
-                    host or f"unsigned:{record.host_id_sha256}", record.run_id, record.time)
+                    record.host_id_sha256, record.run_id, record.time)
 
 
 def hashed(text: str) -> str:
@@ -178,9 +179,10 @@ def _named(checks: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(f"{c.get('id')}: {c.get('status')}: {c.get('reason', '')}" for c in checks)
 
 
-def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str) -> ProbeOutcome:
-    """Seed 000's outcome of one run, by an allow-list over the GPU checks this toolkit requires
-    (probe/gpu.py: REQUIRED_GPU_CHECKS), whatever the record says about `required`:
+def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str,
+               required: Sequence[str] = REQUIRED_GPU_CHECKS) -> ProbeOutcome:
+    """Seed 000's outcome of one run, by an allow-list over the GPU checks required (probe/gpu.py:
+    REQUIRED_GPU_CHECKS; promote passes the release's signed list), whatever the record says about `required`:
 
     - a required check that failed: a product failure;
     - every required check present and `pass`, on a GPU of the target's capability: a pass;
@@ -188,20 +190,21 @@ def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capabi
       which proves nothing either way and is never a pass.
     """
     gpu_checks = [c for c in checks if str(c.get("id", "")).startswith("gpu.")]
-    by_id = {str(c.get("id")): c for c in gpu_checks}
-    failed = [by_id[i] for i in REQUIRED_GPU_CHECKS if i in by_id and by_id[i].get("status") == "fail"]
+    listed = [c for c in checks if str(c.get("id", "")) in required]
+    # A check listed twice: every entry counts (the worst decides), never just the last one.
+    failed = [c for c in listed if c.get("status") == "fail"]
     if failed:
         return ProbeOutcome(Outcome.PRODUCT_FAILURE, _named(failed), gpu_checks)
-    missing = [i for i in REQUIRED_GPU_CHECKS if i not in by_id]
+    missing = [i for i in required if not any(str(c.get("id")) == i for c in listed)]
     if missing:
         return ProbeOutcome(Outcome.INFRASTRUCTURE, f"required GPU checks missing: {', '.join(missing)}", gpu_checks)
-    unpassed = [by_id[i] for i in REQUIRED_GPU_CHECKS if by_id[i].get("status") != "pass"]
+    unpassed = [c for c in listed if c.get("status") != "pass"]
     if unpassed:
         return ProbeOutcome(Outcome.INFRASTRUCTURE, _named(unpassed), gpu_checks)
     if seen_capability != capability:
         return ProbeOutcome(Outcome.INFRASTRUCTURE,
                             f"the probe saw capability {seen_capability or 'none'}, not {capability}", gpu_checks)
-    return ProbeOutcome(Outcome.PASS, f"{len(REQUIRED_GPU_CHECKS)} required GPU checks passed", gpu_checks)
+    return ProbeOutcome(Outcome.PASS, f"{len(required)} required GPU checks passed", gpu_checks)
 
 
 def probe_outcome(predicate: Mapping[str, Any], capability: str) -> ProbeOutcome:
@@ -234,6 +237,11 @@ def _valid_checks(checks: Any, where: str) -> Tuple[Mapping[str, Any], ...]:
         at = "/".join(str(p) for p in errors[0].absolute_path)
         raise EvidenceError(f"{where}: checks/{at}: {errors[0].message}",
                             hint="hand in the file start.sh or the probe wrote, unchanged")
+    ids = [c["id"] for c in checks]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise EvidenceError(f"{where}: check {twice[0]!r} is listed {ids.count(twice[0])} times; a run reports each "
+                            "check once", hint="hand in the file start.sh or the probe wrote, unchanged")
     return tuple(checks)
 
 
@@ -397,11 +405,13 @@ class Signed:
 
     @property
     def identity(self) -> str:
-        return record_identity(self.record, self.host)
+        return record_identity(self.record)
 
 
 def signed_by(hosts, data: bytes, signature: Optional[bytes], bundle: Optional[bytes]) -> Tuple[str, str]:
-    """(the enrolled host whose signature verifies `data`, "") or ("", why none does)."""
+    """(the enrolled host whose signature verifies `data`, "") or ("", why none does). A signature that an
+    enrolled key makes, with a bundle beside it that does not hold (another file's bundle, another key), is an
+    EvidenceError naming the bundle: the cause is the bundle, not who signed."""
     from qualify.release.folder import TrustedKey, check_bundle, verify_blob
 
     if signature is None and bundle is None:
@@ -416,12 +426,19 @@ def signed_by(hosts, data: bytes, signature: Optional[bytes], bundle: Optional[b
         tried.append(host.name)
         try:
             if signature is not None:
-                verify_blob(key, data, signature, bundle, "evidence")
+                verify_blob(key, data, signature, None, "evidence")
             else:
                 check_bundle(key, data, bundle, "evidence")
-            return host.name, ""
         except QualifyError:
             continue
+        if signature is not None and bundle is not None:
+            try:
+                check_bundle(key, data, bundle, "evidence bundle")
+            except QualifyError as exc:
+                raise EvidenceError(f"its .sig verifies with enrolled host {host.name}'s key, but its bundle does not "
+                                    f"hold: {exc.message}", hint="hand in the evidence with its own .sigstore.json "
+                                    "(or without one), as the host signed it") from None
+        return host.name, ""
     return "", (f"its signature is not from an enrolled host (tried {', '.join(tried)})" if tried
                 else "no host is enrolled (python -m qualify hosts add NAME --key HOST.pub)")
 
@@ -460,7 +477,10 @@ def read_signed(path: Path, release: str, hosts, allow_unsigned: bool) -> Signed
         if sig_path.exists() else None
     bundle = read_small(bundle_path, BUNDLE_LIMIT, "evidence bundle", EvidenceError) if bundle_path.exists() else None
     record = from_bytes(data, release, str(path))
-    host, why = signed_by(hosts, data, signature, bundle)
+    try:
+        host, why = signed_by(hosts, data, signature, bundle)
+    except EvidenceError as exc:
+        raise EvidenceError(f"{path}: {exc.message}", hint=exc.hint) from None
     if not host and not allow_unsigned:
         raise EvidenceError(f"{path}: not evidence from an enrolled host: {why}",
                             hint="sign evidence on the GPU host (EVIDENCE_SIGNING_KEY in .env, gpu-evidence --sign-key) "

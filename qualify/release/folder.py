@@ -10,30 +10,33 @@ a symlink, only as a regular file and within its size limit (core/readlimit):
 2. `release.json` (+ `.sig`, and its Sigstore bundle when present: digest, algorithm and key hint
    checked too), parsed strictly into a ReleaseIndex whose tag must be the folder's name.
 3. per target it lists: `<target>.promotion.json` when present (a promotion of this release: its
-   release sha256 and target must be this one's), then `<target>.json`, whose sha256 must be the one
-   the promotion record (else release.json) names, whose signature must verify, and whose target,
-   digest, capability and platform must be what release.json says.
+   release sha256 and target must be this one's) and the ledger behind it: every record it replaced,
+   kept as `<target>.promotion.<sequence>.json`, each signed, each the one its successor names by
+   sha256, exactly sequences 1 to n-1 (a kept record at or above the current one means the current
+   record was restored from an older state; a missing one, that the ledger was cut); then
+   `<target>.json`, whose sha256 must be the one the promotion record (else release.json) names, whose
+   signature must verify, and whose target, digest, capability and platform must be what release.json says.
 4. `published.json` when present: signed, bound to this release.json by its sha256, naming the
    released digests only.
+
+A journal of a killed write (release/journal.py) is checked by reading the folder with the journal's
+files laid over it (`overlay`): it is finished only when that view verifies.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
-from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.core.readlimit import BUNDLE_LIMIT, KEY_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, Folder, open_folder, read_small
+from qualify.release import policy as pol
 from qualify.release import records as rec
-from qualify.release.order import ReleaseOrder, tag_problem
+from qualify.release.order import SEMVER, ReleaseOrder, tag_problem
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
@@ -155,10 +158,18 @@ class VerifiedTarget:
     manifest_bytes: bytes = field(repr=False)
     promotion: Optional[rec.PromotionRecord] = None
     promotion_sha256: Optional[str] = None
+    promotion_bytes: bytes = field(default=b"", repr=False)  # the current record as read (promote keeps it)
+    # The promotion ledger as far as it is known, oldest first: (sequence, sha256) of every kept record and
+    # the current one (a ledger that began with a promotion/v2 record starts at that record).
+    chain: Tuple[Tuple[int, str], ...] = ()
 
     @property
     def target(self) -> str:
         return self.entry.target
+
+    def chain_sha256(self, sequence: int) -> Optional[str]:
+        """The sha256 of promotion `sequence` in this ledger; None where the ledger does not reach back that far."""
+        return dict(self.chain).get(sequence)
 
     @property
     def manifest_sha256(self) -> str:
@@ -198,6 +209,12 @@ class VerifiedRelease:
         promotion = self.target(target).promotion_sequence if target else 0
         return ReleaseOrder.of(self.tag, self.index.sequence, promotion)
 
+    def rule(self, target: str) -> pol.TargetRule:
+        """The promotion rule for `target`, from signed data only: release.json's policy (else the implied
+        rule of an older release), the entry's capability and platform."""
+        t = self.target(target)
+        return pol.rule(self.index.policy, target, t.entry.capability, t.entry.platform, t.manifest.predicate)
+
     def published_reference(self, target: str) -> Optional[str]:
         image = self.publication.image(target) if self.publication else None
         return image.reference if image else None
@@ -208,11 +225,43 @@ def _fail(where: str, what: str, hint: str = "restore the release folder from th
     return VerificationError(f"signature check failed: {where}: {what}", hint=hint)
 
 
-def _read_target(folder: Folder, entry: rec.ReleasedEntry, index: rec.ReleaseIndex, index_sha: str,
-                 key: TrustedKey) -> VerifiedTarget:
+def _read_chain(folder: Folder, key: TrustedKey, kept: Dict[int, str], promotion: rec.PromotionRecord,
+                promotion_sha: str, where: str) -> Tuple[Tuple[int, str], ...]:
+    """The ledger behind the current record: each kept record read once, signed, named by its successor."""
+    chain, successor = [(promotion.sequence, promotion_sha)], promotion
+    while not successor.legacy and successor.sequence > 1:
+        sequence = successor.sequence - 1
+        name = kept.pop(sequence, None)
+        if name is None:
+            raise _fail(where, f"the promotion ledger is cut: {rec.history_file(promotion.target, sequence)}, the "
+                        f"record promotion {successor.sequence} replaced, is missing",
+                        hint="restore the release folder (every <target>.promotion.<n>.json) from where it was promoted")
+        data = _read_signed(folder, name, RECORD_LIMIT, key, "kept promotion record")
+        record = rec.PromotionRecord.parse(data, str(folder.path / name))
+        if sha256(data) != successor.previous_sha256 or record.sequence != sequence or \
+                (record.release, record.release_sha256, record.target) != \
+                (promotion.release, promotion.release_sha256, promotion.target):
+            raise _fail(str(folder.path / name), f"not the promotion {sequence} that promotion {successor.sequence} "
+                        "names (sha256, sequence, release or target differ): the ledger was rewritten",
+                        hint="restore the release folder from where it was promoted")
+        chain.append((sequence, sha256(data)))
+        successor = record
+    if kept:
+        newest = max(kept)
+        raise _fail(where, f"{kept[newest]} is kept as a replaced record, but the current record is promotion "
+                    f"{promotion.sequence}: " + ("the current record was restored from an older state (a demotion "
+                                                  "undone?)" if newest >= promotion.sequence else
+                                                  "a kept record the ledger does not lead to"),
+                    hint="restore the release folder from where it was promoted; never copy old promotion files back")
+    return tuple(sorted(chain))
+
+
+def _read_target(folder: Folder, names: Sequence[str], entry: rec.ReleasedEntry, index: rec.ReleaseIndex,
+                 index_sha: str, key: TrustedKey) -> VerifiedTarget:
     where = str(folder.path / entry.manifest_file)
-    promotion, promotion_sha = None, None
+    promotion, promotion_sha, chain, data = None, None, (), b""
     promotion_name = rec.promotion_file(entry.target)
+    kept = {int(m.group(2)): n for n in names if (m := rec.HISTORY.fullmatch(n)) and m.group(1) == entry.target}
     if folder.exists(promotion_name):
         data = _read_signed(folder, promotion_name, RECORD_LIMIT, key, "promotion record")
         promotion, promotion_sha = rec.PromotionRecord.parse(data, str(folder.path / promotion_name)), sha256(data)
@@ -220,6 +269,12 @@ def _read_target(folder: Folder, entry: rec.ReleasedEntry, index: rec.ReleaseInd
             raise _fail(str(folder.path / promotion_name),
                         f"a promotion of {promotion.target} in release {promotion.release}, not of {entry.target} in "
                         f"this release {index.tag} (release.json sha256 {index_sha[:12]}...)")
+        chain = _read_chain(folder, key, kept, promotion, promotion_sha, str(folder.path / promotion_name))
+    elif kept:
+        raise _fail(str(folder.path / promotion_name), f"missing, but {len(kept)} replaced promotion record(s) of "
+                    f"{entry.target} are kept ({kept[max(kept)]}...): the current record was removed",
+                    hint="restore the release folder from where it was promoted")
+    promotion_bytes = data
     data = folder.read(entry.manifest_file, MANIFEST_LIMIT, "manifest", VerificationError)
     expected = promotion.manifest_sha256 if promotion else entry.manifest_sha256
     if sha256(data) != expected:
@@ -240,7 +295,7 @@ def _read_target(folder: Folder, entry: rec.ReleasedEntry, index: rec.ReleaseInd
                     f"{entry.platform})")
     if promotion and manifest.support_level != promotion.level:
         raise _fail(where, f"says level {manifest.support_level}, its promotion record {promotion.level}")
-    return VerifiedTarget(entry, manifest, data, promotion, promotion_sha)
+    return VerifiedTarget(entry, manifest, data, promotion, promotion_sha, promotion_bytes, chain)
 
 
 def _read_publication(folder: Folder, release: rec.ReleaseIndex, index_sha: str, key: TrustedKey,
@@ -263,34 +318,83 @@ def _read_publication(folder: Folder, release: rec.ReleaseIndex, index_sha: str,
     return publication
 
 
-def read_release(path: Path, anchor: KeyAnchor = KeyAnchor()) -> VerifiedRelease:
-    """Read and verify the release folder at `path`, once. VerificationError says what does not verify."""
+class _Layered:
+    """A folder with a journal's files laid over it: what the folder will hold once the journal is finished."""
+
+    def __init__(self, base: Folder, top: Folder) -> None:
+        self.base, self.top, self.path = base, top, base.path
+
+    def names(self, error) -> list:
+        return sorted(set(self.base.names(error)) | set(self.top.names(error)))
+
+    def exists(self, name: str) -> bool:
+        return self.top.exists(name) or self.base.exists(name)
+
+    def read(self, name: str, *a, **kw) -> bytes:
+        return (self.top if self.top.exists(name) else self.base).read(name, *a, **kw)
+
+
+def read_release(path: Path, anchor: KeyAnchor = KeyAnchor(), overlay: Optional[Path] = None) -> VerifiedRelease:
+    """Read and verify the release folder at `path`, once. VerificationError says what does not verify.
+    `overlay`: a journal folder whose files are read instead of the folder's (journal.recover_journals)."""
     path = Path(path)
     problem = tag_problem(path.name)
     if problem:
         raise VerificationError(f"{path}: its name is {problem}, so it is no release folder")
     with open_folder(path, "release folder", VerificationError,
-                     missing_hint="check the release out (git checkout TAG) or fetch its files") as folder:
-        key = anchor.accept(folder.read(rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key", VerificationError,
-                                        missing_hint="restore the release folder from the release tag"),
-                            str(path / rec.PUBLIC_KEY_FILE))
-        data = _read_signed(folder, rec.INDEX_FILE, RECORD_LIMIT, key, "release index")
-        where = str(path / rec.INDEX_FILE)
-        index = rec.ReleaseIndex.parse(data, where)
-        if index.tag != path.name:
-            raise _fail(where, f"is the index of release {index.tag}, but the folder is named {path.name!r}: a signed "
-                        "release is valid only under its own tag", hint=f"use manifests/{index.tag}/, or restore it")
-        if index.key_fingerprint != key.fingerprint or index.file_sha256(rec.PUBLIC_KEY_FILE) != sha256(key.pem):
-            raise _fail(where, f"names release key {index.key_fingerprint}, not the folder's {key.fingerprint}")
-        index_sha = sha256(data)
-        targets = tuple(_read_target(folder, e, index, index_sha, key) for e in index.targets)
-        publication = _read_publication(folder, index, index_sha, key, {t.target: t for t in targets})
+                     missing_hint="check the release out (git checkout TAG) or fetch its files") as base:
+        if overlay is None:
+            return _read_open(path, base, anchor)
+        with open_folder(overlay, "journal", VerificationError) as top:
+            return _read_open(path, _Layered(base, top), anchor)
+
+
+def _read_open(path: Path, folder, anchor: KeyAnchor) -> VerifiedRelease:
+    key = anchor.accept(folder.read(rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key", VerificationError,
+                                    missing_hint="restore the release folder from the release tag"),
+                        str(path / rec.PUBLIC_KEY_FILE))
+    data = _read_signed(folder, rec.INDEX_FILE, RECORD_LIMIT, key, "release index")
+    where = str(path / rec.INDEX_FILE)
+    index = rec.ReleaseIndex.parse(data, where)
+    if index.tag != path.name:
+        raise _fail(where, f"is the index of release {index.tag}, but the folder is named {path.name!r}: a signed "
+                    "release is valid only under its own tag", hint=f"use manifests/{index.tag}/, or restore it")
+    if index.key_fingerprint != key.fingerprint or index.file_sha256(rec.PUBLIC_KEY_FILE) != sha256(key.pem):
+        raise _fail(where, f"names release key {index.key_fingerprint}, not the folder's {key.fingerprint}")
+    index_sha = sha256(data)
+    names = folder.names(VerificationError)
+    targets = tuple(_read_target(folder, names, e, index, index_sha, key) for e in index.targets)
+    publication = _read_publication(folder, index, index_sha, key, {t.target: t for t in targets})
     return VerifiedRelease(path, index, index_sha, key, targets, publication)
 
 
 def is_release_folder(path: Path) -> bool:
     """Whether `path` looks like a release folder (it has a release.json); reading it decides the rest."""
     return not tag_problem(path.name) and (path / rec.INDEX_FILE).exists()
+
+
+def release_files_in(path: Path, manifests: bool = False) -> List[str]:
+    """The files in `path` that only a release (or its promotion, publication or evidence) writes: a folder
+    holding any of them is a release folder, whether or not its release.json is still there. `manifests`: signed
+    target manifests and cosign.pub count too (for tag-named folders under the releases folder, where nothing
+    else puts them)."""
+    try:
+        with open_folder(path, "folder", VerificationError) as f:
+            names = f.names(VerificationError)
+    except VerificationError:
+        return []
+    marks = {rec.INDEX_FILE, *signed_names(rec.INDEX_FILE), *signed_names(rec.PUBLICATION_FILE), "evidence"}
+    if manifests:
+        marks.add(rec.PUBLIC_KEY_FILE)
+    return [n for n in names if n in marks or n.endswith(rec.PROMOTION_SUFFIX) or rec.HISTORY.fullmatch(n)
+            or (manifests and n.endswith(".json" + formats.SIGNATURE_SUFFIX)
+                and mf.TARGET_NAME.fullmatch(n.split(".", 1)[0]))]
+
+
+def in_release_folder(path: Path) -> bool:
+    """Whether a file lies in a release folder: one named as a version tag, or holding release files."""
+    folder = Path(path).parent
+    return bool(SEMVER.fullmatch(folder.name) or release_files_in(folder))
 
 
 # --- choosing among releases -------------------------------------------------------------------
@@ -307,7 +411,8 @@ class Listing:
 
 
 def list_releases(root: Path, anchor: KeyAnchor = KeyAnchor(), target: Optional[str] = None) -> Listing:
-    """Every release folder under `root` (for `target`, when given), each read and verified once."""
+    """Every release folder under `root` (for `target`, when given), each read and verified once. A tag-named
+    folder that holds a release's files but no release.json is broken (its index was removed), not ignored."""
     root = Path(root)
     found, broken, ignored = [], [], []
     if not root.is_dir():
@@ -319,7 +424,12 @@ def list_releases(root: Path, anchor: KeyAnchor = KeyAnchor(), target: Optional[
             ignored.append((name, "not a tag name"))
             continue
         if not is_release_folder(root / name):
-            ignored.append((name, "no release.json"))
+            left = release_files_in(root / name, manifests=True) if not (root / name).is_symlink() else []
+            if not left:
+                ignored.append((name, "no release.json"))
+                continue
+            broken.append((name, f"it holds a release's files ({', '.join(left[:3])}) but no {rec.INDEX_FILE}: "
+                           "its index was removed, so nothing in it can be verified"))
             continue
         try:
             release = read_release(root / name, anchor)
@@ -332,7 +442,7 @@ def list_releases(root: Path, anchor: KeyAnchor = KeyAnchor(), target: Optional[
     return Listing(tuple(found), tuple(broken), tuple(ignored))
 
 
-# --- writing signed files ------------------------------------------------------------------------
+# --- what a release writes -------------------------------------------------------------------
 
 
 Sign = Callable[[Path], None]  # signs the file at a path: writes PATH.sig and PATH.sigstore.json beside it
@@ -340,73 +450,6 @@ Sign = Callable[[Path], None]  # signs the file at a path: writes PATH.sig and P
 
 def signed_names(name: str) -> Tuple[str, str, str]:
     return name, name + formats.SIGNATURE_SUFFIX, name + formats.BUNDLE_SUFFIX
-
-
-JOURNAL_PREFIX = ".signed-write-"
-COMPLETE = "COMPLETE"
-
-
-def write_signed_files(folder: Path, files: Sequence[Tuple[str, bytes]], sign: Sign, key: TrustedKey) -> List[str]:
-    """Write `files` and their signatures into `folder` so that they replace the old ones together.
-
-    Staged in a journal folder inside `folder`; each staged file is signed and its signature verified
-    with `key`; a COMPLETE marker is written; then the files are renamed into place. A run killed before
-    the marker leaves a journal that `recover_journals` deletes; one killed after it, a journal that it
-    finishes (roll forward). Readers verify every file, so a half-renamed set is refused, never trusted.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    recover_journals(folder)
-    journal = Path(tempfile.mkdtemp(prefix=JOURNAL_PREFIX, dir=str(folder)))
-    try:
-        for name, data in files:
-            staged = journal / name
-            staged.write_bytes(data)
-            sign(staged)
-            signature = (journal / (name + formats.SIGNATURE_SUFFIX)).read_bytes()
-            bundle_path = journal / (name + formats.BUNDLE_SUFFIX)
-            verify_blob(key, data, signature, bundle_path.read_bytes() if bundle_path.exists() else None, name)
-        _fsync_folder(journal)
-        killpoint.reached("signed-write:staged")
-        (journal / COMPLETE).write_bytes(b"")
-        _fsync_folder(journal)
-        return _finish(journal, folder)
-    except BaseException:
-        if not (journal / COMPLETE).exists():
-            shutil.rmtree(journal, ignore_errors=True)
-        raise
-
-
-def _finish(journal: Path, folder: Path) -> List[str]:
-    moved = sorted(p.name for p in journal.iterdir() if p.name != COMPLETE)
-    # Signatures first, the signed file last: a reader that races the renames refuses the pair.
-    for name in sorted(moved, key=lambda n: (not n.endswith((formats.SIGNATURE_SUFFIX, formats.BUNDLE_SUFFIX)), n)):
-        os.replace(journal / name, folder / name)
-        killpoint.reached("signed-write:renamed-one")
-    _fsync_folder(folder)
-    shutil.rmtree(journal, ignore_errors=True)
-    return moved
-
-
-def recover_journals(folder: Path) -> List[str]:
-    """Finish what a killed `write_signed_files` staged completely; delete what it did not. Returns notes."""
-    notes = []
-    for journal in sorted(folder.glob(JOURNAL_PREFIX + "*")) if folder.is_dir() else []:
-        if journal.is_symlink() or not journal.is_dir():
-            continue
-        if (journal / COMPLETE).exists():
-            notes.append(f"finished an interrupted write of {', '.join(_finish(journal, folder))}")
-        else:
-            shutil.rmtree(journal, ignore_errors=True)
-            notes.append(f"removed an interrupted write that had not completed ({journal.name})")
-    return notes
-
-
-def _fsync_folder(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def released_files(files: Mapping[str, bytes]) -> Tuple[Tuple[str, str], ...]:
@@ -430,13 +473,22 @@ def describe(listing: Listing) -> Dict[str, object]:
 # --- the enrolled hosts file --------------------------------------------------------------------
 
 
-def read_hosts(path: Path, key: TrustedKey) -> rec.EnrolledHosts:
+@dataclass(frozen=True)
+class VerifiedHosts:
+    """manifests/hosts.json as its signature vouches for it, and the sha256 of the bytes read."""
+
+    hosts: rec.EnrolledHosts
+    sha256: str
+    path: Path
+
+
+def read_hosts_file(path: Path, key: TrustedKey) -> VerifiedHosts:
     """manifests/hosts.json, read once and verified with the release key (refused otherwise)."""
     path = Path(path)
     with open_folder(path.parent, "folder of the enrolled-hosts file", VerificationError) as folder:
         data = _read_signed(folder, path.name, RECORD_LIMIT, key, "enrolled-hosts file")
-    return rec.EnrolledHosts.parse(data, str(path))
+    return VerifiedHosts(rec.EnrolledHosts.parse(data, str(path)), sha256(data), path)
 
 
-def write_hosts(path: Path, hosts: rec.EnrolledHosts, sign: Sign, key: TrustedKey) -> List[str]:
-    return write_signed_files(Path(path).parent, [(Path(path).name, hosts.to_bytes())], sign, key)
+def read_hosts(path: Path, key: TrustedKey) -> rec.EnrolledHosts:
+    return read_hosts_file(path, key).hosts

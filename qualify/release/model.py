@@ -31,6 +31,7 @@ class ReleaseOptions:
     dry_run: bool = False
     push: bool = False
     remote: str = DEFAULT_REMOTE
+    targets_file: Optional[Path] = None  # the policy's pass count and fallback intended levels (default: ours)
 
     @property
     def directory(self) -> Path:
@@ -79,6 +80,7 @@ class ReleasedTarget:
     capability: str = ""
     platform: str = ""
     profile: str = ""
+    intended_level: str = ""  # what the manifest recorded (policy.recorded_intended); "" when it did not
 
     def entry(self) -> rec.ReleasedEntry:
         """As release.json lists it."""

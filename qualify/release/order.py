@@ -59,6 +59,12 @@ class Version:
         return cls((int(major), int(minor), int(patch), pre_key), text)
 
 
+def is_prerelease(tag: str) -> bool:
+    """`v1.2.0-rc.1`: a version tag with a pre-release part (never chosen as "the newest" unless named)."""
+    version = Version.parse(tag)
+    return version is not None and version.key[3][0] == 0
+
+
 @dataclass(frozen=True, order=True)
 class ReleaseOrder:
     """Where a release stands: compare two with < and ==. `promotion` is the promotion record's sequence

@@ -1,19 +1,30 @@
 """Promotion by evidence (seed 000): a target becomes baseline after its required GPU checks pass
 in N consecutive runs on its own architecture without a product failure.
 
-Everything starts from verified state: the release is read through the one reader with the release key
-(the public half of `--key` must be the release's own key), so a manifest whose signature does not verify
-is refused, never re-signed. Evidence counts only when an enrolled host signed it (manifests/hosts.json,
-itself signed with the release key), or, loudly and on the record, with --allow-unsigned-evidence. Each
-record's outcome is recomputed from its checks (evidence.outcome_of), its time parsed, its identity
-semantic (the same run once, however it is serialised).
+Everything starts from verified state and signed policy. The release is read through the one reader with
+the release key (the public half of `--key` must be the release's own key), so a manifest whose signature
+does not verify is refused, never re-signed; the rule (N, the required GPU checks, the intended level, the
+capability and platform) is the release's own (`VerifiedRelease.rule`: release.json's policy, else the
+implied rule of an older release), never a targets file. Evidence counts only when an enrolled host signed
+it (manifests/hosts.json, signed with the release key), or, loudly and on the record, with
+--allow-unsigned-evidence. Each record's outcome is recomputed from its checks under the release's list of
+required checks, its time parsed, its identity semantic (the same run once, however it is serialised and
+whoever vouches for it).
 
-What counts is what an earlier promote accepted: the signed promotion record lists the sha256 of every
-accepted record kept under manifests/<tag>/evidence/<target>/; a file there that the record does not name
-does not count. Infrastructure outcomes neither count nor reset the run; a product failure resets it and
-demotes a promoted target. The rewritten manifest and the new promotion record (sequence one higher,
-naming the one it replaces) are written together (folder.write_signed_files: staged, signed, verified,
-then renamed; a killed promote is finished or undone by the next one).
+Serving evidence (issue 39, servecount.py): where the release's signed policy names serving checks for a level
+(`level_checks`), a run of a serving target counts toward it only with a verified serve-check record of the
+same deployment that passes them (the cpu target: the record alone); without one it does not count.
+
+The ledger only moves forward. Promote holds the release folder's lock and the hosts file's lock, finishes
+an interrupted write only when what it would make verifies (journal.release_check), and refuses a folder
+whose newest promotion record is older than what this host has seen (highwater.PromoterState: never
+cleaned) or whose kept records do not chain (folder.read_release), and an enrolled-hosts file older than the
+one this host, or the newest promotion record, saw. What counts is what an earlier promote accepted: the
+signed promotion record lists the sha256 of every accepted record kept under manifests/<tag>/evidence/
+<target>/; a file there that the record does not name never counts and is listed. A product failure always
+lowers the level. The rewritten manifest, the new promotion record (sequence one higher, naming the one it
+replaces) and the replaced record, kept as `<target>.promotion.<n>.json`, are written together
+(journal.write_signed_files: staged, signed, verified, re-checked, then renamed).
 """
 
 from __future__ import annotations
@@ -24,56 +35,67 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from qualify.config.targets import TargetsFile
+from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import read_small, strict_json
+from qualify.core.readlimit import open_folder, read_small, strict_json
 from qualify.release import evidence as ev
+from qualify.release import journal, servecount, serving
 from qualify.release import records as rec
-from qualify.release import servecount, serving
 from qualify.release.folder import (
     KeyAnchor,
     Sign,
     TrustedKey,
+    VerifiedHosts,
     VerifiedRelease,
     VerifiedTarget,
+    read_hosts_file,
     read_release,
-    recover_journals,
     sha256,
-    write_signed_files,
 )
+from qualify.release.highwater import PromoterState, RollbackError, Seen
+from qualify.release.policy import TargetRule
 from qualify.signing import formats
 
 EVIDENCE_DIR = "evidence"
+LOWER = {"optimized": "experimental", "baseline": "experimental", "experimental": "unverified"}
 
 
 @dataclass(frozen=True)
 class Counted:
-    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity; and, where
-    serving evidence counts (servecount.py), the serve-check record it counted with, and the outcome of both."""
+    """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity, and its
+    outcome under the release's rule; where serving evidence counts (servecount.py), the serve-check record
+    it counted with (its sha256 and record), why, and whether it lifts an unverified target."""
 
     record: ev.Evidence
     sha256: str
     host: str  # enrolled host name, or "unsigned"
     identity: str
+    outcome: ev.Outcome
     serving_sha256: Optional[str] = None
-    combined: Optional[servecount.Combined] = None  # None: the GPU evidence alone decides
-    served: Optional[serving.ServeRecord] = None  # the serve-check record `serving_sha256` names
+    served: Optional[serving.ServeRecord] = None
+    reason: Optional[str] = None  # None: the record's own
+    lifts: Optional[bool] = None  # None: a pass lifts
+    gpu_outcome: Optional[ev.Outcome] = None  # before serving evidence was weighed (None: `outcome` is it)
 
     @property
-    def outcome(self) -> ev.Outcome:
-        return self.combined.outcome if self.combined else self.record.outcome
-
-    @property
-    def lifts(self) -> bool:
-        return self.combined.lifts if self.combined else self.record.outcome is ev.Outcome.PASS
+    def own_outcome(self) -> ev.Outcome:
+        return self.gpu_outcome or self.outcome
 
     def summary(self) -> rec.CountedEvidence:
         r = self.record
         return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value,
-                                   self.combined.reason if self.combined else r.reason, r.gpu.name, r.gpu.driver,
+                                   r.reason if self.reason is None else self.reason, r.gpu.name, r.gpu.driver,
                                    self.host, tuple(sorted(r.figures.items())), self.serving_sha256)
+
+    def judged(self, rule: servecount.ServingRule) -> Counted:
+        """This GPU run under the serving rule, with the serve-check record of its deployment it holds."""
+        if not rule.counts_serving:
+            return self
+        own = self.own_outcome
+        c = servecount.combine(own, self.record.reason, [self.served] if self.served else [], rule)
+        return replace(self, outcome=c.outcome, reason=c.reason, lifts=c.lifts, gpu_outcome=own)
 
 
 @dataclass(frozen=True)
@@ -85,10 +107,11 @@ class Standing:
     note: str
 
 
-def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release: rec.ReleaseIndex, where: str,
+def check_binding(record: ev.Evidence, m: mf.Manifest, rule: TargetRule, release: rec.ReleaseIndex, where: str,
                   now: dt.datetime) -> None:
     """Evidence about another release, image, GPU architecture or probe, or from a time it cannot be from,
-    is refused, naming which."""
+    is refused, naming which. The capability is the release's signed one (rule), never a targets file's."""
+    capability = rule.capability
     if record.release and record.release != release.tag:
         raise ev.EvidenceError(f"{where}: the evidence is for release {record.release}, not {release.tag}",
                                hint="hand in evidence from a deploy of this release")
@@ -96,8 +119,9 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release:
         raise ev.EvidenceError(f"{where}: the evidence is for image digest {record.image_digest}, not the released "
                                f"{record.target} image {m.digest}", hint="hand in evidence from a deploy of this release")
     if record.capability != capability:
-        raise ev.EvidenceError(f"{where}: the evidence is for capability {record.capability}, not the target's "
-                               f"capability {capability}", hint="hand in evidence from a deploy of this target")
+        raise ev.EvidenceError(f"{where}: the evidence is for capability {record.capability}, not capability "
+                               f"{capability}, which release {release.tag} signs for {record.target}",
+                               hint="hand in evidence from a deploy of this target")
     # A run that saw no GPU on the target's host is an infrastructure failure, reported apart from product
     # failures (seed 000): it is kept, and neither counts nor resets. A run on another GPU proves nothing.
     if record.gpu.capability not in (capability, ev.NO_GPU):
@@ -118,29 +142,33 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, capability: str, release:
                                f"({release.time}): it cannot be about this release")
 
 
-def standing(counted: Iterable[Counted], required: int, intended: str, released_level: str) -> Standing:
+def standing(counted: Iterable[Counted], rule: TargetRule, released_level: str) -> Standing:
+    """Seed 000's rule over the runs in time order, from the level the target was released at: N passes in a
+    row make it baseline (when its intended level allows); a pass lifts an unverified target to experimental;
+    a product failure resets the run and always lowers the level (baseline to experimental, experimental to
+    unverified, the lowest evidence can give); infrastructure outcomes neither count nor reset."""
     unique = {c.identity: c for c in counted}
     ordered = sorted(unique.values(), key=lambda c: (c.record.when, c.identity))
-    streak, passed, notes = 0, False, []
+    required = rule.consecutive_passes
+    can_be_baseline = mf.LEVEL_RANK.get(rule.intended_level, 0) >= mf.LEVEL_RANK["baseline"]
+    level, streak, notes = released_level, 0, []
     for c in ordered:
         if c.outcome is ev.Outcome.PASS:
-            streak, passed = streak + 1, True
+            streak += 1
+            if streak >= required and can_be_baseline and mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["baseline"]:
+                level = "baseline"
+            elif mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["experimental"]:
+                level = "experimental"
+        elif c.lifts and mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["experimental"]:
+            level = "experimental"  # its GPU checks passed, its serving evidence is missing: no streak
         elif c.outcome is ev.Outcome.PRODUCT_FAILURE:
-            if streak >= required:
-                notes.append(f"demoted by a product failure at {c.record.time}")
-            streak = 0
-        elif c.lifts:  # its GPU checks passed, its serving evidence is missing: experimental, no streak
-            passed = True
-    can_be_baseline = mf.LEVEL_RANK.get(intended, 0) >= mf.LEVEL_RANK["baseline"]
-    if streak >= required and can_be_baseline:
-        level = "baseline"
-    elif passed:
-        level = "experimental"
-        if streak >= required:
-            notes.append(f"the target's intended level is {intended}")
-    else:
-        level = released_level
-    return Standing(level, streak, required, tuple(ordered), "; ".join(notes))
+            lowered = LOWER.get(level, level)
+            notes.append(f"a product failure at {c.record.time} " + (f"lowered {level} to {lowered}" if lowered != level
+                                                                       else f"keeps it {level}"))
+            level, streak = lowered, 0
+    if streak >= required and not can_be_baseline:
+        notes.append(f"the target's intended level is {rule.intended_level}")
+    return Standing(level, streak, required, tuple(ordered), "; ".join(notes[-3:]))
 
 
 @dataclass(frozen=True)
@@ -154,84 +182,151 @@ class Promoted:
     ignored: Tuple[str, ...] = ()  # files in evidence/<target>/ the signed record does not name
     written: bool = True
     added: Tuple[Counted, ...] = ()  # the runs this promotion took in, each with its outcome
+    rule: Optional[TargetRule] = None
+    serving: Optional[servecount.ServingRule] = None
 
 
-def _store(folder: Path, target: str) -> Path:
-    return folder / EVIDENCE_DIR / target
+def _store(folder: Path, target: str, create: bool = False) -> Path:
+    """evidence/<target>/ of a release folder; a symbolic link at either level is refused, never followed."""
+    store = folder / EVIDENCE_DIR / target
+    for part in (folder / EVIDENCE_DIR, store):
+        if part.is_symlink() or (part.exists() and not part.is_dir()):
+            raise ConfigError(f"{part} is a symbolic link or not a folder; refused (promote keeps evidence only in "
+                              "the release folder itself)", hint=f"remove {part} and hand the evidence in again")
+        if create:
+            part.mkdir(exist_ok=True)
+    return store
 
 
-def _read_kept(store: Path, sha: str) -> bytes:
-    path = store / f"{sha}.json"
-    data = read_small(path, ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
-                      missing_hint="restore the release folder's evidence/ from where it was promoted")
-    if sha256(data) != sha:
-        raise ev.EvidenceError(f"{path}: not the evidence the signed promotion record accepted (sha256 differs)",
-                               hint="restore the release folder's evidence/ from where it was promoted")
-    return data
-
-
-def _counted(release: VerifiedRelease, store: Path, e: rec.CountedEvidence, rule: servecount.ServingRule) -> Counted:
-    """One run the signed promotion record lists, re-read and re-judged: GPU evidence (with the serve-check
-    record it counted with), or, for the cpu target, a serve-check record that is the run itself."""
-    data, where = _read_kept(store, e.sha256), str(store / f"{e.sha256}.json")
-    if serving.is_serve_record(strict_json(data, where, ev.EvidenceError)):
-        served = serving.parse(data, where)
-        run = servecount.as_run(served, rule)
-        return Counted(run, e.sha256, e.host, e.identity, e.sha256,
-                       servecount.Combined(run.outcome, run.reason, run.outcome is ev.Outcome.PASS), served)
-    record = ev.from_bytes(data, release.tag, where)
-    served = serving.parse(_read_kept(store, e.serving_sha256), str(store / f"{e.serving_sha256}.json")) \
-        if e.serving_sha256 else None
-    combined = servecount.combine(record.outcome, record.reason, [served] if served else [], rule) \
-        if rule.counts_serving else None
-    return Counted(record, e.sha256, e.host, e.identity, e.serving_sha256, combined, served)
-
-
-def accepted(release: VerifiedRelease, vt: VerifiedTarget,
-             rule: Optional[servecount.ServingRule] = None) -> Tuple[List[Counted], Tuple[str, ...]]:
+def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> Tuple[List[Counted], Tuple[str, ...]]:
     """The runs the signed promotion record accepted, each file's sha256 checked; and the names of files in
-    the evidence folder it does not name (dropped in by hand: they do not count)."""
+    the evidence folder it does not name (dropped in by hand, or kept by a promote killed before it signed:
+    they never count). A listed serve-check record is re-read and re-judged under the release's serving rule:
+    the cpu target's run itself, or the record a GPU run counted with."""
     store = _store(release.path, vt.target)
-    rule = rule or servecount.rule_for(vt.manifest)
+    serve_rule = servecount.rule_for(vt.manifest, rule)
     listed = vt.promotion.evidence if vt.promotion else ()
-    out = [_counted(release, store, e, rule) for e in listed]
+    out = []
+    present: List[str] = []
+    if listed or store.is_dir():
+        with open_folder(store, "evidence folder", ev.EvidenceError,
+                         missing_hint="restore the release folder's evidence/ from where it was promoted") as f:
+            def kept(sha: str) -> bytes:
+                data = f.read(f"{sha}.json", ev.MAX_BYTES, "accepted evidence", ev.EvidenceError,
+                              missing_hint="restore the release folder's evidence/ from where it was promoted")
+                if sha256(data) != sha:
+                    raise ev.EvidenceError(f"{store / sha}.json: not the evidence the signed promotion record "
+                                           "accepted (sha256 differs)",
+                                           hint="restore the release folder's evidence/ from where it was promoted")
+                return data
+
+            for e in listed:
+                data, where = kept(e.sha256), str(store / f"{e.sha256}.json")
+                if serving.is_serve_record(strict_json(data, where, ev.EvidenceError)):
+                    served = serving.parse(data, where)
+                    run = servecount.as_run(served, serve_rule)
+                    out.append(Counted(run, e.sha256, e.host, e.identity, run.outcome, e.sha256, served))
+                    continue
+                record = ev.from_bytes(data, release.tag, where)
+                served = serving.parse(kept(e.serving_sha256), str(store / f"{e.serving_sha256}.json")) \
+                    if e.serving_sha256 else None
+                out.append(Counted(record, e.sha256, e.host, ev.record_identity(record), _outcome(record, rule),
+                                   e.serving_sha256, served).judged(serve_rule))
+            present = [n for n in f.names(ev.EvidenceError)
+                       if n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX)]
     names = {f"{e.sha256}.json" for e in listed} | {f"{e.serving_sha256}.json" for e in listed if e.serving_sha256}
-    present = sorted(p.name for p in store.iterdir() if p.suffix == ".json"
-                     and not p.name.endswith(formats.BUNDLE_SUFFIX)) if store.is_dir() else []
     return out, tuple(n for n in present if n not in names)
 
 
-def promote(folder: Path, tag: str, files: Sequence[Path], tf: TargetsFile, sign: Sign, release_key: TrustedKey,
-            hosts: Optional[rec.EnrolledHosts], allow_unsigned: bool = False,
-            now: Optional[dt.datetime] = None, progress=lambda m: None) -> List[Promoted]:
-    """Apply seed 000's rule to the release in `folder` for every target the evidence names (GPU evidence and
-    serve-check records, told apart by what each file holds)."""
-    for note in recover_journals(folder):
-        progress(f"recovered: {note}")
-    release = read_release(folder, KeyAnchor(trusted=release_key))
-    if release.tag != tag:
-        raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
-    now = now or dt.datetime.now(dt.timezone.utc)
-    by_target: Dict[str, List[ev.Signed]] = {}
-    served: Dict[str, List[serving.SignedServe]] = {}
-    for path in files:
-        matrix = servecount.read_signed(Path(path), hosts, allow_unsigned)
-        record = matrix.record if matrix is not None else None
-        if matrix is None:
-            signed = ev.read_signed(Path(path), tag, hosts, allow_unsigned)
-            record = signed.record
-        if not release.has(record.target):
-            raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} does "
-                                   f"not have (it has: {', '.join(t.target for t in release.targets)})")
-        vt = release.target(record.target)
-        if matrix is not None:
-            servecount.check_binding(record, vt.manifest, release.index, str(path), now)
-            served.setdefault(record.target, []).append(matrix)
-            continue
-        check_binding(record, vt.manifest, str(tf.get(record.target).capability), release.index, str(path), now)
-        by_target.setdefault(record.target, []).append(signed)
-    return [_promote_target(release, release.target(t), by_target.get(t, []), tf, sign, allow_unsigned, hosts,
-                            served.get(t, []), progress) for t in sorted(set(by_target) | set(served))]
+def _outcome(record: ev.Evidence, rule: TargetRule) -> ev.Outcome:
+    return ev.outcome_of(record.checks, record.gpu.capability, rule.capability, rule.required_gpu_checks).outcome
+
+
+def _seen(release: VerifiedRelease, vt: VerifiedTarget) -> Seen:
+    return Seen(release.tag, release.index.sequence, release.index_sha256, vt.target, vt.promotion_sequence,
+                vt.promotion_sha256 or "", vt.manifest_sha256, vt.chain_sha256)
+
+
+def _floor(marks: PromoterState, key: TrustedKey):
+    """A journal's view of the folder must not be older than what this host saw (journal.release_check)."""
+    from qualify.release.highwater import problem
+
+    def floor(release: VerifiedRelease) -> str:
+        mark = marks.keys.get(key.fingerprint)
+        for vt in release.targets:
+            why = problem(mark.releases.get(release.tag) if mark else None, _seen(release, vt))
+            if why:
+                return why
+        return ""
+
+    return floor
+
+
+def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[Path],
+           key: TrustedKey) -> Optional[VerifiedHosts]:
+    """The enrolled hosts, verified and held to the chain: never older than what this host saw (recorded at
+    once, whatever promote decides later) or than what the newest promotion records were checked against."""
+    mark = marks.key(key.fingerprint).hosts
+    bound = max((t.promotion.hosts_sequence for t in release.targets if t.promotion), default=0)
+    if hosts_file is None or not (hosts_file.exists() or hosts_file.is_symlink()):
+        if mark is not None or bound:
+            raise RollbackError(f"the enrolled-hosts file {hosts_file or 'manifests/hosts.json'} is missing, but "
+                                f"sequence {max(mark.sequence if mark else 0, bound)} of it was seen for release key "
+                                f"{key.fingerprint}", hint="restore manifests/hosts.json (git checkout -- "
+                                "manifests/hosts.json), or pass --hosts with it")
+        return None
+    try:
+        vh = read_hosts_file(hosts_file, key)
+    except QualifyError as exc:
+        raise ConfigError(f"the enrolled hosts cannot be used: {exc.message}", hint=exc.hint) from None
+    marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(hosts_file))
+    for t in release.targets:
+        p = t.promotion
+        if p and (p.hosts_sequence > vh.hosts.sequence or (p.hosts_sequence == vh.hosts.sequence and p.hosts_sha256
+                                                          and p.hosts_sha256 != vh.sha256)):
+            raise RollbackError(f"refusing the enrolled hosts {hosts_file}: it is sequence {vh.hosts.sequence} "
+                                f"(sha256 {vh.sha256[:12]}...), but promotion {p.sequence} of {t.target} was checked "
+                                f"against sequence {p.hosts_sequence} ({(p.hosts_sha256 or '')[:12]}...): an older file",
+                                hint="restore the newest manifests/hosts.json (git log -- manifests/hosts.json)")
+    return vh
+
+
+def promote(folder: Path, tag: str, files: Sequence[Path], sign: Sign, release_key: TrustedKey,
+            hosts_file: Optional[Path], allow_unsigned: bool = False, now: Optional[dt.datetime] = None,
+            progress=lambda m: None, state: Optional[Path] = None) -> List[Promoted]:
+    """Apply the release's signed rule to the release in `folder` for every target the evidence names."""
+    folder = Path(folder)
+    hosts_lock = journal.hosts_lock(hosts_file) if hosts_file else journal.hosts_lock(folder.parent / rec.HOSTS_FILE)
+    with journal.release_lock(folder), hosts_lock, PromoterState(state) as marks:
+        check = journal.release_check(folder, release_key, _floor(marks, release_key))
+        for note in journal.recover_journals(folder, check):
+            progress(f"recovered: {note}" if not note.startswith("LEFT") else note)
+        release = read_release(folder, KeyAnchor(trusted=release_key))
+        if release.tag != tag:
+            raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
+        for vt in release.targets:
+            marks.observe_release(release_key.fingerprint, _seen(release, vt), f"release folder {folder}")
+        hosts = _hosts(marks, release, hosts_file, release_key)
+        now = now or dt.datetime.now(dt.timezone.utc)
+        by_target: Dict[str, List[ev.Signed]] = {}
+        served: Dict[str, List[serving.SignedServe]] = {}
+        for path in files:  # GPU evidence and serve-check records, told apart by what each file holds
+            matrix = servecount.read_signed(Path(path), hosts.hosts if hosts else None, allow_unsigned)
+            signed = ev.read_signed(Path(path), tag, hosts.hosts if hosts else None, allow_unsigned) \
+                if matrix is None else None
+            record = matrix.record if matrix is not None else signed.record
+            if not release.has(record.target):
+                raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} "
+                                       f"does not have (it has: {', '.join(t.target for t in release.targets)})")
+            vt = release.target(record.target)
+            if matrix is not None:
+                servecount.check_binding(matrix.record, vt.manifest, release.index, str(path), now)
+                served.setdefault(record.target, []).append(matrix)
+                continue
+            check_binding(record, vt.manifest, release.rule(record.target), release.index, str(path), now)
+            by_target.setdefault(record.target, []).append(signed)
+        return [_promote_target(release, release.target(t), by_target.get(t, []), sign, allow_unsigned, hosts, marks,
+                                served.get(t, []), progress) for t in sorted(set(by_target) | set(served))]
 
 
 def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str) -> bytes:
@@ -244,7 +339,7 @@ def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: st
     return mf.dumps(stmt)
 
 
-def _keep(store: Path, signed) -> None:  # ev.Signed or serving.SignedServe
+def _keep(store: Path, signed: ev.Signed) -> None:
     """The accepted file, content-addressed, with its signature: what the signed record names is what is kept."""
     path = store / f"{signed.sha256}.json"
     write_atomic(path, signed.data)
@@ -254,19 +349,39 @@ def _keep(store: Path, signed) -> None:  # ev.Signed or serving.SignedServe
         write_atomic(formats.bundle_path(path), signed.bundle)
 
 
+def _new_runs(new: List[ev.Signed], old: Sequence[Counted], rule: TargetRule) -> List[ev.Signed]:
+    """Each run once: of several copies of one run the one an enrolled host signed; copies whose checks give
+    different outcomes (one was changed), or a run already accepted with another outcome, are refused."""
+    known = {c.identity: c for c in old}
+    chosen: Dict[str, ev.Signed] = {}
+    for s in new:
+        outcome = _outcome(s.record, rule)
+        before = known.get(s.identity)
+        if before is not None and before.own_outcome is not outcome:
+            raise ev.EvidenceError(f"{s.source}: the same run as accepted evidence {before.sha256[:12]}... (image, probe, "
+                                   f"GPU, host, run id, time), but its checks give {outcome.value}, not "
+                                   f"{before.own_outcome.value}: one of them was changed")
+        other = chosen.get(s.identity)
+        if other is not None and _outcome(other.record, rule) is not outcome:
+            raise ev.EvidenceError(f"{other.source} and {s.source} are the same run with different results "
+                                   f"({_outcome(other.record, rule).value} and {outcome.value}): one was changed",
+                                   hint="hand in the copy the GPU host signed, unchanged")
+        if before is None and (other is None or (s.host and not other.host)):
+            chosen[s.identity] = s
+    return list(chosen.values())
+
+
 def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.SignedServe],
                   rule: servecount.ServingRule, progress) -> Tuple[List[Counted], List[serving.SignedServe]]:
-    """Every run, each with the serve-check record of its deployment that decides it (servecount.choose); and
-    the handed-in records newly counted (to keep). The cpu target: each new record is a run of its own."""
+    """Every run, each judged with the serve-check record of its deployment that decides it (servecount.choose);
+    and the handed-in records newly counted (to keep). The cpu target: each new record is a run of its own."""
     known = {c.identity for c in old + runs}
     if rule.alone:
         fresh = [s for i, s in enumerate(new) if s.identity not in known
                  and s.identity not in {x.identity for x in new[:i]}]
         for s in fresh:
             run = servecount.as_run(s.record, rule)
-            runs.append(Counted(run, s.sha256, s.host or "unsigned", s.identity, s.sha256,
-                                servecount.Combined(run.outcome, run.reason, run.outcome is ev.Outcome.PASS),
-                                s.record))
+            runs.append(Counted(run, s.sha256, s.host or "unsigned", s.identity, run.outcome, s.sha256, s.record))
         return old + runs, fresh
     if not rule.counts_serving:
         if new:
@@ -280,8 +395,7 @@ def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.Sig
         if chosen is not None and chosen.sha256 != c.serving_sha256:
             taken.append(chosen)
             c = replace(c, serving_sha256=chosen.sha256, served=chosen.record)
-        combined = servecount.combine(c.record.outcome, c.record.reason, [c.served] if c.served else [], rule)
-        out.append(replace(c, combined=combined))
+        out.append(c.judged(rule))
     left = servecount.unpaired(new, [c.record for c in out])
     if left:
         progress(f"{len(left)} serve-check record(s) pair with no GPU run handed in or accepted (the GPU evidence "
@@ -289,30 +403,26 @@ def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.Sig
     return out, taken
 
 
-def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], tf: TargetsFile, sign: Sign,
-                    allow_unsigned: bool, hosts: Optional[rec.EnrolledHosts],
+def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], sign: Sign,
+                    allow_unsigned: bool, hosts: Optional[VerifiedHosts], marks: PromoterState,
                     served: Sequence[serving.SignedServe] = (), progress=lambda m: None) -> Promoted:
-    folder, target = release.path, vt.target
-    rule = servecount.rule_for(vt.manifest)
+    folder, target, rule = release.path, vt.target, release.rule(vt.target)
+    serve_rule = servecount.rule_for(vt.manifest, rule)
     old, ignored = accepted(release, vt, rule)
-    known = {c.identity for c in old}
-    added, seen = [], set()
-    for s in new:
-        if s.identity not in known and s.identity not in seen:
-            seen.add(s.identity)
-            added.append(s)
-    runs = [Counted(s.record, s.sha256, s.host or "unsigned", s.identity) for s in added]
-    counted, matrices = _with_serving(old, runs, list(served), rule, progress)
-    seen |= {s.identity for s in matrices if rule.alone}
+    added = _new_runs(new, old, rule)
+    runs = [Counted(s.record, s.sha256, s.host or "unsigned", s.identity, _outcome(s.record, rule)) for s in added]
+    counted, matrices = _with_serving(old, runs, list(served), serve_rule, progress)
     released = vt.entry.support_level
-    s = standing(counted, tf.promotion_passes, tf.get(target).support_level, released)
+    s = standing(counted, rule, released)
     manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
-    previous = vt.promotion.sequence if vt.promotion else 0
+    previous = vt.promotion_sequence
     if not added and not matrices:
-        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False)
-    store = _store(folder, target)
+        return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False, rule=rule,
+                        serving=serve_rule)
+    store = _store(folder, target, create=True)
     for signed in [*added, *matrices]:
         _keep(store, signed)
+    killpoint.reached("promote:kept")  # a kill here leaves files the record does not name: listed, never counted
     ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in [*added, *matrices]})
     manifest = _manifest_bytes(vt, s, previous + 1, released)
     unsigned = (allow_unsigned and any(not c.host for c in [*added, *matrices])) or \
@@ -322,12 +432,22 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         previous_sha256=vt.promotion_sha256, released_level=released, level=s.level,
         consecutive_passes=s.consecutive_passes, required_consecutive_passes=s.required, note=s.note,
         manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in s.counted),
-        unsigned_evidence_allowed=unsigned, hosts_sha256=sha256(hosts.to_bytes()) if hosts else None)
-    write_signed_files(folder, [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())],
-                       sign, release.key)
-    taken = tuple(c for c in counted if c.identity in seen or c.serving_sha256 in {m.sha256 for m in matrices})
+        unsigned_evidence_allowed=unsigned, hosts_sha256=hosts.sha256 if hosts else None,
+        hosts_sequence=hosts.hosts.sequence if hosts else 0, policy_version=rule.version)
+    files = [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())]
+    replaces = {vt.entry.manifest_file: vt.manifest_sha256, rec.promotion_file(target): vt.promotion_sha256}
+    if vt.promotion:  # the record it replaces is kept: the ledger is never overwritten
+        kept = rec.history_file(target, previous)
+        files.append((kept, vt.promotion_bytes))
+        replaces[kept] = None
+    journal.write_signed_files(folder, files, sign, release.key, replaces)
+    new_seen = replace(_seen(release, vt), promotion=previous + 1, promotion_sha256=sha256(record.to_bytes()),
+                       manifest_sha256=sha256(manifest))
+    marks.observe_release(release.key.fingerprint, new_seen, f"release folder {folder}")
+    fresh = {a.identity for a in added} | {m.identity for m in matrices if serve_rule.alone}
+    taken = tuple(c for c in counted if c.identity in fresh or c.serving_sha256 in {m.sha256 for m in matrices})
     return Promoted(target, s, manifest_path, record_path, len(added) + len(matrices), previous + 1, ignored,
-                    added=taken)
+                    added=taken, rule=rule, serving=serve_rule)
 
 
 def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
@@ -347,12 +467,20 @@ def release_signer(key_file: Path) -> Tuple[Sign, TrustedKey]:
 
 
 def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
+    """For people; every line with its control characters escaped (a GPU name or reason is the host's text)."""
+    from qualify.core.errors import printable
+
     s = p.standing
     lines = [f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
              f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
+    if p.rule is not None:
+        lines.append(f"  rule: {p.rule.describe()}")
+    if p.serving is not None and (p.serving.counts_serving or p.serving.alone):
+        lines.append(f"  serving: {p.serving.source}")
     for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
-        lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.record.outcome.value}"
-                     + (f" ({c.record.reason})" if c.record.reason else ""))
+        why = c.record.reason if c.reason is None else c.reason
+        lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.outcome.value}"
+                     + (f" ({why})" if why else ""))
     if len(p.added) > 10:
         lines.append(f"  new: {len(p.added) - 10} more")
     if p.written:
@@ -364,7 +492,7 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
                      f"record does not name: {', '.join(p.ignored[:3])}")
     if allow_unsigned:
         lines.append("  --allow-unsigned-evidence: unsigned evidence counted; the promotion record says so")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def check_key(key: TrustedKey, folder: Path) -> None:

@@ -9,8 +9,10 @@ them with what each proves.
 - `release.json` (ReleaseIndex): the tag, its version, the release's sequence number and predecessor,
   a deterministic time (the source commit's), the targets with their manifest sha256, and the sha256 of
   every file the release wrote.
-- `<target>.promotion.json` (PromotionRecord): a promotion or demotion of one target, with a sequence
-  number higher than the one before it and the sha256 of the manifest it rewrote.
+- `release.json`'s `policy` (policy.ReleasePolicy): the promotion rule the release is promoted under.
+- `<target>.promotion.json` (PromotionRecord): the newest promotion or demotion of one target, with a
+  sequence one higher than the record before it, whose sha256 it names; every record it replaced is kept
+  beside it as `<target>.promotion.<sequence>.json` (the ledger: a hash chain, never overwritten).
 - `published.json` (Publication): where `nox -s publish` put the release's images, bound to the
   release by the sha256 of its `release.json`.
 """
@@ -27,9 +29,11 @@ from qualify.core.errors import QualifyError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.core.readlimit import strict_json
 from qualify.release.order import ReleaseOrder, Version, tag_problem
+from qualify.release.policy import ReleasePolicy
 
 RELEASE_SCHEMA = "https://blackwell-qualify.dev/release/v2"
-PROMOTION_SCHEMA = "https://blackwell-qualify.dev/promotion/v2"
+PROMOTION_SCHEMA = "https://blackwell-qualify.dev/promotion/v3"
+PROMOTION_SCHEMA_V2 = "https://blackwell-qualify.dev/promotion/v2"  # before the ledger: read, never written
 PUBLICATION_SCHEMA = "https://blackwell-qualify.dev/publication/v2"
 INDEX_FILE = "release.json"
 PUBLIC_KEY_FILE = "cosign.pub"
@@ -40,8 +44,16 @@ FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
 TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 
 
+HISTORY = re.compile(r"([a-z0-9][a-z0-9-]{0,31})\.promotion\.([1-9][0-9]{0,8})\.json")
+
+
 def promotion_file(target: str) -> str:
     return f"{target}{PROMOTION_SUFFIX}"
+
+
+def history_file(target: str, sequence: int) -> str:
+    """Where the promotion record of `sequence` is kept once a newer one replaces it (the ledger)."""
+    return f"{target}.promotion.{sequence}.json"
 
 
 def parse_time(text: Any, where: str, error: Type[QualifyError] = VerificationError) -> dt.datetime:
@@ -117,9 +129,9 @@ class Fields:
         return self
 
 
-def _load(data: bytes, where: str, schema: str, error: Type[QualifyError]) -> Fields:
+def _load(data: bytes, where: str, schema: str, error: Type[QualifyError], legacy: str = "") -> Fields:
     doc = Fields(strict_json(data, where, error), where, error)
-    if doc.doc.get("schema") != schema:
+    if doc.doc.get("schema") not in (schema, legacy or schema):
         raise error(f"{where}: not a {schema} record (schema {str(doc.doc.get('schema'))[:80]!r})",
                     hint="made by an older toolkit? re-make it with this one")
     return doc
@@ -187,6 +199,7 @@ class ReleaseIndex:
     withheld: Tuple[Tuple[str, str], ...] = ()
     dirty_paths: Tuple[str, ...] = ()
     dirty_allowed: bool = False
+    policy: Optional[ReleasePolicy] = None  # None: signed before releases held one (policy.rule: the implied rule)
 
     @property
     def version(self) -> Optional[str]:
@@ -214,6 +227,7 @@ class ReleaseIndex:
             "allow_partial": bool(self.withheld),
             "dirty": {"allowed": self.dirty_allowed, "paths": list(self.dirty_paths)},
             "files": dict(self.files),
+            **({"policy": self.policy.as_json()} if self.policy else {}),
         }
 
     def to_bytes(self) -> bytes:
@@ -223,7 +237,7 @@ class ReleaseIndex:
     def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> ReleaseIndex:
         f = _load(data, where, RELEASE_SCHEMA, error).only(
             "schema", "tag", "version", "sequence", "predecessor", "time", "source_revision", "min_level",
-            "public_key", "targets", "withheld", "allow_partial", "dirty", "files")
+            "public_key", "targets", "withheld", "allow_partial", "dirty", "files", "policy")
         tag = f.text("tag")
         if tag_problem(tag):
             raise error(f"{where}: 'tag' is {tag_problem(tag)}")
@@ -251,7 +265,9 @@ class ReleaseIndex:
                          for w in f.items("withheld"))
         if f.flag("allow_partial") != bool(withheld):
             raise error(f"{where}: allow_partial does not match the withheld targets")
+        policy = f.optional_obj("policy")
         return cls(
+            policy=ReleasePolicy.parse(policy, [t.target for t in targets]) if policy else None,
             tag=tag, sequence=f.integer("sequence", 1), time=f.text("time"),
             source_revision=f.text("source_revision"), min_level=f.text("min_level"),
             key_fingerprint=key.text("fingerprint"), key_hint=key.text("hint", empty=True), targets=targets,
@@ -309,13 +325,14 @@ class CountedEvidence:
 
 @dataclass(frozen=True)
 class PromotionRecord:
-    """A promotion or demotion of one target of one release, newer than the one before it (`sequence`)."""
+    """A promotion or demotion of one target of one release: one link of the release's promotion ledger,
+    naming the record before it (`previous_sha256`) and numbered one above it (`sequence`)."""
 
     release: str
     release_sha256: str
     target: str
     sequence: int
-    previous_sha256: Optional[str]  # the promotion record it replaces
+    previous_sha256: Optional[str]  # the promotion record it replaces (kept as history_file(target, sequence - 1))
     released_level: str
     level: str
     consecutive_passes: int
@@ -325,6 +342,9 @@ class PromotionRecord:
     evidence: Tuple[CountedEvidence, ...] = ()
     unsigned_evidence_allowed: bool = False
     hosts_sha256: Optional[str] = None  # the enrolled-hosts file the evidence was checked against
+    hosts_sequence: int = 0  # and its sequence (0: no hosts file)
+    policy_version: int = 0  # the release.json policy applied (0: the implied rule of an older release)
+    legacy: bool = False  # read from a promotion/v2 record (before the ledger: its predecessors were overwritten)
 
     def as_json(self) -> Dict[str, Any]:
         return {"schema": PROMOTION_SCHEMA, "release": self.release, "release_sha256": self.release_sha256,
@@ -334,31 +354,39 @@ class PromotionRecord:
                 "required_consecutive_passes": self.required_consecutive_passes, "note": self.note,
                 "manifest_sha256": self.manifest_sha256,
                 "evidence": [e.as_json(self.target) for e in self.evidence],
-                "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256}
+                "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256,
+                "hosts_sequence": self.hosts_sequence, "policy_version": self.policy_version}
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.as_json())
 
     @classmethod
     def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> PromotionRecord:
-        f = _load(data, where, PROMOTION_SCHEMA, error).only(
-            "schema", "release", "release_sha256", "target", "sequence", "previous_sha256", "released_level",
-            "level", "consecutive_passes", "required_consecutive_passes", "note", "manifest_sha256", "evidence",
-            "unsigned_evidence_allowed", "hosts_sha256")
+        f = _load(data, where, PROMOTION_SCHEMA, error, legacy=PROMOTION_SCHEMA_V2)
+        legacy = f.doc.get("schema") == PROMOTION_SCHEMA_V2
+        f.only("schema", "release", "release_sha256", "target", "sequence", "previous_sha256", "released_level",
+               "level", "consecutive_passes", "required_consecutive_passes", "note", "manifest_sha256", "evidence",
+               "unsigned_evidence_allowed", "hosts_sha256", *(() if legacy else ("hosts_sequence", "policy_version")))
         target = f.text("target", mf.TARGET_NAME)
         previous = f.optional_text("previous_sha256")
         hosts = f.optional_text("hosts_sha256")
         for name, value in (("previous_sha256", previous), ("hosts_sha256", hosts)):
             if value is not None and not HEX.fullmatch(value):
                 raise error(f"{where}: {name!r} is not a sha256")
+        sequence = f.integer("sequence", 1)
+        if not legacy and (previous is None) != (sequence == 1):
+            raise error(f"{where}: promotion {sequence} " + ("names no predecessor" if previous is None else
+                                                             "is the first, yet names a predecessor"))
         return cls(
             release=f.text("release"), release_sha256=f.text("release_sha256", HEX), target=target,
-            sequence=f.integer("sequence", 1), previous_sha256=previous, released_level=f.text("released_level"),
+            sequence=sequence, previous_sha256=previous, released_level=f.text("released_level"),
             level=f.text("level"), consecutive_passes=f.integer("consecutive_passes"),
             required_consecutive_passes=f.integer("required_consecutive_passes", 1), note=f.text("note", empty=True),
             manifest_sha256=f.text("manifest_sha256", HEX),
             evidence=tuple(CountedEvidence.parse(e, target) for e in f.items("evidence")),
-            unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts)
+            unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts,
+            hosts_sequence=0 if legacy else f.integer("hosts_sequence"),
+            policy_version=0 if legacy else f.integer("policy_version"), legacy=legacy)
 
 
 # --- published.json ---------------------------------------------------------------------------
@@ -493,7 +521,8 @@ class ReleaseStatement:
 # --- the enrolled hosts (whose GPU evidence counts) -------------------------------------------------
 
 
-HOSTS_SCHEMA = "https://blackwell-qualify.dev/enrolled-hosts/v1"
+HOSTS_SCHEMA = "https://blackwell-qualify.dev/enrolled-hosts/v2"
+HOSTS_SCHEMA_V1 = "https://blackwell-qualify.dev/enrolled-hosts/v1"  # before the chain: read, never written
 HOSTS_FILE = "hosts.json"  # manifests/hosts.json, committed: every release commit carries it
 HOST_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
@@ -513,6 +542,9 @@ class EnrolledHost:
     def keyless(self) -> bool:
         return not self.key_pem
 
+    def same_signer(self, other: EnrolledHost) -> bool:
+        return (self.fingerprint, self.identity, self.issuer) == (other.fingerprint, other.identity, other.issuer)
+
     def as_json(self) -> Dict[str, Any]:
         if self.keyless:
             return {"name": self.name, "keyless": {"identity": self.identity, "issuer": self.issuer}}
@@ -522,16 +554,19 @@ class EnrolledHost:
 @dataclass(frozen=True)
 class EnrolledHosts:
     """manifests/hosts.json, signed with the release key: whoever can write a release folder cannot enroll
-    themselves. A new version has a higher sequence."""
+    themselves. A chain: each version has a sequence one higher and names its predecessor's sha256 (None for
+    the first of a chain, e.g. `hosts add --new-chain` after the file was lost)."""
 
     sequence: int
     hosts: Tuple[EnrolledHost, ...] = ()
+    previous_sha256: Optional[str] = None
+    legacy: bool = False  # an enrolled-hosts/v1 file (before the chain: no predecessor named)
 
     def host(self, name: str) -> Optional[EnrolledHost]:
         return next((h for h in self.hosts if h.name == name), None)
 
     def as_json(self) -> Dict[str, Any]:
-        return {"schema": HOSTS_SCHEMA, "sequence": self.sequence,
+        return {"schema": HOSTS_SCHEMA, "sequence": self.sequence, "previous_sha256": self.previous_sha256,
                 "hosts": [h.as_json() for h in sorted(self.hosts, key=lambda h: h.name)]}
 
     def to_bytes(self) -> bytes:
@@ -539,7 +574,12 @@ class EnrolledHosts:
 
     @classmethod
     def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> EnrolledHosts:
-        f = _load(data, where, HOSTS_SCHEMA, error).only("schema", "sequence", "hosts")
+        f = _load(data, where, HOSTS_SCHEMA, error, legacy=HOSTS_SCHEMA_V1)
+        legacy = f.doc.get("schema") == HOSTS_SCHEMA_V1
+        f.only("schema", "sequence", "hosts", *(() if legacy else ("previous_sha256",)))
+        previous = None if legacy else f.optional_text("previous_sha256")
+        if previous is not None and not HEX.fullmatch(previous):
+            raise error(f"{where}: 'previous_sha256' is not a sha256")
         hosts = []
         for h in f.items("hosts"):
             name = h.text("name", HOST_NAME)
@@ -551,4 +591,4 @@ class EnrolledHosts:
                 hosts.append(EnrolledHost(name, identity=kl.text("identity"), issuer=kl.text("issuer")))
         if len({h.name for h in hosts}) != len(hosts):
             raise error(f"{where}: a host name is enrolled twice")
-        return cls(f.integer("sequence", 1), tuple(hosts))
+        return cls(f.integer("sequence", 1), tuple(hosts), previous, legacy)

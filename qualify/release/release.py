@@ -53,8 +53,7 @@ from qualify.core.errors import QualifyError, ReleaseError, VerificationError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.core.report import Progress
-from qualify.host import cmd
-from qualify.release import changelog, history
+from qualify.release import changelog, history, policy
 from qualify.release import records as rec
 from qualify.release.assess import assess_all, collect
 from qualify.release.folder import RECORD_LIMIT, TrustedKey, removable_by_force, sha256, verify_blob
@@ -67,6 +66,8 @@ from qualify.release.gitops import (
     release_tree,
     tracked_under,
 )
+from qualify.release.journal import release_lock
+from qualify.release.messages import dry_run_lines, tag_message  # noqa: F401 (dry_run_lines: the CLI's)
 from qualify.release.model import (
     Candidate,
     ReleasedTarget,
@@ -76,6 +77,7 @@ from qualify.release.model import (
     Withheld,
 )
 from qualify.release.order import SEMVER, tag_problem
+from qualify.release.policy import ReleasePolicy
 from qualify.release.upload import create_command, push, push_command, upload, upload_command
 from qualify.release.verify import ImageResolver, registry_digest
 from qualify.signing import formats
@@ -124,6 +126,10 @@ def check_tag(opts: ReleaseOptions) -> str:
     check_tag_name(opts.tag, opts.any_tag)
     if opts.min_level not in mf.LEVEL_RANK:
         raise ReleaseError(f"--min-level {opts.min_level!r} is not one of {', '.join(mf.LEVEL_RANK)}")
+    if mf.LEVEL_RANK[opts.min_level] > mf.LEVEL_RANK["experimental"]:
+        raise ReleaseError(f"--min-level {opts.min_level}: a release ships targets at experimental at most; "
+                           "baseline comes only from `qualify promote` (the release's signed promotion rule)",
+                           hint="release with --min-level experimental (or lower), then promote by GPU evidence")
     if not opts.directory.resolve().is_relative_to(opts.repo.resolve()):
         raise ReleaseError(f"the release folder {opts.directory} is outside the repository {opts.repo}")
     if git(opts.repo, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False).returncode != 0:
@@ -281,12 +287,23 @@ def release_files(entries: Sequence[ReleasedTarget]) -> List[str]:
                    INDEX_FILE + formats.BUNDLE_SUFFIX] + [f for e in entries for f in e.files])
 
 
+def release_policy(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> ReleasePolicy:
+    """The promotion rule this release signs: the targets file's pass count, and per target the intended level
+    its manifest recorded (else the targets file's, else experimental)."""
+    from qualify.config import targets
+
+    tf = targets.load(opts.targets_file) if opts.targets_file else targets.load()
+    return policy.for_release({e.target: e.intended_level or (tf.get(e.target).support_level if e.target in tf.targets
+                                                              else "experimental") for e in entries},
+                              tf.promotion_passes, tf.promotion_level_checks)
+
+
 def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],
                   key: TrustedKey, files: Dict[str, bytes], dirty: Sequence[str], sequence: int,
                   predecessor: Optional[rec.Predecessor], time_: str) -> rec.ReleaseIndex:
     from qualify.release.folder import released_files
 
-    return rec.ReleaseIndex(
+    return rec.ReleaseIndex(policy=release_policy(opts, entries),
         tag=opts.tag, sequence=sequence, time=time_, source_revision=revision, min_level=opts.min_level,
         key_fingerprint=key.fingerprint, key_hint=cosign_keys.key_hint(key.key),
         targets=tuple(e.entry() for e in entries), files=released_files(files), predecessor=predecessor,
@@ -367,22 +384,6 @@ def install(staging: Path, dest: Path, plan: InstallPlan, force: bool) -> List[s
 
 
 # --- 9. tag -------------------------------------------------------------------
-
-
-def tag_message(opts: ReleaseOptions, entries: List[ReleasedTarget], withheld: List[Withheld], public_key,
-                index_sha256: str, changes: Sequence[str] = ()) -> str:
-    rel = opts.folder
-    lines = [f"Qualification release {opts.tag}", "", "Released targets (image digest, manifest sha256, level):"]
-    lines += [f"  {e.target}  {e.digest}  manifest sha256:{e.manifest_sha256}  {e.support_level}"
-              for e in entries]
-    if withheld:
-        lines += ["", "Withheld (--allow-partial):"] + [f"  {w.target}: {w.reason}" for w in withheld]
-    if changes:
-        lines += ["", *changes]
-    key = public_key.fingerprint if public_key is not None else "<the signing key's fingerprint>"
-    lines += ["", f"Signing key: {key} ({rel}/{PUBLIC_KEY_FILE})",
-              f"Index: {rel}/{INDEX_FILE} sha256:{index_sha256}"]
-    return "\n".join(lines) + "\n"
 
 
 # --- orchestration ------------------------------------------------------------
@@ -478,7 +479,8 @@ def run_release(opts: ReleaseOptions, make_signer: SignerFactory, resolve: Image
         return outcome
     sign, _ = signer
     when = history.source_time(opts.repo, outcome.source_revision)
-    index_sha = _write(opts, outcome, steps, candidates, sign, key, sequence, predecessor, when)
+    with release_lock(opts.directory):  # one writer of the folder at a time (release, promote, publish)
+        index_sha = _write(opts, outcome, steps, candidates, sign, key, sequence, predecessor, when)
     published: List[str] = []
     if registry_publish is None:
         steps.skip("registry", "no --publish-to: the images stay where they were built")
@@ -576,21 +578,3 @@ def _write(opts: ReleaseOptions, outcome: ReleaseResult, steps: _Steps, candidat
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return index_sha
-
-
-def dry_run_lines(o: ReleaseResult, opts: ReleaseOptions) -> List[str]:
-    """What a dry run would do, for people."""
-    lines = [f"Dry run of release {o.tag} (the key and its password checked; nothing signed, written, tagged, pushed "
-             "or uploaded)", f"It would be sequence {o.sequence}" + (f", after {o.predecessor}" if o.predecessor else
-                                                                       ", the first release of this key"),
-             "", "Would sign:"]
-    lines += [f"  {opts.folder}/{e.manifest_file}  ({e.target}, {e.digest}, {e.support_level})"
-              for e in o.released]
-    lines += ["", f"Would write {opts.folder}/:"] + [f"  {n}" for n in o.files]
-    lines += ["", f"Would commit them on top of {o.source_revision} and tag it {o.tag}"
-              + (" (moving the existing tag: --force)" if existing_tag(opts.repo, o.tag) else "") + " with:"]
-    lines += [f"  | {line}" for line in o.tag_message.rstrip("\n").splitlines()]
-    lines += ["", "Would push:", f"  {cmd.quote(o.push_command)}", "Would upload (creating the GitHub release if missing):",
-              f"  {cmd.quote(o.upload_command)}"]
-    return lines
-

@@ -33,6 +33,7 @@ from qualify.probe.servematrix import CHECK_IDS
 from qualify.release import evidence as ev
 from qualify.release import records as rec
 from qualify.release import serving
+from qualify.release.policy import TargetRule
 from qualify.signing import formats
 
 
@@ -41,6 +42,7 @@ class ServingRule:
     required: Tuple[str, ...]  # the serving checks a run needs to count; () = serving evidence does not count
     alone: bool  # the cpu target: a serve-check record is a run of its own
     source: str  # where the rule comes from, for people
+    lift_needs_serving: bool = False  # the policy names serving checks for experimental too
 
     @property
     def counts_serving(self) -> bool:
@@ -52,18 +54,25 @@ def serves(m: mf.Manifest) -> bool:
     return m.is_cpu or m.profile == "vllm"
 
 
-def rule_for(m: mf.Manifest, signed: Optional[Sequence[Tuple[str, Sequence[str]]]] = None) -> ServingRule:
-    """The serving rule for a verified target. `signed`: the release's own signed rule, as (level, check ids)
-    pairs (issue 37's release.json policy `level_checks`); None for a release signed before it carried one.
+def rule_for(m: mf.Manifest, rule: Optional[TargetRule] = None) -> ServingRule:
+    """The serving rule for a verified target, from the release's signed rule only (`VerifiedRelease.rule`).
 
-    Under a signed rule, the `serve.*` checks it lists for baseline are what a run of a serving target needs
-    (a smoke image has no server: none); without one, GPU targets keep GPU evidence alone, and the cpu target,
-    which nothing could promote before, needs every check of the matrix."""
-    if signed is not None:
-        required = tuple(c for level, checks in signed if level == "baseline" for c in checks
-                         if c.startswith("serve.")) if serves(m) else ()
+    A release whose policy is signed (issue 37) names the serving checks per level (`level_checks`, written by
+    `qualify release` from images/targets.toml): a serving target's run needs the checks of baseline and of
+    experimental to count toward the N passes, and a run whose GPU checks passed lifts an unverified target to
+    experimental only when experimental names none. A smoke image has no server: none. A policy that names
+    none (signed before issue 39) keeps that rule: GPU evidence alone, and the cpu target cannot be promoted.
+    A release from before the signed policy (`rule.signed` False, or no rule): GPU targets count GPU evidence
+    alone; the cpu target, which nothing could promote before, needs every check of the matrix."""
+    if rule is not None and rule.signed:
+        if not serves(m):
+            return ServingRule((), False, "no serving checks (the image does not serve)")
+        lift = rule.checks_for("experimental")
+        required = tuple(dict.fromkeys([*rule.checks_for("baseline"), *lift]))
         return ServingRule(required, m.is_cpu and bool(required),
-                           f"release.json's signed rule: {', '.join(required) or 'no serving checks'} for baseline")
+                           f"release.json's signed policy: {', '.join(required) or 'no serving checks'}"
+                           + (" (the cpu target: serve-check records alone)" if m.is_cpu and required else ""),
+                           bool(lift))
     if m.is_cpu:
         return ServingRule(tuple(CHECK_IDS), True, "the cpu target: serve-check records alone, every check of "
                            "the matrix (a release signed before releases carried a serving rule)")
@@ -175,8 +184,9 @@ def combine(gpu: ev.Outcome, gpu_reason: str, served: Sequence[serving.ServeReco
     passed = [r for r in results if r.outcome is ev.Outcome.PASS]
     if passed:
         return Combined(ev.Outcome.PASS, f"{gpu_reason}; matrix: {passed[0].reason}", True)
-    why = results[0].reason if results else "no serve-check record of this deployment"
-    return Combined(ev.Outcome.INFRASTRUCTURE, f"{gpu_reason}; but serving: {why}", True)
+    # Fail closed: the policy requires serving checks and no verified record of this deployment passed them.
+    why = results[0].reason if results else "no verified serve-check record of this deployment"
+    return Combined(ev.Outcome.INFRASTRUCTURE, f"{gpu_reason}; but serving: {why}", not rule.lift_needs_serving)
 
 
 SEVERITY = {ev.Outcome.PRODUCT_FAILURE: 0, ev.Outcome.PASS: 1, ev.Outcome.INFRASTRUCTURE: 2}

@@ -4,9 +4,12 @@ Each failure raises VerificationError whose message starts with the check that
 failed ("signature check failed", "image digest check failed", "verdict check
 failed"), so start.sh and people can tell which. The manifest's bytes are read
 once: the bytes whose signature is checked are the bytes that are parsed. A
-manifest in a release folder (a release.json beside it) is verified as part of
-its release, through the one reader (folder.read_release); a manifest on its
-own against its `.sig` and, when there is one, its bundle (both are checked).
+manifest in a release folder (a folder named as a version tag, or holding any
+file a release writes: folder.in_release_folder) is always verified as part of
+its release, through the one reader (folder.read_release), whatever
+--signature or --bundle say, and also when its release.json is gone (which is
+then the refusal); a manifest on its own against its `.sig` and, when there
+is one, its bundle (both are checked).
 
 Key-pair signatures are checked in-process (works without cosign); keyless
 ones need cosign, because they need Sigstore's trust root and transparency log.
@@ -23,7 +26,7 @@ from qualify.config.imageref import ImageRef, ImageRefError
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, ExternalCommandError, VerificationError
 from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small
-from qualify.release import records as rec
+from qualify.release import folder as release_folder
 from qualify.release.folder import KeyAnchor, TrustedKey, check_bundle, read_release, verify_blob
 from qualify.signing import formats
 
@@ -188,15 +191,33 @@ def check_verdict(manifest: mf.Manifest, require_pass: bool) -> List[str]:
 
 
 def in_release_folder(manifest: Path) -> bool:
-    """A manifest beside a release.json is verified as part of its release (index, tag, binding)."""
-    return (manifest.parent / rec.INDEX_FILE).exists() and manifest.name.endswith(".json") and \
-        mf.TARGET_NAME.fullmatch(manifest.name[:-len(".json")]) is not None
+    """A file in a release folder is verified as part of its release (index, tag, binding, ledger)."""
+    return release_folder.in_release_folder(manifest)
+
+
+def _own_signatures_only(opts: VerifyOptions) -> None:
+    folder = opts.manifest.parent
+    for flag, given, own in (("--signature", opts.signature, formats.signature_path(opts.manifest)),
+                             ("--bundle", opts.bundle, formats.bundle_path(opts.manifest))):
+        if given is not None and Path(given).absolute() != own.absolute():
+            raise VerificationError(f"signature check failed: {opts.manifest} is in the release folder {folder}, "
+                                    f"so it is verified as part of that release with the folder's own signatures, "
+                                    f"not {flag} {given}", hint="copy the manifest out of the release folder to "
+                                    "verify it on its own")
+    if opts.key is None:
+        raise VerificationError(f"signature check failed: {opts.manifest} is in the release folder {folder}, whose "
+                                "files are signed with the release key: pass --key with the release's cosign.pub")
 
 
 def _from_release(opts: VerifyOptions) -> tuple:
+    _own_signatures_only(opts)
     key = TrustedKey.read(opts.key, VerificationError)
+    name = opts.manifest.name
+    if not name.endswith(".json") or not mf.TARGET_NAME.fullmatch(name[:-len(".json")]):
+        raise VerificationError(f"{opts.manifest} is in the release folder {opts.manifest.parent} but is no target's "
+                                "manifest (<target>.json): a release's other files are verified through it")
     release = read_release(opts.manifest.parent, KeyAnchor(trusted=key))
-    target = release.target(opts.manifest.name[:-len(".json")])
+    target = release.target(name[:-len(".json")])
     how = f"key {key.fingerprint}; release {release.tag} (sequence {release.index.sequence}" + (
         f", promotion {target.promotion_sequence}" if target.promotion else "") + ")"
     return target.manifest, how, release, target
@@ -205,7 +226,7 @@ def _from_release(opts: VerifyOptions) -> tuple:
 def verify(opts: VerifyOptions, resolve: ImageResolver = image_digest) -> VerifyResult:
     opts.validate()
     release = target = None
-    if opts.key is not None and opts.signature is None and opts.bundle is None and in_release_folder(opts.manifest):
+    if in_release_folder(opts.manifest):
         manifest, how, release, target = _from_release(opts)
     else:
         data = mf.read(opts.manifest)

@@ -9,7 +9,9 @@ canonical JSON file per distinct piece of evidence in a directory, the list
 - Same evidence once: identity is the run's (release/evidence.py: identity,
   the one promote uses): image, probe, GPU, host, the probe's run id and the
   parsed time, so a copy, a re-serialised copy (`201.0` for `201`, `+00:00`
-  for `Z`) or the same pod log collected twice count once.
+  for `Z`) or the same pod log collected twice count once. Of two copies of
+  one run the signed one is kept (an unsigned copy never displaces it); two
+  copies whose checks give different outcomes are refused, naming both.
 - Every evidence block of a pod log is read; a log whose blocks disagree on
   target or image digest is refused.
 - A file's signature (`.sig`, `.sigstore.json` beside it) travels with it:
@@ -34,6 +36,7 @@ from qualify.core.readlimit import BUNDLE_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT
 from qualify.release import evidence as ev
 
 MAX_BYTES = MANIFEST_LIMIT  # a probe manifest, or a pod log of a few of them
+BUNDLE_SUFFIX = ".sigstore.json"
 HOST_PREFIX = "host:"
 
 
@@ -51,6 +54,11 @@ class EvidenceFile:
     data: bytes  # the bytes as they came (a signature is over these)
     signature: Optional[bytes] = None
     bundle: Optional[bytes] = None
+    outcome: str = ""  # what its checks give (evidence.probe_outcome): copies of one run must agree
+
+    @property
+    def signed(self) -> bool:
+        return self.signature is not None or self.bundle is not None
 
     @property
     def is_host(self) -> bool:
@@ -94,7 +102,7 @@ def _run_identity(m: manifest.Manifest, where: str) -> str:
     host = str((pred.get("host") or {}).get("hostname") or "")
     try:
         return ev.identity(m.digest, m.probe_sha256, ev.hashed(str(device.get("uuid") or "")),
-                           f"unsigned:{ev.hashed(host)}", str(pred.get("run_id") or ""), pred.get("created"))
+                           ev.hashed(host), str(pred.get("run_id") or ""), pred.get("created"))
     except ev.EvidenceError as exc:
         raise MergeError(f"{where}: {exc.message}") from None
 
@@ -104,7 +112,9 @@ def _evidence(path: Path, data: bytes, where: str, signature=None, bundle=None) 
         m = manifest.Manifest.from_statement(_statement(data, where), where)
     except VerificationError as exc:
         raise MergeError(exc.message) from None
-    return EvidenceFile(path, m.target, m.subject_name, m.digest, _run_identity(m, where), data, signature, bundle)
+    outcome = ev.probe_outcome(m.predicate, m.capability).outcome.value
+    return EvidenceFile(path, m.target, m.subject_name, m.digest, _run_identity(m, where), data, signature, bundle,
+                        outcome)
 
 
 def parse(path: Path) -> List[EvidenceFile]:
@@ -134,8 +144,9 @@ def collect(inputs: Iterable[Path]) -> List[Path]:
     files: List[Path] = []
     for item in inputs:
         item = Path(item)
-        if item.is_dir():
-            files.extend(sorted(p for p in item.rglob("*") if p.is_file() and p.suffix in (".json", ".log")))
+        if item.is_dir():  # a bundle (`.sigstore.json`) travels with its file; it is no evidence of its own
+            files.extend(sorted(p for p in item.rglob("*") if p.is_file() and p.suffix in (".json", ".log")
+                                and not p.name.endswith(BUNDLE_SUFFIX)))
         elif item.is_file():
             files.append(item)
         else:
@@ -152,7 +163,16 @@ def merge(inputs: Iterable[Path]) -> Merged:
     for path in collect(inputs):
         for found in parse(path):
             if found.identity in kept:
-                duplicates.append((path, kept[found.identity].source))
+                before = kept[found.identity]
+                if before.outcome != found.outcome:
+                    raise MergeError(f"{before.source} and {found.source} are the same run (image, probe, GPU, host, "
+                                     f"run id, time) with different results ({before.outcome} and {found.outcome}): "
+                                     "one was changed", hint="keep the copy the GPU host signed; drop the other")
+                if found.signed and not before.signed:  # the signed copy is kept, never the unsigned one
+                    kept[found.identity] = found
+                    duplicates.append((before.source, path))
+                else:
+                    duplicates.append((path, before.source))
                 continue
             if not found.is_host:
                 first = image_of.setdefault(found.target, found)

@@ -203,7 +203,7 @@ def _promote_job(tf: TargetsFile) -> Dict[str, Any]:
                     '  --hosts manifests/hosts.json --evidence evidence/*.json\n'
                     'rm -f "$RUNNER_TEMP/cosign.key"\n'
                     'gh release upload "$GITHUB_REF_NAME" --repo "$GITHUB_REPOSITORY" --clobber evidence/*.json \\\n'
-                    '  "manifests/$GITHUB_REF_NAME"/*.promotion.json* "manifests/$GITHUB_REF_NAME"/*.json.sig\n'},
+                    '  "manifests/$GITHUB_REF_NAME"/*.promotion*.json* "manifests/$GITHUB_REF_NAME"/*.json.sig\n'},
         ],
     }
 

@@ -10,18 +10,20 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from qualify.core.errors import QualifyError
 from qualify.core.readlimit import read_small
 from qualify.release import servecount, serving
 from qualify.release.folder import VerifiedTarget
+from qualify.release.policy import TargetRule
 
 HOW = "scripts/verify.sh --matrix runs it here; `qualify promote TAG --evidence` counts its signed record"
 
 
-def lines(vt: VerifiedTarget, folder: Path) -> List[str]:
-    rule = servecount.rule_for(vt.manifest)
+def lines(vt: VerifiedTarget, folder: Path, signed: Optional[TargetRule] = None) -> List[str]:
+    """`signed`: the release's rule (VerifiedRelease.rule), whose policy names the serving checks."""
+    rule = servecount.rule_for(vt.manifest, signed)
     counted = [e for e in (vt.promotion.evidence if vt.promotion else ()) if e.serving_sha256]
     out = []
     if not rule.counts_serving:
@@ -41,7 +43,8 @@ def lines(vt: VerifiedTarget, folder: Path) -> List[str]:
 
 def _newest_local(target: str, folder: Path, counted: set) -> str:
     try:
-        names = sorted(n for n in os.listdir(folder) if n.startswith(f"{target}.serve-check.") and n.endswith(".json"))
+        names = sorted(n for n in os.listdir(folder) if n.startswith(f"{target}.serve-check.") and n.endswith(".json")
+                       and not n.endswith(".sigstore.json"))
     except OSError:
         return ""
     if not names:

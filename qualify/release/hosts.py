@@ -1,0 +1,99 @@
+"""The enrolled-hosts chain (`qualify hosts add|remove`): manifests/hosts.json, one version after another.
+
+Each version is signed with the release key, has a sequence one higher than the version before it and names
+that version's sha256. Every change holds the hosts file's lock and re-checks, inside it, that the file is
+still the bytes it read; the promoter's high-water mark (highwater.PromoterState) is raised by every version
+this host writes or reads, so an older file (a removed host re-enrolled by restoring it) is refused here and
+by promote. A lost file is never replaced by a new chain at sequence 1 silently: when this host saw the
+chain, or git has the file, `--new-chain` is needed, and the new chain starts above everything seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from qualify.core.errors import ConfigError
+from qualify.release import journal
+from qualify.release import records as rec
+from qualify.release.folder import Sign, TrustedKey, read_hosts_file, sha256
+from qualify.release.highwater import PromoterState
+
+
+@dataclass(frozen=True)
+class Changed:
+    hosts: rec.EnrolledHosts
+    written: bool
+    notes: List[str]
+
+
+def _in_git(path: Path) -> bool:
+    """Whether git's history has the file (a lost file there is restored, not started over)."""
+    from qualify.release.gitops import git
+
+    try:
+        done = git(path.parent, "log", "-n1", "--format=%H", "--", path.name, check=False)
+    except Exception:  # no git, not a repository: nothing to restore from
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+def _floor(marks: PromoterState, key: TrustedKey):
+    def floor(hosts: rec.EnrolledHosts, sha: str) -> str:
+        return marks.hosts_problem(key.fingerprint, hosts.sequence, sha, hosts.previous_sha256)
+    return floor
+
+
+def change(path: Path, sign: Sign, key: TrustedKey, add: Optional[rec.EnrolledHost] = None, remove: str = "",
+           new_chain: bool = False, replace: bool = False, state: Optional[Path] = None) -> Changed:
+    """Enroll `add` or withdraw `remove` in the hosts file at `path`, as the next version of its chain."""
+    path = Path(path)
+    with journal.hosts_lock(path), PromoterState(state) as marks:
+        notes = journal.recover_journals(path.parent, journal.hosts_check(path, key, _floor(marks, key)))
+        mark = marks.key(key.fingerprint).hosts
+        if path.exists() or path.is_symlink():
+            if new_chain:
+                raise ConfigError(f"--new-chain: {path} exists; a new chain starts only when the file is lost",
+                                  hint="drop --new-chain")
+            vh = read_hosts_file(path, key)
+            marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(path))
+            current, previous = vh.hosts, vh.sha256
+        elif new_chain:
+            base = mark.sequence if mark else 0
+            current, previous = rec.EnrolledHosts(base, ()), None
+            notes.append(f"--new-chain: {path} starts a NEW chain at sequence {base + 1}" + (
+                f", above sequence {base} this host saw" if mark else "") + "; hosts enrolled before are not carried "
+                "over (enroll each again)")
+        elif mark is not None or _in_git(path):
+            seen = f"this host saw sequence {mark.sequence} of it" if mark else "git's history has it"
+            raise ConfigError(f"{path} is missing, but {seen}: starting again at sequence 1 would let every older "
+                              "signed version count again",
+                              hint=f"restore it (git checkout -- {path}); or, to start over on purpose, pass "
+                              "--new-chain (the new chain starts above every sequence seen)")
+        else:
+            current, previous = rec.EnrolledHosts(0, ()), None
+            notes.append(f"{path}: the first enrolled-hosts file of release key {key.fingerprint} (sequence 1)")
+        hosts = list(current.hosts)
+        if add is not None:
+            existing = current.host(add.name)
+            if existing is not None and existing.same_signer(add):
+                notes.append(f"{add.name} is already enrolled with this key; nothing changed")
+                return Changed(current, False, notes)
+            if existing is not None and not replace:
+                raise ConfigError(f"{add.name} is already enrolled in {path} with another key ("
+                                  f"{existing.fingerprint or existing.identity}); refusing to replace it silently",
+                                  hint="pass --replace to enroll the new key in its place, or choose another name")
+            if existing is not None:
+                notes.append(f"{add.name}: its key is REPLACED ({existing.fingerprint or existing.identity} -> "
+                             f"{add.fingerprint or add.identity}); evidence it signed with the old key no longer counts")
+            hosts = [h for h in hosts if h.name != add.name] + [add]
+        if remove:
+            if current.host(remove) is None:
+                raise ConfigError(f"{remove} is not enrolled in {path}")
+            hosts = [h for h in hosts if h.name != remove]
+        new = rec.EnrolledHosts(current.sequence + 1, tuple(hosts), previous_sha256=previous)
+        data = new.to_bytes()
+        journal.write_signed_files(path.parent, [(path.name, data)], sign, key, replaces={path.name: previous})
+        marks.observe_hosts(key.fingerprint, new.sequence, sha256(data), new.previous_sha256, str(path))
+        return Changed(new, True, notes)
