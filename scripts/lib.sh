@@ -43,12 +43,15 @@ pick_python() {
     "install python3 (3.11+), or set QUALIFY_PYTHON to one"
 }
 
-# hand_over ACTION ARG...: the deploy's Python does the rest; its exit status is ours.
-hand_over() {
+# run_qualify COMMAND ARG...: `python -m qualify COMMAND` in the toolkit's Python; its exit status is ours.
+run_qualify() {
   pick_python
   "$PY" -c 'import cryptography, elftools' 2>/dev/null || fail "$EX_PREFLIGHT" \
     "'$PY' lacks the toolkit's dependencies (cryptography, pyelftools)" \
     "bash $REPO/scripts/setup-host.sh   (it makes $REPO/.venv, which the scripts then use)" \
     "or set QUALIFY_PYTHON to a Python with the toolkit installed"
-  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m qualify deploy "$@" --prog "$PROG"
+  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m qualify "$@" --prog "$PROG"
 }
+
+# hand_over ACTION ARG...: the deploy's Python does the rest; its exit status is ours.
+hand_over() { run_qualify deploy "$@"; }

@@ -164,16 +164,24 @@ def clone_checkout(source: Path, dest: Path, *args: str, timeout: float = 300) -
 
 
 @pytest.fixture(scope="session")
-def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory):
+def tiny_model(tmp_path_factory) -> Path:
+    """`python -m qualify tiny-model --out DIR` once per session (about a minute of training): the model the
+    cpu deployment serves and test_tiny_model.py reads. Never written to after: a server may be serving it."""
+    import cpu_server
+
+    return cpu_server.make_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory, tiny_model):
     """A real vLLM server (the cpu target, the tiny model) that ./start.sh deployed: tests/cpu_server.py says how
     it is made and used. One per session; stopped (scripts/stop.sh --purge-cache) at its end."""
     import cpu_server
 
     root = tmp_path_factory.mktemp("cpu-deployment")
     clone, env, fingerprint, timings = cpu_server.release_clone(root)
-    model = cpu_server.make_model(root / "tiny-model")
     d = cpu_server.CpuDeployment(clone, root / "deploy.env", cpu_server.free_port(), f"bwcpu-{uuid.uuid4().hex[:10]}",
-                                 model, env, timings=timings)
+                                 tiny_model, env, timings=timings)
     cpu_server.settings_file(d.env_file, d, fingerprint)
     try:
         cpu_server.start_killed_then_converge(d)

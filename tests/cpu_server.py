@@ -16,7 +16,8 @@ waits for /health, and a second one must converge on the same deployment: both o
 (`killed`, `started`). The teardown runs `scripts/stop.sh --purge-cache` and checks that nothing of the
 compose project is left; a failure there is an error of the session.
 
-Settings a later test needs changed (another parser, a longer context) belong in a deployment of its own:
+The server runs the tiny model in float32 (EXTRA_SERVE_ARGS=--dtype float32): test_cpu_matrix.py compares it
+with a BF16 reference. Settings a later test needs changed (another parser, a longer context) belong in a deployment of its own:
 `deploy(root, **settings)` makes one the same way, reusing the built image and the release (cached).
 The server's figures for this host (build, /health) are in `timings`.
 """
@@ -137,6 +138,7 @@ def make_model(dest: Path) -> Path:
     done = subprocess.run([sys.executable, "-m", "qualify", "tiny-model", "--out", str(dest)], cwd=REPO,
                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert f"serve it: MODEL_PATH={dest}" in done.stdout
     return dest
 
 
@@ -144,6 +146,8 @@ def settings_file(path: Path, d: CpuDeployment, fingerprint: str, **overrides: o
     values = {"MODEL_PATH": d.model_dir, "SERVED_MODEL_NAME": SERVED, "TOOL_CALL_PARSER": "hermes",
               "RELEASE_KEY_FINGERPRINT": fingerprint, "COMPOSE_PROJECT": d.project, "API_PORT": d.port,
               "DEPLOY_DIR": path.parent / "deploy", "MIN_FREE_DISK_GIB": 5, "HEALTH_TIMEOUT_S": HEALTH_TIMEOUT_S,
+              # float32, not vLLM's CPU default (bfloat16): serve.accuracy compares it with a BF16 reference
+              "EXTRA_SERVE_ARGS": "--dtype float32",
               **overrides}
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return path

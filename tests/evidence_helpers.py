@@ -47,20 +47,23 @@ def sign_with(key_file: Path, password: str = PASSWORD):
 
 
 class Lab:
-    """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host."""
+    """One release (sm120 at `unverified`, probe PROBE), one enrolled GPU host. Its image is the smoke profile
+    (no server), so GPU evidence alone decides, as the rules these tests check are about; a vllm image's
+    runs also need the serving matrix (tests/test_serve_promote.py)."""
 
     def __init__(self, root: Path, level: str = "unverified", stmt: Optional[dict] = None,
-                 options: Optional[dict] = None) -> None:
-        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves); `options`:
-        the release's (e.g. targets_file, the targets file whose rule it signs)."""
+                 options: Optional[dict] = None, **more) -> None:
+        """`stmt`: the released statement (default: sm120 of DIGEST_A, which no registry serves); `options`
+        and `more`: make_release's (release.ReleaseOptions: e.g. targets_file, the targets file whose rule it
+        signs)."""
         self.root = root
         keys = root / "keys"
         keys.mkdir(parents=True, exist_ok=True)
         self.release_key, self.release_pub = make_key_pair(keys)
         self.host_key, self.host_pub = make_key_pair(keys, prefix="gpu-host")
-        stmt = stmt or statement("sm120", DIGEST_A, level=level)
+        stmt = stmt or statement("sm120", DIGEST_A, level=level, profile="smoke")
         stmt["predicate"].setdefault("toolkit", {})["probe_sha256"] = PROBE
-        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key, **(options or {}))
+        self.folder = make_release(root / "repo", TAG, [stmt], self.release_key, **{**(options or {}), **more})
         self.manifests = self.folder.parent
         self.sign, self.key = sign_with(self.release_key)
         self.t0 = rec.parse_time(folder.read_release(self.folder).index.time, "release time")

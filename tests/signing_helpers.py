@@ -264,7 +264,8 @@ def promote_to_baseline(folder: Path, key_file: Path, password: str, targets: Li
 
     from qualify.probe.gpu import REQUIRED_GPU_CHECKS
     from qualify.release import evidence as ev
-    from qualify.release import promote
+    from qualify.release import promote, servecount, serving
+    from qualify.signing import formats as fmt
     from qualify.signing import signer as sgn
     from qualify.trust import hosts
     from qualify.trust import records as rec
@@ -302,5 +303,23 @@ def promote_to_baseline(folder: Path, key_file: Path, password: str, targets: Li
             path = ev.write(runs / f"{target}-{n}.json", record)
             ev.sign(path, host_signer)
             paths.append(path)
+            if servecount.rule_for(vt.manifest, release.rule(target)).counts_serving:  # a vllm image: its matrix too
+                served = serve_record(record, vt.manifest)
+                path = serving.write(runs / f"{target}-{n}.serve-check.json", served)
+                sgn.write_signature(host_signer, path, fmt.signature_path(path), fmt.bundle_path(path))
+                paths.append(path)
     promote.promote(folder, folder.name, paths, sign, key, hosts_file,
                     now=t0 + dt.timedelta(days=1))
+
+
+def serve_record(gpu, m):
+    """The serve-check record of the deployment that gave GPU evidence `gpu` (every check passing), as
+    `qualify serve-check` writes it after start.sh: the GPU run's identity copied in."""
+    from test_serve_matrix import record
+
+    from qualify.release import serving
+
+    return record(release=gpu.release, target=gpu.target, capability=gpu.capability, image=m.reference,
+                  subject_name=m.reference.partition("@")[0], subject_digest=m.digest, time=gpu.time,
+                  run_id=gpu.run_id, host_id_sha256=gpu.host_id_sha256, probe_sources_digest=gpu.probe_sources_digest,
+                  gpu_evidence=serving.GpuLink(gpu.run_id, gpu.time, gpu.host_id_sha256, gpu.outcome.value))

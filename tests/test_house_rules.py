@@ -81,6 +81,7 @@ CALL_SITES = {
     "publish/publish.py": {"read_release"},
     "deploy/choice.py": {"read_release", "list_releases"},
     "cli/deploy_cmd.py": {"read_release"},  # deploy seed
+    "deploy/servecheck/server.py": {"read_release"},  # the served image against the release's manifest (issue 39)
     "cli/hosts_cmd.py": {"read_hosts"},
     "trust/hosts.py": {"read_hosts_file"},
     # other anchors, one function each: host-signed evidence (release/evidence.py: signed_by), DSSE payloads

@@ -625,11 +625,24 @@ def test_promote_takes_its_rule_from_the_signed_release_never_a_targets_file(lab
     assert one.standing.level == "experimental" and "7 consecutive passes on capability 12.0" in one.rule.describe()
 
 
-def test_a_policy_this_toolkit_cannot_apply_is_refused_never_ignored(lab):
+def test_a_policy_this_toolkit_cannot_apply_is_refused_never_ignored(lab, monkeypatch):
+    from qualify.trust import policy
+
     data = json.loads((lab.folder / "release.json").read_text())
-    data["policy"]["level_checks"] = [{"level": "baseline", "checks": ["serve.canary"]}]
-    with pytest.raises(VerificationError, match="sets level_checks, which this toolkit does not apply"):
+    checks = data["policy"]["level_checks"]
+    data["policy"]["level_checks"] = [{"level": "baseline", "checks": ["serve.canary"]}]  # a check nobody judges
+    with pytest.raises(VerificationError, match="names check.s. serve.canary, which this toolkit does not judge"):
         rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+    data["policy"]["level_checks"] = checks
+    data["policy"]["allreduce_floors"] = [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 350}]
+    floors = rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json").policy.allreduce_floors
+    assert [(f.topology, f.gpus, f.min_bus_gbps) for f in floors] == [("nvlink", 2, 350.0)]  # applied (issue 44)
+    # A toolkit that did not apply floors would refuse them, never read the release as if they were not there.
+    monkeypatch.setattr(policy, "ENFORCED", frozenset({"level_checks"}))
+    with pytest.raises(VerificationError, match="sets allreduce_floors, which this toolkit does not apply"):
+        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+    monkeypatch.undo()
+    del data["policy"]["allreduce_floors"]
     data["policy"]["version"] = 2
     with pytest.raises(VerificationError, match="policy version 2 is newer than this toolkit knows"):
         rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,13 +19,8 @@ transformers = pytest.importorskip("transformers")  # the test extra
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    done = subprocess.run([sys.executable, "-m", "qualify", "tiny-model", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"serve it: MODEL_PATH={out}" in done.stdout
-    return out
+def tiny(tiny_model) -> Path:
+    return tiny_model  # conftest's: `python -m qualify tiny-model --out DIR`, once per session
 
 
 def test_two_runs_write_the_same_bytes(tiny, tmp_path):
@@ -88,3 +81,39 @@ def test_a_folder_that_is_not_a_tiny_model_is_never_replaced(tmp_path):
         write.make(tmp_path / "mine", say=lambda _: None)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     assert os.listdir(tmp_path) == ["mine"]
+
+
+def test_the_stamp_names_the_matrix_it_was_trained_for(tiny):
+    from qualify.probe import servematrix
+
+    stamp = json.loads((tiny / "tiny-model.json").read_text())
+    assert stamp["recipe"] == 2 and "niah" in stamp["skills"] and stamp["needle_margin"] >= 6
+    assert stamp["matrix"] == {"version": servematrix.load().version, "sha256": servematrix.load().sha256}
+
+
+def test_greedy_decoding_retrieves_the_matrixs_needles_and_makes_its_tool_call(tiny):
+    """The haystacks serve-check sends (up to half of MAX_MODEL_LEN 8192), built with this tokenizer as the
+    server's /tokenize counts them; transformers' own generate, in bfloat16."""
+    import torch
+
+    from qualify.probe import servematrix
+
+    m = servematrix.load()
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.bfloat16)
+
+    def ids(text):
+        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       return_tensors="pt", return_dict=True)["input_ids"]
+
+    def answer(text, n):
+        prompt = ids(text)
+        out = model.generate(prompt, max_new_tokens=n, do_sample=False)
+        return tok.decode(out[0, prompt.shape[1]:], skip_special_tokens=True)
+
+    cases = servematrix.niah_cases(m.niah, 8192, lambda text: ids(text).shape[1])
+    assert max(c.target_tokens for c in cases) > 4000
+    for c in cases:
+        assert answer(c.message, 4) == c.word, (c.fraction, c.depth)
+    call = json.loads(answer(m.tools.prompt, 96).split("<tool_call>")[1].split("</tool_call>")[0])
+    assert call == {"name": m.tools.name, "arguments": m.tools.expect}

@@ -181,7 +181,8 @@ def test_restoring_the_files_from_before_a_demotion_does_not_bring_baseline_back
     stmt = json.loads(path.read_text())
     probe = stmt["predicate"].get("toolkit", {}).get("probe_sha256")
     assert probe is None  # the statement helper names no probe: the binding accepts any
-    promote.promote(release_dir, TAG, [run(i) for i in range(1, 8)], sign, key, None, allow_unsigned=True)
+    promote.promote(release_dir, TAG, with_matrix(release_dir, [run(i) for i in range(1, 8)]), sign, key, None,
+                    allow_unsigned=True)
     assert read_release(release_dir).target("sm120").manifest.support_level == "baseline"
     saved = tmp_path / "promotion-1"
     shutil.copytree(release_dir, saved)
@@ -702,7 +703,7 @@ def test_the_deploy_says_when_a_baseline_rests_on_unsigned_evidence(host, docker
             ev.Gpu("RTX 5090", "12.0", ev.hashed("g"), "580"), ev.hashed("h"),
             records.format_time(t0 + __import__("datetime").timedelta(seconds=n)), ev.Outcome.PASS, "", checks, {},
             f"{n:032x}")))
-    promote.promote(path.parent, TAG, runs, sign, key, None, allow_unsigned=True)
+    promote.promote(path.parent, TAG, with_matrix(path.parent, runs), sign, key, None, allow_unsigned=True)
     host.settings()
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
     assert done.returncode == 0, done.stderr
@@ -763,3 +764,19 @@ def test_verify_and_hosts_list_escape_control_characters(capsys, tmp_path, keys)
     hosts_cmd.execute(Args())
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out and "m\\x1b[2J.json" in out and "repo\\x1b[31m" in out
+
+
+def with_matrix(release_dir, paths):
+    """Each GPU run with the serve-check record of its deployment (a vllm image's baseline needs both: the
+    release's signed level_checks), written as serve-check writes it."""
+    from signing_helpers import serve_record
+
+    from qualify.release import evidence as ev
+    from qualify.release import serving
+
+    m = read_release(release_dir).target("sm120").manifest
+    out = list(paths)
+    for p in paths:
+        gpu = ev.from_bytes(p.read_bytes(), TAG, str(p))
+        out.append(serving.write(p.with_name(p.stem + ".serve-check.json"), serve_record(gpu, m)))
+    return out

@@ -44,6 +44,7 @@ COMMANDS = {
     "k8s": ("k8s_cmd", "a Kubernetes Job running a published image's GPU checks on a GPU node"),
     "gpu-evidence": ("gpu_evidence_cmd", "GPU checks of a published image on this host, as a manifest"),
     "merge": ("merge_cmd", "gather evidence from many hosts into the input of `qualify promote`"),
+    "serve-check": ("serve_check_cmd", "the serving correctness matrix against a running server, as a signed record"),
     "tiny-model": ("tiny_model_cmd", "write a small local model that answers the deploy's checks (no download)"),
 }
 

@@ -185,6 +185,8 @@ class TargetsFile:
         """The interpreter the toolkit itself runs on where it installs one (a CI runner): the oldest an image
         has, which is the hermetic base's, the toolkit's own floor (pyproject's requires-python)."""
         return self.pythons[0]
+    # [promotion] level_checks (issue 39): level -> the serving checks a serving target's runs need for it.
+    promotion_level_checks: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
 
     def get(self, name: str) -> Target:
         if name not in self.targets:

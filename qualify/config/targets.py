@@ -53,7 +53,7 @@ _TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "allreduce": di
 _ALLREDUCE_KEYS = {"floors": list}
 _FLOOR_KEYS = {"topology": str, "gpus": int, "min_bus_gbps": float}
 MAX_BUS_GBPS = 100000.0  # no link is near this: larger is a typo
-_PROMOTION_KEYS = {"consecutive_passes": int}
+_PROMOTION_KEYS = {"consecutive_passes": int, "level_checks": dict}
 _BUILD_KEYS = {"cache_budget_gb": float, "layers": list}
 _LAYER_KEYS = {"name": str, "packages": list}
 _LAYER_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -166,13 +166,14 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
                 if not isinstance(table, dict):
                     raise ConfigError(f"{path}: target {name!r} must be a table")
                 targets[name] = _parse_target(name, table, defaults, drivers, path)
-    passes = 7
+    passes, level_checks = 7, {}
     with problems.each():
         promotion = raw.get("promotion") or {}
         _check_keys(promotion, _PROMOTION_KEYS, path, "[promotion]")
         passes = promotion.get("consecutive_passes", 7)
         if not 1 <= passes <= 1000:
             raise ConfigError(f"{path}: [promotion] consecutive_passes must be from 1 to 1000 (found {passes})")
+        level_checks = _parse_level_checks(promotion.get("level_checks") or {}, path)
     build = DEFAULT_BUILD
     with problems.each():
         if "build" in raw:
@@ -182,7 +183,24 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
         if "allreduce" in raw:
             floors = _parse_allreduce(_table(raw, "allreduce", path, "top level"), path)
     problems.raise_any()
-    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers, floors)
+    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers, floors, level_checks)
+
+
+def _parse_level_checks(table: Mapping[str, Any], path: Path) -> Dict[str, Tuple[str, ...]]:
+    """[promotion] level_checks (issue 39): per level, the serving checks a run of a serving target needs;
+    `qualify release` signs them into release.json's policy, the only place promote reads them from."""
+    from qualify.probe.servematrix import CHECK_IDS
+
+    out = {}
+    for level, checks in table.items():
+        where = f"{path}: [promotion] level_checks: {level!r}"
+        if level not in INTENDED_LEVELS:
+            raise ConfigError(f"{where} is not a level ({', '.join(INTENDED_LEVELS)})")
+        if not isinstance(checks, list) or any(c not in CHECK_IDS for c in checks) or len(set(checks)) != len(checks):
+            raise ConfigError(f"{where} must list distinct serving check ids",
+                              hint=f"the checks qualify serve-check judges: {', '.join(CHECK_IDS)}")
+        out[level] = tuple(checks)
+    return out
 
 
 def _check_name(name: str, path: Path) -> None:

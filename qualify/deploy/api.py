@@ -151,7 +151,7 @@ MIN_STREAM_INTERVAL_S = 0.05
 MIN_STREAM_SHARE = 0.2
 
 
-def _stream_events(resp) -> Any:
+def stream_events(resp) -> Any:
     """The JSON objects of a server-sent event stream, until [DONE]; reads are line-bounded."""
     while True:
         line = resp.readline(MAX_EVENT_BYTES)
@@ -184,7 +184,7 @@ def throughput(base_url: str, model: str, max_tokens: int = 256, timeout: float 
     usage = None
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            for event in _stream_events(resp):
+            for event in stream_events(resp):
                 if event.get("usage"):
                     usage = event["usage"].get("completion_tokens")
                 for choice in event.get("choices") or []:

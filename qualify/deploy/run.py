@@ -17,6 +17,7 @@ from qualify.core import topology
 from qualify.core.errors import QualifyError, VerificationError
 from qualify.deploy import allreduce, api, choice, compose, gate, ops, preflight, state
 from qualify.deploy.errors import DeployError, NoReleaseError
+from qualify.deploy.servecheck import status as matrix_status
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import cmd, paths
@@ -151,6 +152,8 @@ class Deploy:
         if published:
             self.ui.say(f"published: {published} (from {PUBLICATION_FILE}, signed with the release key)")
         self.ui.say(f"manifest: {release.path / target.entry.manifest_file}; image: {image}")
+        for line in matrix_status.lines(target, release.path, release.rule(self.target)):
+            self.ui.say(line)
         decision = gate.gate_decision(m, promoted=target.promotion is not None)
         floors = release.index.policy.allreduce_floors if release.index.policy else None
         trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted, floors)
@@ -507,8 +510,18 @@ class Deploy:
                {"id": self.s.model_id, "revision": self.s.model_revision},
                "served_model_name": self.s.served_model_name,
                "gpus": {"devices": [g.uuid for g in self.plan.gpus], "tensor_parallel_size": self.plan.tensor_parallel_size,
-                        "topology": self.plan.topology.as_json()} if self.plan.gpus else None}
+                        "topology": self.plan.topology.as_json()} if self.plan.gpus else None,
+               "gpu_evidence": self.evidence_link()}
         write_json(self.s.compose_file.with_name(ops.DEPLOYMENT_FILE), doc)
+
+    def evidence_link(self) -> Optional[Dict[str, str]]:
+        """The GPU evidence this run saved, by its run's identity: serve-check copies it into its record, so that
+        promote counts the two together (release/servecount.py)."""
+        if self.evidence is None:
+            return None
+        path, r = self.evidence
+        return {"file": path.name, "run_id": r.run_id, "time": r.time, "host_id_sha256": r.host_id_sha256,
+                "outcome": r.outcome.value}
 
     def summary(self, trust: Trust, url: str) -> str:
         s = self.s

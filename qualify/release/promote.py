@@ -11,6 +11,10 @@ it (manifests/hosts.json, signed with the release key), or, loudly and on the re
 required checks, its time parsed, its identity semantic (the same run once, however it is serialised and
 whoever vouches for it).
 
+Serving evidence (issue 39, servecount.py): where the release's signed policy names serving checks for a level
+(`level_checks`), a run of a serving target counts toward it only with a verified serve-check record of the
+same deployment that passes them (the cpu target: the record alone); without one it does not count.
+
 The ledger only moves forward. Promote holds the release folder's lock and the hosts file's lock, finishes
 an interrupted write only when what it would make verifies (journal.release_check), and refuses a folder
 whose newest promotion record is older than what this host has seen (highwater.PromoterState: never
@@ -36,9 +40,9 @@ from qualify.core import manifest as mf
 from qualify.core.enums import SupportLevel
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
-from qualify.core.readlimit import read_small
+from qualify.core.readlimit import read_small, strict_json
 from qualify.release import evidence as ev
-from qualify.release import rows
+from qualify.release import rows, servecount, serving
 from qualify.signing import formats
 from qualify.signing.signer import Signer
 from qualify.trust import gpuconfig, journal
@@ -64,20 +68,39 @@ LOWER = {"optimized": "experimental", "baseline": "experimental", "experimental"
 @dataclass(frozen=True)
 class Counted:
     """One accepted run: its record, the sha256 of the file kept for it, who vouched, its identity, and its
-    outcome under the release's rule."""
+    outcome under the release's rule; where serving evidence counts (servecount.py), the serve-check record
+    it counted with (its sha256 and record), why, and whether it lifts an unverified target."""
 
     record: ev.Evidence
     sha256: str
     host: str  # enrolled host name, or "unsigned"
     identity: str
     outcome: ev.Outcome
-    reason: str = ""  # why the signed all-reduce floor changed a multi-GPU run's outcome ("": the record's reason)
+    serving_sha256: Optional[str] = None
+    served: Optional[serving.ServeRecord] = None
+    reason: Optional[str] = None  # None: the record's own (the signed floor or serving evidence may change it)
+    lifts: Optional[bool] = None  # None: a pass lifts
+    gpu_outcome: Optional[ev.Outcome] = None  # before serving evidence was weighed (None: `outcome` is it)
+
+    @property
+    def own_outcome(self) -> ev.Outcome:
+        return self.gpu_outcome or self.outcome
 
     def summary(self) -> rec.CountedEvidence:
         r = self.record
-        return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value, self.reason or r.reason,
-                                   r.gpu.name, r.gpu.driver, self.host, tuple(sorted(r.figures.items())),
-                                   r.configuration.key)
+        return rec.CountedEvidence(self.sha256, self.identity, r.time, self.outcome.value,
+                                   r.reason if self.reason is None else self.reason, r.gpu.name, r.gpu.driver,
+                                   self.host, tuple(sorted(r.figures.items())), r.configuration.key,
+                                   self.serving_sha256)
+
+    def judged(self, rule: servecount.ServingRule) -> Counted:
+        """This GPU run under the serving rule, with the serve-check record of its deployment it holds."""
+        if not rule.counts_serving:
+            return self
+        own = self.own_outcome
+        c = servecount.combine(own, self.record.reason if self.reason is None else self.reason,
+                               [self.served] if self.served else [], rule)
+        return replace(self, outcome=c.outcome, reason=c.reason, lifts=c.lifts, gpu_outcome=own)
 
 
 @dataclass(frozen=True)
@@ -141,6 +164,8 @@ def standing(counted: Iterable[Counted], rule: TargetRule, released_level: str) 
                 level = "baseline"
             elif mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["experimental"]:
                 level = "experimental"
+        elif c.lifts and mf.LEVEL_RANK.get(level, 0) < mf.LEVEL_RANK["experimental"]:
+            level = "experimental"  # its GPU checks passed, its serving evidence is missing: no streak
         elif c.outcome is ev.Outcome.PRODUCT_FAILURE:
             lowered = LOWER.get(level, level)
             notes.append(f"a product failure at {c.record.time} " + (f"lowered {level} to {lowered}" if lowered != level
@@ -180,6 +205,7 @@ class Promoted:
     added: Tuple[Counted, ...] = ()  # the runs this promotion took in, each with its outcome
     rule: Optional[TargetRule] = None
     configurations: Tuple[ConfigurationRow, ...] = ()  # the multi-GPU rows beside the 1-GPU row (`standing`)
+    serving: Optional[servecount.ServingRule] = None
 
 
 def _store(folder: Path, target: str, create: bool = False) -> Path:
@@ -197,11 +223,23 @@ def _store(folder: Path, target: str, create: bool = False) -> Path:
 def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> Tuple[List[Counted], Tuple[str, ...]]:
     """The runs the signed promotion record accepted (the verified release carries their files, each
     sha-checked: trust/verify.py), parsed; and the names of files in the evidence folder it does not name
-    (dropped in by hand, or kept by a promote killed before it signed: they never count)."""
+    (dropped in by hand, or kept by a promote killed before it signed: they never count). A listed serve-check
+    record is re-read and re-judged under the release's serving rule: the cpu target's run itself, or the record
+    a GPU run counted with."""
+    serve_rule = servecount.rule_for(vt.manifest, rule)
     out = []
     for a in vt.accepted:
-        record = ev.from_bytes(a.data, release.tag, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.sha256}.json")
-        out.append(_counted(record, a.sha256, a.host, ev.record_identity(record), rule))
+        where = f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.sha256}.json"
+        if serving.is_serve_record(strict_json(a.data, where, ev.EvidenceError)):
+            served = serving.parse(a.data, where)
+            run = servecount.as_run(served, serve_rule)
+            out.append(Counted(run, a.sha256, a.host, a.identity, run.outcome, a.sha256, served))
+            continue
+        record = ev.from_bytes(a.data, release.tag, where)
+        served = serving.parse(a.serving_data, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json") \
+            if a.serving_sha256 and a.serving_data is not None else None
+        out.append(replace(_counted(record, a.sha256, a.host, ev.record_identity(record), rule),
+                           serving_sha256=a.serving_sha256, served=served).judged(serve_rule))
     return out, vt.unlisted
 
 
@@ -220,7 +258,7 @@ def _outcome(record: ev.Evidence, rule: TargetRule) -> ev.Outcome:
 
 def _counted(record: ev.Evidence, sha: str, host: str, identity: str, rule: TargetRule) -> Counted:
     outcome, reason = _judged(record, rule)
-    return Counted(record, sha, host, identity, outcome, reason)
+    return Counted(record, sha, host, identity, outcome, reason=reason or None)
 
 
 def _seen(release: VerifiedRelease, vt: VerifiedTarget) -> Seen:
@@ -290,17 +328,24 @@ def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, relea
         hosts = _hosts(marks, release, hosts_file, release_key)
         now = now or dt.datetime.now(dt.timezone.utc)
         by_target: Dict[str, List[ev.Signed]] = {}
-        for path in files:
-            signed = ev.read_signed(Path(path), tag, hosts.hosts if hosts else None, allow_unsigned)
-            record = signed.record
+        served: Dict[str, List[serving.SignedServe]] = {}
+        for path in files:  # GPU evidence and serve-check records, told apart by what each file holds
+            matrix = servecount.read_signed(Path(path), hosts.hosts if hosts else None, allow_unsigned)
+            signed = ev.read_signed(Path(path), tag, hosts.hosts if hosts else None, allow_unsigned) \
+                if matrix is None else None
+            record = matrix.record if matrix is not None else signed.record
             if not release.has(record.target):
                 raise ev.EvidenceError(f"{path}: the evidence is for target {record.target!r}, which release {tag} "
                                        f"does not have (it has: {', '.join(t.target for t in release.targets)})")
             vt = release.target(record.target)
+            if matrix is not None:
+                servecount.check_binding(matrix.record, vt.manifest, release.index, str(path), now)
+                served.setdefault(record.target, []).append(matrix)
+                continue
             check_binding(record, vt.manifest, release.rule(record.target), release.index, str(path), now)
             by_target.setdefault(record.target, []).append(signed)
-        return [_promote_target(release, release.target(t), new, signer, allow_unsigned, hosts, marks)
-                for t, new in sorted(by_target.items())]
+        return [_promote_target(release, release.target(t), by_target.get(t, []), signer, allow_unsigned, hosts,
+                                marks, served.get(t, []), progress) for t in sorted(set(by_target) | set(served))]
 
 
 def _manifest_bytes(vt: VerifiedTarget, s: Standing, sequence: int, released: str, everything: Sequence[Counted],
@@ -333,10 +378,10 @@ def _new_runs(new: List[ev.Signed], old: Sequence[Counted], rule: TargetRule) ->
     for s in new:
         outcome = _outcome(s.record, rule)
         before = known.get(s.identity)
-        if before is not None and before.outcome is not outcome:
+        if before is not None and before.own_outcome is not outcome:
             raise ev.EvidenceError(f"{s.source}: the same run as accepted evidence {before.sha256[:12]}... (image, probe, "
                                    f"GPU, host, run id, time), but its checks give {outcome.value}, not "
-                                   f"{before.outcome.value}: one of them was changed")
+                                   f"{before.own_outcome.value}: one of them was changed")
         other = chosen.get(s.identity)
         if other is not None and _outcome(other.record, rule) is not outcome:
             raise ev.EvidenceError(f"{other.source} and {s.source} are the same run with different results "
@@ -347,27 +392,62 @@ def _new_runs(new: List[ev.Signed], old: Sequence[Counted], rule: TargetRule) ->
     return list(chosen.values())
 
 
+def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.SignedServe],
+                  rule: servecount.ServingRule, progress) -> Tuple[List[Counted], List[serving.SignedServe]]:
+    """Every run, each judged with the serve-check record of its deployment that decides it (servecount.choose);
+    and the handed-in records newly counted (to keep). The cpu target: each new record is a run of its own."""
+    known = {c.identity for c in old + runs}
+    if rule.alone:
+        fresh = [s for i, s in enumerate(new) if s.identity not in known
+                 and s.identity not in {x.identity for x in new[:i]}]
+        for s in fresh:
+            run = servecount.as_run(s.record, rule)
+            runs.append(Counted(run, s.sha256, s.host or "unsigned", s.identity, run.outcome, s.sha256, s.record))
+        return old + runs, fresh
+    if not rule.counts_serving:
+        if new:
+            progress(f"{len(new)} serve-check record(s) not counted: this release's rule is {rule.source}")
+        return old + runs, []
+    out, taken = [], []
+    for c in old + runs:
+        mine = [s for s in new if servecount.pairs_with(c.record, s.record)]
+        pick = servecount.choose([c.served] if c.served else [], [s.record for s in mine], rule)
+        chosen = next((s for s in mine if s.record is pick), None)
+        if chosen is not None and chosen.sha256 != c.serving_sha256:
+            taken.append(chosen)
+            c = replace(c, serving_sha256=chosen.sha256, served=chosen.record)
+        out.append(c.judged(rule))
+    left = servecount.unpaired(new, [c.record for c in out])
+    if left:
+        progress(f"{len(left)} serve-check record(s) pair with no GPU run handed in or accepted (the GPU evidence "
+                 f"of their deployment is missing): {', '.join(str(s.source) for s in left[:3])}")
+    return out, taken
+
+
 def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.Signed], signer: Signer,
-                    allow_unsigned: bool, hosts: Optional[VerifiedHosts], marks: PromoterState) -> Promoted:
+                    allow_unsigned: bool, hosts: Optional[VerifiedHosts], marks: PromoterState,
+                    served: Sequence[serving.SignedServe] = (), progress=lambda m: None) -> Promoted:
     folder, target, rule = release.path, vt.target, release.rule(vt.target)
+    serve_rule = servecount.rule_for(vt.manifest, rule)
     old, ignored = accepted(release, vt, rule)
     added = _new_runs(new, old, rule)
-    counted = old + [_counted(s.record, s.sha256, s.host or "unsigned", s.identity, rule) for s in added]
+    runs = [_counted(s.record, s.sha256, s.host or "unsigned", s.identity, rule) for s in added]
+    counted, matrices = _with_serving(old, runs, list(served), serve_rule, progress)
     released = vt.entry.support_level
     single, everything, others = configuration_rows(counted, rule, released)
     s = standing(single, rule, released)
     manifest_path, record_path = folder / vt.entry.manifest_file, folder / rec.promotion_file(target)
     previous = vt.promotion_sequence
-    if not added:
+    if not added and not matrices:
         return Promoted(target, s, manifest_path, record_path, 0, previous, ignored, written=False, rule=rule,
-                        configurations=others)
+                        configurations=others, serving=serve_rule)
     store = _store(folder, target, create=True)
-    for signed in added:
+    for signed in [*added, *matrices]:
         _keep(store, signed)
     killpoint.reached("promote:kept")  # a kill here leaves files the record does not name: listed, never counted
-    ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in added})
+    ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in [*added, *matrices]})
     manifest = _manifest_bytes(vt, s, previous + 1, released, everything, others)
-    unsigned = (allow_unsigned and any(not c.host for c in added)) or \
+    unsigned = (allow_unsigned and any(not c.host for c in [*added, *matrices])) or \
         bool(vt.promotion and vt.promotion.unsigned_evidence_allowed)
     record = rec.PromotionRecord(
         release=release.tag, release_sha256=release.index_sha256, target=target, sequence=previous + 1,
@@ -386,9 +466,10 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
     new_seen = replace(_seen(release, vt), promotion=previous + 1, promotion_sha256=sha256(record.to_bytes()),
                        manifest_sha256=sha256(manifest))
     marks.observe_release(release.key.fingerprint, new_seen, f"release folder {folder}")
-    taken = tuple(c for c in counted if c.identity in {a.identity for a in added})
-    return Promoted(target, s, manifest_path, record_path, len(added), previous + 1, ignored, added=taken, rule=rule,
-                    configurations=others)
+    fresh = {a.identity for a in added} | {m.identity for m in matrices if serve_rule.alone}
+    taken = tuple(c for c in counted if c.identity in fresh or c.serving_sha256 in {m.sha256 for m in matrices})
+    return Promoted(target, s, manifest_path, record_path, len(added) + len(matrices), previous + 1, ignored,
+                    added=taken, rule=rule, configurations=others, serving=serve_rule)
 
 
 def release_signer(key_file: Path) -> Tuple[Signer, TrustedKey]:
@@ -417,9 +498,12 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
         lines.append(f"{p.target} ({r.configuration.key}): {r.level} ({r.consecutive_passes} of "
                      f"{r.required_consecutive_passes} consecutive passes; {r.runs} records)"
                      + (f"; {r.note}" if r.note else ""))
+    if p.serving is not None and (p.serving.counts_serving or p.serving.alone):
+        lines.append(f"  serving: {p.serving.source}")
     for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
+        why = c.record.reason if c.reason is None else c.reason
         lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.outcome.value}"
-                     + (f" ({c.record.reason})" if c.record.reason else ""))
+                     + (f" ({why})" if why else ""))
     if len(p.added) > 10:
         lines.append(f"  new: {len(p.added) - 10} more")
     if p.written:

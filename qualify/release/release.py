@@ -260,7 +260,7 @@ def release_policy(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> R
     tf = targets.load(opts.targets_file) if opts.targets_file else targets.load()
     return policy.for_release({e.target: e.intended_level or (tf.get(e.target).support_level if e.target in tf.targets
                                                               else "experimental") for e in entries},
-                              tf.promotion_passes, tf.allreduce_floors)
+                              tf.promotion_passes, tf.allreduce_floors, tf.promotion_level_checks)
 
 
 def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],

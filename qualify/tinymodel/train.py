@@ -2,16 +2,19 @@
 
 Deterministic: one seed, one thread (a thread count changes the order of float sums), a fixed schedule,
 and a stopping rule that depends only on the model's own outputs. It trains until greedy decoding gives
-every example's reply in float32 and in bfloat16 (vLLM's CPU backend computes in bfloat16) and the
-reply's tokens win by a margin, so a server's slightly different arithmetic cannot flip them.
+every example's reply in float32 and in bfloat16 (vLLM's CPU backend computes in bfloat16 unless told
+float32) and the reply's tokens win by a margin, so a server's slightly different arithmetic cannot flip
+them. With a needle task (needle.py) each step also trains on freshly drawn haystacks, and the stopping
+rule also needs the matrix's own haystacks answered with that margin, in both precisions.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from tokenizers import Tokenizer
@@ -26,6 +29,7 @@ MARGIN = 6.0  # logits: the reply's token over the runner-up, at every position
 MAX_STEPS = 1500
 CHECK_EVERY = 50
 LEARNING_RATE = 3e-3
+CLIP_NORM = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Trained:
     steps: int
     seconds: float
     margin: float  # the smallest winning margin over every reply token
+    needle_margin: Optional[float] = None  # the same over the matrix's haystacks (bfloat16 and float32)
 
 
 def config(tok: Tokenizer, shape: Shape = Shape()) -> LlamaConfig:
@@ -64,7 +69,7 @@ def encode(tok: Tokenizer, example: Example) -> Tuple[List[int], List[int]]:
     return prompt, reply
 
 
-def _batch(pairs: Sequence[Tuple[List[int], List[int]]], pad: int) -> Tuple[torch.Tensor, ...]:
+def batch(pairs: Sequence[Tuple[List[int], List[int]]], pad: int) -> Tuple[torch.Tensor, ...]:
     width = max(len(p) + len(r) for p, r in pairs)
     ids = torch.full((len(pairs), width), pad, dtype=torch.long)
     labels = torch.full((len(pairs), width), -100, dtype=torch.long)
@@ -107,35 +112,60 @@ def decodes_right(model: LlamaForCausalLM, pairs: Sequence[Tuple[List[int], List
 
 
 def train(tok: Tokenizer, examples: List[Example], shape: Shape = Shape(),
-          progress: Optional[Callable[[str], None]] = None) -> Trained:
+          progress: Optional[Callable[[str], None]] = None, needles: Any = None) -> Trained:
+    """`needles`: a needle.NeedleTask, or None for the fixed examples alone."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(tok, examples, shape, progress or (lambda _: None))
+        return _train(tok, examples, shape, progress or (lambda _: None), needles)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(tok: Tokenizer, examples: List[Example], shape: Shape, say: Callable[[str], None]) -> Trained:
+def _learned(model: LlamaForCausalLM, pairs, checks, eos: int) -> Tuple[bool, Optional[float]]:
+    """Every fixed reply decoded greedily in float32 and bfloat16; and the smallest margin over the needle
+    checks in both (None without them; teacher-forced margins above 0 are what greedy decoding gives)."""
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    if not (decodes_right(model, pairs, eos) and decodes_right(half, pairs, eos)):
+        return False, None
+    if not checks:
+        return True, None
+    worst = min(margin(model, checks), margin(half, checks))
+    return worst >= MARGIN, worst
+
+
+def _train(tok: Tokenizer, examples: List[Example], shape: Shape, say: Callable[[str], None], needles) -> Trained:
     torch.manual_seed(SEED)
+    rng = random.Random(SEED)
     cfg = config(tok, shape)
     model = LlamaForCausalLM(cfg)
     pairs = [encode(tok, e) for e in examples]
-    ids, labels, mask = _batch(pairs, cfg.pad_token_id)
+    checks = needles.checks(tok) if needles is not None else []
+    ids, labels, mask = batch(pairs, cfg.pad_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     start = time.monotonic()
+    reach = needles.start if needles is not None else 0
     for step in range(1, MAX_STEPS + 1):
         model.train()
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        if needles is not None:
+            h_ids, h_labels, h_mask, h_pos = needles.batch(tok, rng, reach, cfg.pad_token_id)
+            found = model(input_ids=h_ids, attention_mask=h_mask, labels=h_labels, position_ids=h_pos).loss
+            reach = needles.grow(reach, found.item())
+            loss = loss + found
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)  # one bad haystack batch cannot undo it all
         opt.step()
         if step % CHECK_EVERY:
             continue
         model.eval()
         worst = margin(model, pairs)
-        say(f"step {step}: loss {loss.item():.4f}, smallest margin {worst:.2f} (wanted {MARGIN:g})")
-        if worst >= MARGIN and decodes_right(model, pairs, cfg.eos_token_id) \
-                and decodes_right(copy.deepcopy(model).to(torch.bfloat16), pairs, cfg.eos_token_id):
-            return Trained(model, step, time.monotonic() - start, worst)
-    raise RuntimeError(f"the tiny model did not learn its {len(examples)} examples in {MAX_STEPS} steps")
+        line = f"step {step}: loss {loss.item():.4f}, smallest margin {worst:.2f} (wanted {MARGIN:g})" + (
+            f", haystacks up to {int(reach)} tokens" if needles is not None else "")
+        done, needle_worst = _learned(model, pairs, checks, cfg.eos_token_id) if worst >= MARGIN else (False, None)
+        say(line + (f", needles {needle_worst:.2f}" if needle_worst is not None else ""))
+        if done:
+            return Trained(model, step, time.monotonic() - start, worst, needle_worst)
+    raise RuntimeError(f"the tiny model did not learn its {len(examples)} examples"
+                       + (f" and {len(checks)} haystacks" if checks else "") + f" in {MAX_STEPS} steps")

@@ -7,7 +7,7 @@ vLLM's tool parsers look them up in the vocabulary, and decoded text keeps them.
 
 from __future__ import annotations
 
-from typing import Iterable, List
+from typing import Iterable, List, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -47,15 +47,17 @@ def corpus(examples: List[Example]) -> List[str]:
     return out
 
 
-def build(examples: List[Example]) -> Tokenizer:
-    """Deterministic: the same examples give the same vocabulary and merges."""
+def build(examples: List[Example], extra_text: Sequence[str] = (), words: Sequence[str] = ()) -> Tokenizer:
+    """Deterministic: the same examples give the same vocabulary and merges. `extra_text` joins the corpus
+    the merges are learned from; each of `words` (the needle's) becomes one token of its own."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=2, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=list(SPECIAL))
-    tok.train_from_iterator(corpus(examples), trainer=trainer)
+    tok.train_from_iterator(corpus(examples) + list(extra_text), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (TOOL_CALL_START, TOOL_CALL_END)])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in (TOOL_CALL_START, TOOL_CALL_END, *words)])
     return tok

@@ -19,7 +19,7 @@ from qualify.core.errors import ConfigError
 from qualify.core.fsutil import canonical_json, sha256_file
 
 STAMP = "tiny-model.json"
-RECIPE = 1  # raise when the examples, tokenizer, shape or training change
+RECIPE = 2  # raise when the examples, tokenizer, shape or training change (2: the serving matrix, issue 39)
 
 
 def _stale_temps(out: Path) -> None:
@@ -45,17 +45,21 @@ def make(out: Path, say: Callable[[str], None] = print) -> Dict[str, object]:
     """Write the tiny model to `out`; its stamp (what `tiny-model.json` holds)."""
     from transformers import PreTrainedTokenizerFast
 
-    from qualify.tinymodel import tasks, train, vocab
+    from qualify.probe import servematrix
+    from qualify.tinymodel import needle, tasks, train, vocab
 
     out = out.absolute()
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _stale_temps(out)
     started = time.monotonic()
+    matrix = servematrix.load()
     examples = tasks.examples()
-    tok = vocab.build(examples)
-    say(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens; training on {len(examples)} examples")
-    trained = train.train(tok, examples, progress=lambda line: say(f"  {line}"))
+    needles = needle.NeedleTask(matrix.niah, train.MAX_POSITIONS)
+    tok = vocab.build(examples, needles.corpus(), needles.words)
+    say(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens; training on {len(examples)} examples and "
+        f"haystacks of up to {needle.TRAIN_TOKENS} tokens (checked at up to {needles.longest()})")
+    trained = train.train(tok, examples, progress=lambda line: say(f"  {line}"), needles=needles)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tiny-", dir=str(out.parent)))
     try:
         trained.model.save_pretrained(str(tmp), safe_serialization=True)
@@ -64,8 +68,10 @@ def make(out: Path, say: Callable[[str], None] = print) -> Dict[str, object]:
                                        model_max_length=train.MAX_POSITIONS, clean_up_tokenization_spaces=False)
         fast.save_pretrained(str(tmp))
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        stamp = {"recipe": RECIPE, "examples": [e.name for e in examples], "steps": trained.steps,
-                 "smallest_margin": round(trained.margin, 3), "files": files}
+        stamp = {"recipe": RECIPE, "examples": [e.name for e in examples], "skills": [*tasks.SKILLS, "niah"],
+                 "matrix": {"version": matrix.version, "sha256": matrix.sha256}, "steps": trained.steps,
+                 "smallest_margin": round(trained.margin, 3),
+                 "needle_margin": round(trained.needle_margin or 0.0, 3), "files": files}
         (tmp / STAMP).write_bytes(canonical_json(stamp))
         _world_readable(tmp)
         _swap_in(tmp, out)

@@ -11,7 +11,7 @@ deploy's all-reduce gate the GPUs it is about to serve on, only by the signed `a
       "version": 1,
       "promotion": {"consecutive_passes": 7, "required_gpu_checks": ["gpu.memory", ...]},
       "targets": [{"target": "sm120", "intended_level": "baseline"}],
-      "level_checks": [],      # extension point (issue 39): [{"level": "baseline", "checks": ["serve.canary"]}]
+      "level_checks": [{"level": "baseline", "checks": ["serve.determinism", ...]}],   # issue 39
       "allreduce_floors": [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 150.0}, ...]   # issue 44
     }
 
@@ -35,6 +35,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from qualify.core import topology
 from qualify.core.enums import SupportLevel
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
+from qualify.probe.servematrix import CHECK_IDS as SERVE_CHECKS
 
 Fields = Any  # records.Fields, passed in by records.py (which imports this module: no import back)
 VERSION = 1
@@ -43,15 +44,17 @@ IMPLIED_PASSES = 7  # seed 000: what every release before the signed policy was 
 INTENDED = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value, SupportLevel.EXPERIMENTAL.value)
 CHECK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-# The extension points this toolkit applies. Issue 39 adds "level_checks"; issue 44's "allreduce_floors" are
-# applied by promote (rows.by_floor) and the deploy's all-reduce gate (deploy/run.py).
-ENFORCED: frozenset = frozenset({"allreduce_floors"})
+# The extension points this toolkit applies: issue 39's "level_checks" (servecount.rule_for) and issue 44's
+# "allreduce_floors" (promote's rows.by_floor and the deploy's all-reduce gate, deploy/run.py).
+ENFORCED: frozenset = frozenset({"level_checks", "allreduce_floors"})
 
 
 @dataclass(frozen=True)
 class LevelChecks:
-    """Extension point (issue 39): checks (e.g. `serve.canary`) that must pass in a run for it to count
-    toward `level`."""
+    """Issue 39: the serving checks (`qualify serve-check`, servematrix.CHECK_IDS) that a run of a serving
+    target (the cpu target, a vllm profile: servecount.serves) must pass, in a verified serve-check record of
+    its deployment, for it to count toward `level`. Only `serve.*` ids this toolkit judges are accepted: a
+    check it could not apply is refused, never skipped."""
 
     level: str
     checks: Tuple[str, ...]
@@ -132,9 +135,14 @@ class ReleasePolicy:
 def _level_checks(f: Fields) -> LevelChecks:
     f.only("level", "checks")
     level, checks = f.text("level"), f.texts("checks")
-    if level not in INTENDED or any(not CHECK_ID.fullmatch(c) for c in checks):
-        raise f.error(f"{f.where}: a level of {', '.join(INTENDED)} and check ids expected")
-    return LevelChecks(level, checks)
+    if level not in INTENDED or any(not CHECK_ID.fullmatch(c) for c in checks) or len(set(checks)) != len(checks):
+        raise f.error(f"{f.where}: a level of {', '.join(INTENDED)} and distinct check ids expected")
+    unknown = [c for c in checks if c not in SERVE_CHECKS]
+    if unknown:
+        raise f.error(f"{f.where}: level {level} names check(s) {', '.join(unknown)}, which this toolkit does not "
+                      f"judge (it judges {', '.join(SERVE_CHECKS)}); refused rather than promoted without them",
+                      hint="use the toolkit version that made the release (or a newer one)")
+    return LevelChecks(level, tuple(checks))
 
 
 def _floor(f: Fields) -> AllReduceFloor:
@@ -150,15 +158,19 @@ def _floor(f: Fields) -> AllReduceFloor:
 
 
 def for_release(intended: Mapping[str, str], consecutive_passes: int,
-                allreduce_floors: Sequence[AllReduceFloor] = ()) -> ReleasePolicy:
-    """The policy `qualify release` signs: the targets' intended levels, the targets file's pass count and its
-    all-reduce floors ([allreduce]), in a fixed order so a re-run signs the same bytes."""
+                allreduce_floors: Sequence[AllReduceFloor] = (),
+                level_checks: Optional[Mapping[str, Sequence[str]]] = None) -> ReleasePolicy:
+    """The policy `qualify release` signs: the targets' intended levels, the targets file's pass count, its
+    all-reduce floors ([allreduce]) and its `[promotion] level_checks` (levels in INTENDED's order), in a fixed
+    order so a re-run signs the same bytes."""
     if consecutive_passes < 1:
         raise ValueError("consecutive_passes must be at least 1")
     floors = tuple(AllReduceFloor(f.topology, f.gpus, float(f.min_bus_gbps))
                    for f in sorted(allreduce_floors, key=lambda f: (f.topology, f.gpus)))
+    given = level_checks or {}
+    checks = tuple(LevelChecks(level, tuple(given[level])) for level in INTENDED if given.get(level))
     return ReleasePolicy(VERSION, consecutive_passes, tuple(REQUIRED_GPU_CHECKS),
-                         tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)), allreduce_floors=floors)
+                         tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)), checks, floors)
 
 
 def recorded_intended(predicate: Mapping[str, Any]) -> Optional[str]:
@@ -182,6 +194,10 @@ class TargetRule:
     version: int = 0  # the policy version (0: implied)
     # The signed all-reduce floors (none: no multi-GPU run can pass, rows.by_floor; the implied rule has none).
     allreduce_floors: Tuple[AllReduceFloor, ...] = ()
+    level_checks: Tuple[LevelChecks, ...] = ()  # the signed serving checks per level (servecount.rule_for)
+
+    def checks_for(self, level: str) -> Tuple[str, ...]:
+        return tuple(c for x in self.level_checks if x.level == level for c in x.checks)
 
     def describe(self) -> str:
         how = f"release.json policy v{self.version}" if self.signed else "the implied rule of a release signed " \
@@ -197,6 +213,6 @@ def rule(policy: Optional[ReleasePolicy], target: str, capability: str, platform
     if policy is not None:
         return TargetRule(target, capability, platform, policy.intended(target) or SupportLevel.EXPERIMENTAL.value,
                           policy.consecutive_passes, policy.required_gpu_checks, True, policy.version,
-                          policy.allreduce_floors)
+                          policy.allreduce_floors, policy.level_checks)
     return TargetRule(target, capability, platform, recorded_intended(predicate) or SupportLevel.EXPERIMENTAL.value,
                       IMPLIED_PASSES, tuple(REQUIRED_GPU_CHECKS), False)

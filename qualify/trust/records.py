@@ -295,6 +295,7 @@ class CountedEvidence:
     host: str  # the enrolled host's name, or "unsigned"
     figures: Tuple[Tuple[str, float], ...] = ()
     configuration: str = SINGLE_GPU.key  # its promotion row (gpuconfig.Configuration.key); written for N GPUs only
+    serving_sha256: Optional[str] = None  # the serve-check record the run counted with (issue 39), kept beside it
 
     def file(self, target: str) -> str:
         return f"evidence/{target}/{self.sha256}.json"
@@ -302,12 +303,13 @@ class CountedEvidence:
     def as_json(self, target: str) -> Dict[str, Any]:
         return {"sha256": self.sha256, "identity": self.identity, "file": self.file(target), "time": self.time,
                 "outcome": self.outcome, "reason": self.reason, "gpu": self.gpu, "driver": self.driver,
-                "host": self.host, "figures": dict(self.figures), **row_field(self.configuration)}
+                "host": self.host, "figures": dict(self.figures), **row_field(self.configuration),
+                **({"serving_sha256": self.serving_sha256} if self.serving_sha256 else {})}
 
     @classmethod
     def parse(cls, f: Fields, target: str) -> CountedEvidence:
         f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures",
-               "configuration")
+               "configuration", "serving_sha256")
         sha = f.text("sha256", HEX)
         if f.text("file") != f"evidence/{target}/{sha}.json":
             raise f.error(f"{f.where}: 'file' is not evidence/{target}/{sha}.json")
@@ -315,9 +317,12 @@ class CountedEvidence:
         figures = f.obj("figures").doc
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
             raise f.error(f"{f.where}: figures must map names to numbers")
+        serving = f.optional_text("serving_sha256")
+        if serving is not None and not HEX.fullmatch(serving):
+            raise f.error(f"{f.where}: 'serving_sha256' is not a sha256")
         return cls(sha, f.text("identity", HEX), f.text("time"), f.text("outcome"), f.text("reason", empty=True),
                    f.text("gpu", empty=True), f.text("driver", empty=True), f.text("host"),
-                   tuple(sorted((str(k), float(v)) for k, v in figures.items())), row_of(f))
+                   tuple(sorted((str(k), float(v)) for k, v in figures.items())), row_of(f), serving)
 
 
 @dataclass(frozen=True)

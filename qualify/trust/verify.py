@@ -187,6 +187,10 @@ class AcceptedFile:
     sha256: str
     host: str  # who vouched, as the promotion record says ("unsigned" for --allow-unsigned-evidence)
     data: bytes = field(repr=False)
+    identity: str = ""  # the run's identity, as the promotion record says
+    # The serve-check record the run counted with (issue 39), kept beside it and sha-checked the same way.
+    serving_sha256: Optional[str] = None
+    serving_data: Optional[bytes] = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -401,17 +405,21 @@ def _evidence(source: Source, vt: VerifiedTarget) -> VerifiedTarget:
         return vt
     try:
         accepted = []
-        for e in listed:
-            name = f"{e.sha256}.json"
+        def kept(sha: str) -> bytes:
+            name = f"{sha}.json"
             try:
                 data = store.read(name, EVIDENCE_LIMIT, "accepted evidence", missing_hint=hint)
             except VerificationError as exc:
                 raise AcceptedEvidenceError(exc.message, hint=exc.hint) from None
-            if sha256(data) != e.sha256:
+            if sha256(data) != sha:
                 raise AcceptedEvidenceError(f"{join(store, name)}: not the evidence the signed promotion record "
                                             "accepted (sha256 differs)", hint=hint)
-            accepted.append(AcceptedFile(e.sha256, e.host, data))
-        names = {f"{e.sha256}.json" for e in listed}
+            return data
+
+        for e in listed:
+            accepted.append(AcceptedFile(e.sha256, e.host, kept(e.sha256), e.identity, e.serving_sha256,
+                                         kept(e.serving_sha256) if e.serving_sha256 else None))
+        names = {f"{e.sha256}.json" for e in listed} | {f"{e.serving_sha256}.json" for e in listed if e.serving_sha256}
         unlisted = tuple(n for n in store.names() if n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX)
                          and n not in names)
     finally:
