@@ -651,8 +651,9 @@ def test_a_publish_killed_during_the_sboms_export_is_finished_and_swept_by_its_r
     manifests = _release(tmp_path, tag, smoke, key)
     before = set(_work_containers(docker_engine))
     script = ("import sys; from pathlib import Path; from qualify.publish import publish as p; "
+              "from qualify.signing.signer import BuiltinSigner; "
               f"o=p.PublishOptions(tag={tag!r}, destination=p.Destination.parse('{creds.address}/export'), "
-              f"release_root=Path('{manifests}'), key=Path('{key}'), password={PASSWORD!r}); "
+              f"release_root=Path('{manifests}'), signer=BuiltinSigner.from_key_file(Path('{key}'), {PASSWORD!r})); "
               "p.publish(o, progress=lambda m: print(m, file=sys.stderr, flush=True))")
     killed = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
                             text=True, timeout=600, start_new_session=True,
@@ -663,7 +664,7 @@ def test_a_publish_killed_during_the_sboms_export_is_finished_and_swept_by_its_r
     assert not (manifests / tag / "published.json").exists()
     lines = []
     done = publish.publish(publish.PublishOptions(tag=tag, destination=publish.Destination.parse(
-        f"{creds.address}/export"), release_root=manifests, key=key, password=PASSWORD), progress=lines.append)
+        f"{creds.address}/export"), release_root=manifests, signer=_signer(key)), progress=lines.append)
     assert done.record and (manifests / tag / "published.json").is_file()
     said = "\n".join(lines)
     assert f"({next(iter(left))[:12]}, from " in said and "whose process was killed: removed" in said, said
