@@ -28,7 +28,7 @@ MATRIX = sm.load()
 
 
 def test_the_matrix_file_loads_and_names_every_check_it_promotes():
-    assert MATRIX.version == 1 and set(MATRIX.baseline) == set(sm.CHECK_IDS)
+    assert MATRIX.version == 1 and not hasattr(MATRIX, "baseline")  # the level's checks: the signed policy
     assert len(MATRIX.sha256) == 64 and MATRIX.tools.name == "book_table"
     assert max(MATRIX.niah.context_fractions) <= 0.5 and len(MATRIX.niah.depths) >= 3
 
@@ -46,7 +46,7 @@ def _edited(tmp_path, edit) -> str:
     (lambda d: d["checks"]["serve.niah"].update(needle="no word here"), "must hold {word} exactly once"),
     (lambda d: d["checks"]["serve.niah"]["hay"].append("The apple tree is old."), "a needle word appears in the hay"),
     (lambda d: d["checks"]["serve.accuracy"].update(max_mean_kl=-1), "serve.accuracy.max_mean_kl"),
-    (lambda d: d["promotion"]["baseline"].append("serve.vibes"), "serve.vibes"),
+    (lambda d: d.update(promotion={"baseline": ["serve.determinism"]}), "unknown key(s) promotion"),
     (lambda d: d["checks"]["serve.providers"]["log_rules"].append({"kind": "attention", "pattern": "Using ("}),
      "not a regular expression"),
 ])

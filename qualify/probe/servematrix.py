@@ -20,8 +20,7 @@ File layout (every key is checked; unknown keys are errors):
                                "max_tokens", "max_memory_growth_mib", "max_memory_growth_fraction", "why"},
                 "serve.providers": {"title", "log_rules": [{"kind", "pattern", "name"?, "note"?}], "compared", "why"},
                 "serve.accuracy": {"title", "prompts", "tokens", "top_logprobs", "repeats", "min_top1_agreement",
-                                   "max_mean_kl", "why"}},
-     "promotion": {"baseline": [check ids], "why"}}
+                                   "max_mean_kl", "why"}}}
 
 Standard library only, Python 3.9 compatible (it sits on the image side).
 """
@@ -145,7 +144,8 @@ class Matrix:
     soak: Soak
     providers: Providers
     accuracy: Accuracy
-    baseline: Tuple[str, ...]  # the checks a run must pass to count toward baseline
+    # Which checks a level needs is not here: the release's signed policy says (trust/policy.py: level_checks,
+    # from images/targets.toml's [promotion] level_checks, the one source).
 
     def title(self, check_id: str) -> str:
         return {"serve.determinism": self.determinism.title, "serve.niah": self.niah.title,
@@ -311,22 +311,17 @@ def parse(data: bytes, where: str) -> Matrix:
     except (UnicodeDecodeError, ValueError) as exc:
         raise MatrixError(f"{where}: not JSON: {exc}") from None
     at = _At(where)
-    top = _obj(doc, at, ("schema_version", "matrix_version", "about", "checks", "promotion"))
+    top = _obj(doc, at, ("schema_version", "matrix_version", "about", "checks"))
     if top["schema_version"] != SCHEMA_VERSION:
         raise (at / "schema_version").error(f"this toolkit reads version {SCHEMA_VERSION}")
     checks = _obj(top["checks"], at / "checks", CHECK_IDS)
-    promotion = _obj(top["promotion"], at / "promotion", ("baseline", "why"))
-    baseline = _texts(promotion, "baseline", at / "promotion")
-    unknown = [c for c in baseline if c not in CHECK_IDS]
-    if unknown:
-        raise (at / "promotion" / "baseline").error(f"names checks the matrix does not have: {', '.join(unknown)}")
     c = at / "checks"
     return Matrix(_int(top, "matrix_version", at, 1, 10 ** 6), hashlib.sha256(data).hexdigest(), where,
                   _determinism(checks["serve.determinism"], c / "serve.determinism"),
                   _niah(checks["serve.niah"], c / "serve.niah"), _tools(checks["serve.tools"], c / "serve.tools"),
                   _soak(checks["serve.soak"], c / "serve.soak"),
                   _providers(checks["serve.providers"], c / "serve.providers"),
-                  _accuracy(checks["serve.accuracy"], c / "serve.accuracy"), baseline)
+                  _accuracy(checks["serve.accuracy"], c / "serve.accuracy"))
 
 
 def load(path: Optional[str] = None) -> Matrix:
