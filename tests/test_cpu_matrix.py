@@ -25,6 +25,7 @@ from cpu_server import PASSWORD, TAG
 from qualify.probe import servematrix as sm
 from qualify.release import serving
 from qualify.trust import folder
+from qualify.trust.verify import verify_blob
 from qualify.trust import records as rec
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -76,7 +77,7 @@ def test_every_check_of_the_matrix_runs_and_passes_with_its_numbers_in_the_signe
     assert checks["serve.accuracy"]["evidence"]["reference"]["dtype"] == "bfloat16"
     assert checks["serve.accuracy"]["evidence"]["reference"]["source"] == "transformers"
     key = folder.TrustedKey.read(host_key.with_suffix(".pub"))
-    folder.verify_blob(key, data, path.with_name(path.name + ".sig").read_bytes(), None, "record")
+    verify_blob(key, data, path.with_name(path.name + ".sig").read_bytes(), None, "record")
 
 
 def test_promote_counts_the_record_and_the_deploy_shows_the_matrix_standing(cpu_deployment, matrix, host_key):
