@@ -25,8 +25,8 @@ from cpu_server import PASSWORD, TAG
 from qualify.probe import servematrix as sm
 from qualify.release import serving
 from qualify.trust import folder
-from qualify.trust.verify import verify_blob
 from qualify.trust import records as rec
+from qualify.trust.verify import verify_blob
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
