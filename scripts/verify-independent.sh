@@ -23,6 +23,9 @@ IN_TOTO="application/vnd.in-toto+json"
 # The implied rule of a release signed before release.json held a policy (release/policy.py).
 IMPLIED_PASSES=7
 IMPLIED_CHECKS='["gpu.memory","gpu.triton-scratch","gpu.bf16-matmul","gpu.torch-compile"]'
+# The serving matrix's checks (probe/servematrix.py: CHECK_IDS), the only ones a policy's level_checks may name.
+SERVE_CHECKS='["serve.determinism","serve.niah","serve.tools","serve.soak","serve.providers","serve.accuracy"]'
+SERVE_TYPE="$NS/serve-check/v1"
 TARGET_RE='^[a-z0-9][a-z0-9-]{0,31}$'
 HEX_RE='^[0-9a-f]{64}$'
 
@@ -71,6 +74,13 @@ verify_sig() {
   [[ -s $der ]] || fail "$4: the signature is not base64"
   openssl dgst -sha256 -verify "$1" -signature "$der" "$2" >/dev/null 2>&1 ||
     fail "$4: its signature does not verify with $(basename "$1") (the file changed after signing, or another key signed it)"
+}
+
+# sig_verifies KEY DATA B64SIG: verify_sig's test, without failing (which of several keys signed DATA).
+sig_verifies() {
+  local der="$WORK/try.der"
+  printf '%s' "$3" | tr -d ' \n\r\t' | openssl base64 -d -A >"$der" 2>/dev/null || return 1
+  [[ -s $der ]] && openssl dgst -sha256 -verify "$1" -signature "$der" "$2" >/dev/null 2>&1
 }
 
 # verify_bundle KEY DATA BUNDLE: a Sigstore bundle v0.3 of DATA: digest, algorithm, key hint, signature.
@@ -139,8 +149,9 @@ def outcome($required; $seen; $capability):
     elif any($listed[]; .status != "pass") then "infrastructure"
     elif $seen != $capability then "infrastructure"
     else "pass" end;
-# the rule over the runs in time order (release/promote.py: standing); input: [{identity, time, outcome}]
-def standing($n; $intended; $released):
+# the rule over the runs in time order (release/promote.py: standing); input: [{identity, time, outcome}]; $lifts:
+# identity -> true for a run whose GPU checks passed but whose serving evidence is missing (it lifts, no streak)
+def standing($n; $intended; $released; $lifts):
   (($intended | rank) >= 3) as $can
   | sort_by(.time, .identity)
   | reduce .[] as $c ({level: $released, streak: 0};
@@ -148,8 +159,35 @@ def standing($n; $intended; $released):
         .streak += 1
         | if .streak >= $n and $can and ((.level | rank) < 3) then .level = "baseline"
           elif (.level | rank) < 2 then .level = "experimental" else . end
+      elif ($lifts[$c.identity] // false) and (.level | rank) < 2 then .level = "experimental"
       elif $c.outcome == "product-failure" then .level |= lower | .streak = 0
       else . end);
+def standing($n; $intended; $released): standing($n; $intended; $released; {});
+# a multi-GPU pass judged by the signed all-reduce floors (release/rows.py: by_floor): below the floor for its
+# topology and GPU count, a product failure; no floor for it, or no bus bandwidth measured, infrastructure
+def by_floor($floors; $configuration; $checks):
+  if $configuration == "1 GPU" or . != "pass" then .
+  else ($configuration | capture("^(?<g>[0-9]+) GPUs tp(?<tp>[0-9]+) (?<topo>.+)$")) as $c
+    | ([$floors[] | select(.topology == $c.topo and .gpus <= ($c.tp | tonumber))] | max_by(.gpus)) as $f
+    | ([$checks[] | objects | select(.id == "gpu.nccl-allreduce")][0] | (.evidence? | objects | .bandwidth? | objects
+       | .busbw_gbs?) // null) as $bw
+    | if $f == null or ($bw | type) != "number" then "infrastructure"
+      elif $bw < $f.min_bus_gbps then "product-failure" else . end end;
+# a run of the serving matrix (release/serving.py), from a serve-check record; input: the record
+def serve_run:
+  (.predicate // {}) as $p
+  | {form: "serve", release: ($p.release | text), target: ($p.target | text), capability: ($p.capability | text),
+     image_digest: ("sha256:" + (.subject[0].digest.sha256 | text)),
+     image_ok: ($p.image != null and $p.image == "\(.subject[0].name)@sha256:\(.subject[0].digest.sha256)"),
+     probe: ($p.toolkit.probe_sha256 | text), host_id_sha256: ($p.host.id_sha256 | text), gpu_capability: "none",
+     run_id: ($p.run_id | text), time: ($p.created | utc), configuration: "1 GPU",
+     link: ($p.gpu_evidence | if type == "object" then {run_id: (.run_id | text), time: (.time | utc),
+            host_id_sha256: (.host_id_sha256 | text)} else null end),
+     checks: [$p.checks[]? | objects], declared: ($p.outcome | text),
+     required_listed: [$p.checks[]? | objects | select(.required == true) | .id | text]};
+# the outcome of a serve-check run over $required (serving.outcome_of: none required is never a pass)
+def serve_outcome($required):
+  if ($required | length) == 0 then "infrastructure" else .checks | outcome($required; "none"; "none") end;
 '
 
 # ------------------------------------------------------------------------------------------------------
@@ -231,21 +269,54 @@ if jq -e 'has("policy")' "$INDEX" >/dev/null; then
          and (.policy.promotion.consecutive_passes | type == "number" and . >= 1)
          and (.policy.promotion.required_gpu_checks | length > 0 and length == (unique | length))' "$INDEX" >/dev/null ||
     fail "$INDEX: the policy does not name each released target once, or its pass count or checks are not usable"
-  jq -e '(.policy.level_checks | length) == 0 and (.policy.allreduce_floors | length) == 0' "$INDEX" >/dev/null ||
-    fail "$INDEX: the policy sets level_checks or allreduce_floors, which this recipe does not apply (refused, as the toolkit refuses a rule it does not apply)"
+  # issue 39's serving checks per level, issue 44's all-reduce floors: applied in step 7; a check or topology this
+  # recipe does not know is refused, as the toolkit refuses a rule it does not apply
+  jq -e --argjson serve "$SERVE_CHECKS" '(.policy.level_checks | type == "array")
+         and all(.policy.level_checks[]; (.level | IN("baseline", "optimized", "experimental"))
+             and (.checks | type == "array" and length == (unique | length)) and all(.checks[]; IN($serve[])))
+         and ([.policy.level_checks[].level] | length == (unique | length))' "$INDEX" >/dev/null ||
+    fail "$INDEX: policy.level_checks: each level once, of baseline, optimized, experimental, naming distinct checks of $(jq -r 'join(", ")' <<<"$SERVE_CHECKS") (a check this recipe does not judge is refused)"
+  jq -e '(.policy.allreduce_floors | type == "array")
+         and all(.policy.allreduce_floors[]; (.topology | IN("nvlink", "pcie-switch", "host-bridge", "cross-socket"))
+             and (.gpus | type == "number" and . >= 2 and . == floor)
+             and (.min_bus_gbps | type == "number" and . > 0))
+         and ([.policy.allreduce_floors[] | [.topology, .gpus]] | length == (unique | length))' "$INDEX" >/dev/null ||
+    fail "$INDEX: policy.allreduce_floors: each a topology of nvlink, pcie-switch, host-bridge, cross-socket, gpus >= 2 and min_bus_gbps > 0, one per topology and GPU count"
   POLICY_VERSION=1
   ok "version 1: $(j .policy.promotion.consecutive_passes "$INDEX") consecutive passes of $(j '.policy.promotion.required_gpu_checks | join(", ")' "$INDEX")"
+  if jq -e '.policy.level_checks | length > 0' "$INDEX" >/dev/null; then
+    ok "serving checks (for a serving image: the cpu target or a vllm profile): $(j '[.policy.level_checks[] | "\(.level): \(.checks | join(", "))"] | join("; ")' "$INDEX")"
+  else
+    note "no serving checks (level_checks empty): GPU evidence alone counts; the cpu target cannot be promoted"
+  fi
+  if jq -e '.policy.allreduce_floors | length > 0' "$INDEX" >/dev/null; then
+    ok "all-reduce floors (multi-GPU runs): $(j '[.policy.allreduce_floors[] | "\(.topology) from \(.gpus) GPUs \(.min_bus_gbps) GB/s"] | join("; ")' "$INDEX")"
+  else
+    note "no all-reduce floors: a multi-GPU run's pass cannot be judged and counts as infrastructure (as promote counts it)"
+  fi
 else
   POLICY_VERSION=0
   note "no policy (signed before it existed): the implied rule, $IMPLIED_PASSES passes of $IMPLIED_CHECKS, the manifest's intended level"
 fi
-# rule_of TARGET: {n, required, intended} as JSON
+# rule_of TARGET: {n, required, intended, floors, serves, serving, alone, lift_needs_serving} as JSON. serving: the
+# serve-check checks a run of a serving image (the cpu target, a vllm profile) needs (release/servecount.py: rule_for,
+# baseline's and experimental's); alone: the cpu target, whose serve-check records are runs of their own.
 rule_of() {
-  jq -c --arg t "$1" --argjson checks "$IMPLIED_CHECKS" --argjson n "$IMPLIED_PASSES" --slurpfile m "$FOLDER/$1.json" '
-    if has("policy") then {n: .policy.promotion.consecutive_passes, required: .policy.promotion.required_gpu_checks,
-                           intended: (.policy.targets[] | select(.target == $t) | .intended_level)}
-    else {n: $n, required: $checks, intended: ($m[0].predicate.target.intended_support_level
-          | if IN("baseline", "optimized", "experimental") then . else "experimental" end)} end' "$INDEX"
+  jq -c --arg t "$1" --argjson checks "$IMPLIED_CHECKS" --argjson n "$IMPLIED_PASSES" --argjson all "$SERVE_CHECKS" \
+    --slurpfile m "$FOLDER/$1.json" '
+    ($m[0].predicate.target | (.capability == "cpu") as $cpu | {cpu: $cpu, serves: ($cpu or .profile == "vllm")}) as $img
+    | if has("policy") then
+        ([.policy.level_checks[] | select(.level == "baseline") | .checks[]]) as $base
+        | ([.policy.level_checks[] | select(.level == "experimental") | .checks[]]) as $lift
+        | (if $img.serves then ($base + $lift | reduce .[] as $c ([]; if index([$c]) then . else . + [$c] end)) else [] end) as $serving
+        | {n: .policy.promotion.consecutive_passes, required: .policy.promotion.required_gpu_checks,
+           intended: (.policy.targets[] | select(.target == $t) | .intended_level), floors: .policy.allreduce_floors,
+           serves: $img.serves, serving: $serving, alone: ($img.cpu and ($serving | length > 0)),
+           lift_needs_serving: ($img.serves and ($lift | length > 0))}
+      else {n: $n, required: $checks, intended: ($m[0].predicate.target.intended_support_level
+            | if IN("baseline", "optimized", "experimental") then . else "experimental" end), floors: [],
+            serves: $img.serves, serving: (if $img.cpu then $all else [] end), alone: $img.cpu,
+            lift_needs_serving: false} end' "$INDEX"
 }
 
 # --- 4. the enrolled hosts chain ----------------------------------------------------------------------------
@@ -309,6 +380,56 @@ host_version() {
   signed_record "$f" "$NS/enrolled-hosts/v2" "$NS/enrolled-hosts/v1" >/dev/null
   [[ $2 == 0 || $(j .sequence "$f") == "$2" ]] || fail "hosts.json sha256 ${1:0:12}... is sequence $(j .sequence "$f"), not $2"
   echo "$f"
+}
+
+# host_key HOSTS_VERSION_FILE HOSTS_SHA NAME: the path of NAME's enrolled key (its fingerprint checked), or ""
+# when NAME enrolled keylessly
+host_key() {
+  local hk="$WORK/hosts/$2.$3.pub" kind pem_fp
+  if [[ ! -f $hk ]]; then
+    IFS=$US read -r kind pem_fp < <(jq -r --arg h "$3" '[.hosts[] | select(.name == $h)][0] // {} |
+        [(if .key then "key" elif .keyless then "keyless" else "" end), (.key.fingerprint // "")] | join("\u001f")' "$1")
+    [[ $kind == key ]] || { echo ""; return 0; }
+    jq -r --arg h "$3" '.hosts[] | select(.name == $h) | .key.pem' "$1" >"$hk"
+    [[ "sha256:$(fingerprint_of "$hk")" == "$pem_fp" ]] || fail "$1: $3's key is not its fingerprint"
+  fi
+  echo "$hk"
+}
+
+# serve_signed FILE RECORD HOSTS_SHA HOSTS_SEQ UNSIGNED_OK: a serve-check record a GPU run counted with is signed
+# by an enrolled host (promote reads it as it reads GPU evidence: any enrolled host's key; servecount.read_signed),
+# in the hosts version the record was checked against; unsigned only where the record says that was allowed.
+serve_signed() {
+  local f=$1 r=$2 hv name sig="" keyless=() hk
+  if [[ -e $f.sig ]]; then sig=$(cat "$f.sig")
+  elif [[ -e $f.sigstore.json ]]; then json "$f.sigstore.json"; sig=$(j '.messageSignature.signature // ""' "$f.sigstore.json")
+  fi
+  if [[ -n $3 && -n $sig ]]; then
+    hv=$(host_version "$3" "$4")
+    if [[ -z $hv ]]; then
+      incomplete "$(basename "$f") (serve-check record): its signer is enrolled in hosts.json sha256 ${3:0:12}..., which is not at hand (commit hosts.json, or --hosts-history DIR)"
+      return 0
+    fi
+    while read -r name; do
+      hk=$(host_key "$hv" "$3" "$name")
+      if [[ -z $hk ]]; then keyless+=("$name"); continue; fi
+      if sig_verifies "$hk" "$f" "$sig"; then
+        if [[ -e $f.sig ]]; then verify_sig "$hk" "$f" "$(cat "$f.sig")" "$f (host $name)"; fi
+        if [[ -e $f.sigstore.json ]]; then verify_bundle "$hk" "$f" "$f.sigstore.json"; fi
+        ok "serve-check record $(basename "$f"): signed by enrolled host $name"
+        return 0
+      fi
+    done < <(j '.hosts[].name' "$hv")
+  fi
+  if [[ $5 == true ]]; then
+    note "$(basename "$f"): a serve-check record no enrolled key verifies, counted with --allow-unsigned-evidence (the record says so)"
+  elif ((${#keyless[@]})); then
+    incomplete "$(basename "$f") (serve-check record): no enrolled key verifies it; hosts enrolled keylessly (${keyless[*]}) need cosign verify-blob"
+  elif [[ -z $sig ]]; then
+    fail "$f: a serve-check record counted in $(basename "$r") with no .sig or .sigstore.json beside it, and the record does not say unsigned evidence was allowed"
+  else
+    fail "$f: a serve-check record counted in $(basename "$r"), which no key enrolled in the hosts version it was checked against verifies"
+  fi
 }
 
 # --- 5 to 8, per target --------------------------------------------------------------------------------------
@@ -394,6 +515,8 @@ for t in "${TARGETS[@]}"; do
   CAP=$(jq -r .capability <<<"$ENTRY")
   [[ ! -L $FOLDER/evidence && ! -L $FOLDER/evidence/$t ]] || fail "$FOLDER/evidence: a symbolic link"
   declare -A FIRST=()  # evidence sha256 -> the record that first accepted it (records oldest first)
+  declare -A SERVED=()  # serve-check records whose signature was checked
+  : >"$WORK/lifts.$t"
   for ((i = ${#CHAIN[@]} - 1; i >= 0; i--)); do
     R=${CHAIN[$i]}
     V2=$([[ $(j .schema "$R") == "$NS/promotion/v2" ]] && echo 1 || echo 0)
@@ -401,19 +524,16 @@ for t in "${TARGETS[@]}"; do
         (.unsigned_evidence_allowed | tostring), (.evidence | length | tostring)] | join("\u001f")' "$R")
     jq -e '[.evidence[].identity] | length == (unique | length)' "$R" >/dev/null || fail "$R: the same run is counted twice"
     extra=$(jq -r '[.evidence[] | keys[] | select(IN("sha256", "identity", "file", "time", "outcome", "reason", "gpu",
-        "driver", "host", "figures") | not)] | unique | join(", ")' "$R")
-    if [[ $extra == serving_sha256 ]]; then
-      incomplete "$R: its runs name serve-check records (serving_sha256), which this recipe does not verify yet"
-    elif [[ -n $extra ]]; then
-      fail "$R: its evidence entries hold keys this recipe does not know: $extra"
-    fi
-    while IFS=$US read -r s file ident etime eout host; do
+        "driver", "host", "figures", "configuration", "serving_sha256") | not)] | unique | join(", ")' "$R")
+    [[ -z $extra ]] || fail "$R: its evidence entries hold keys this recipe does not know: $extra"
+    while IFS=$US read -r s file ident etime eout host econf ssha; do
       [[ $s =~ $HEX_RE && $file == "evidence/$t/$s.json" ]] || fail "$R: evidence file $file is not evidence/$t/<sha256>.json"
       E="$FOLDER/$file"
       [[ $(sha "$E") == "$s" ]] || fail "$E: not the evidence the signed record accepted (sha256 differs)"
       # The run's fields, from either form: start.sh's record or a probe manifest (qualify gpu-evidence).
-      RUN=$(jq -c "$JQ_LIB"'
+      RUN=$(jq -c --arg serve "$SERVE_TYPE" "$JQ_LIB"'
         if type != "object" then error("not an object")
+        elif ._type == "https://in-toto.io/Statement/v1" and .predicateType == $serve then serve_run
         elif ._type == "https://in-toto.io/Statement/v1" and .predicateType != "https://blackwell-qualify.dev/qualification/v1"
           then {form: (.predicateType | text)}
         elif ._type == "https://in-toto.io/Statement/v1" then
@@ -425,15 +545,26 @@ for t in "${TARGETS[@]}"; do
              gpu_capability: (if ($d.compute_cap | text) == "" then "none" else ($d.compute_cap | text) end),
              run_id: (.predicate.run_id | if type == "string" then . else "" end),
              time: (.predicate.created | utc),
+             configuration: (.predicate.gpu.tensor_parallel_size as $tp | .predicate.gpu.topology.kind? as $k
+               | if ($tp | type) == "number" and $tp >= 2 and $tp == ($tp | floor)
+                 then "\($tp) GPUs tp\($tp) \(if ($k | IN("nvlink", "pcie-switch", "host-bridge", "cross-socket")) then $k else "unknown" end)"
+                 else "1 GPU" end),
              checks: [.predicate.checks[]? | objects | select(.id | text | startswith("gpu."))]}
         elif .schema == "https://blackwell-qualify.dev/gpu-evidence/v1" then
           {form: "record", release: .release, target: .target, capability: .capability, image_digest: .image_digest,
            probe: .probe_sources_digest, uuid_sha256: .gpu.uuid_sha256, host_id_sha256: .host_id_sha256,
-           gpu_capability: .gpu.capability, run_id: (.run_id // ""), time: (.time | utc), checks: .checks}
+           gpu_capability: .gpu.capability, run_id: (.run_id // ""), time: (.time | utc), checks: .checks,
+           configuration: (.configuration // {} | if (.tensor_parallel_size // 1) > 1
+             then "\(.gpus) GPUs tp\(.tensor_parallel_size) \(.topology)" else "1 GPU" end)}
         else error("not GPU evidence") end' "$E" 2>/dev/null) || fail "$E: neither a gpu-evidence/v1 record nor a probe manifest"
-      if [[ $RUN != '{"form":"statement"'* && $RUN != '{"form":"record"'* ]]; then
-        incomplete "$E: a Statement of type $(jq -r .form <<<"$RUN"), which this recipe does not verify (a serve-check record of issue 39?)"
+      if [[ $RUN != '{"form":"statement"'* && $RUN != '{"form":"record"'* && $RUN != '{"form":"serve"'* ]]; then
+        incomplete "$E: a Statement of type $(jq -r .form <<<"$RUN"), which this recipe does not verify"
         continue
+      fi
+      if [[ $RUN == '{"form":"serve"'* ]]; then  # the cpu target: a serve-check record is a run of its own
+        jq -e '.alone' <<<"$RULE" >/dev/null ||
+          fail "$R: counts serve-check record $file as a run, but $t's rule ($(jq -r 'if .serves then "serving checks \(.serving | join(", "))" else "no serving checks: the image does not serve" end' <<<"$RULE")) counts them only beside GPU evidence"
+        [[ -z $ssha || $ssha == "$s" ]] || fail "$R: the serve-check run $s names another serve-check record ($ssha)"
       fi
       if [[ $RUN == *'"form":"statement"'* ]]; then  # the probe hashed nothing: the GPU UUID and host name, hashed here
         IFS=$US read -r uuid_text host_text < <(jq -j '[.uuid_text, .host_text] | join("\u001f")' <<<"$RUN"; echo)
@@ -441,7 +572,10 @@ for t in "${TARGETS[@]}"; do
           --arg h "sha256:$(printf '%s' "$host_text" | sha256sum | cut -d' ' -f1)" '. + {uuid_sha256: $u, host_id_sha256: $h}' <<<"$RUN")
       fi
       # identity: the sha256 of canonical JSON (sorted keys, two-space indent, a newline) of the run's fields
-      if ((V2)); then
+      if [[ $RUN == '{"form":"serve"'* ]]; then  # release/serving.py: identity
+        got=$(jq -S --indent 2 '{kind: "serve-check", image_digest, probe_sources_digest: .probe, host_id_sha256, run_id,
+            time}' <<<"$RUN" | sha256sum | cut -d' ' -f1)
+      elif ((V2)); then
         got=$(jq -S --indent 2 --arg host "$host" '{gpu_uuid_sha256: .uuid_sha256, image_digest, probe_sources_digest: .probe,
             host: (if $host == "unsigned" then "unsigned:" + .host_id_sha256 else $host end), run_id, time}' <<<"$RUN" |
           sha256sum | cut -d' ' -f1)
@@ -450,18 +584,67 @@ for t in "${TARGETS[@]}"; do
             run_id, time}' <<<"$RUN" | sha256sum | cut -d' ' -f1)
       fi
       [[ $got == "$ident" ]] || fail "$E: its identity is $got, the record $(basename "$R") says $ident"
-      problem=$(jq -r --arg tag "$TAG" --arg t "$t" --arg d "$DIGEST" --arg cap "$CAP" --arg probe "$PROBE" \
-        --arg rt "$RTIME" --arg etime "$etime" --arg eout "$eout" --argjson rule "$RULE" "$JQ_LIB"'
-        . as $run | (.checks | outcome($rule.required; $run.gpu_capability; $cap)) as $outcome
-        | if .time != $etime then "its time \(.time) is not the record'"'"'s \($etime)"
+      # The serve-check record this GPU run counted with (issue 39): its file, bytes and binding; signature below.
+      SERVE=null
+      if [[ -n $ssha && $RUN != '{"form":"serve"'* ]]; then
+        if jq -e '.serving | length == 0' <<<"$RULE" >/dev/null; then
+          note "$s: names serve-check record $ssha, which $t's rule does not count ($(jq -r 'if .serves then "no serving checks signed" else "the image does not serve" end' <<<"$RULE")): not read"
+        else
+          [[ $ssha =~ $HEX_RE ]] || fail "$R: serving_sha256 $ssha is not a sha256"
+          S="$FOLDER/evidence/$t/$ssha.json"
+          [[ $(sha "$S") == "$ssha" ]] || fail "$S: not the serve-check record the signed record counted (sha256 differs)"
+          SERVE=$(jq -c --arg serve "$SERVE_TYPE" "$JQ_LIB"'if type == "object" and ._type == "https://in-toto.io/Statement/v1"
+              and .predicateType == $serve then serve_run else error("not a serve-check record") end' "$S" 2>/dev/null) ||
+            fail "$S: not a serve-check record ($SERVE_TYPE)"
+          sproblem=$(jq -r --arg tag "$TAG" --arg t "$t" --arg d "$DIGEST" --arg cap "$CAP" --arg probe "$PROBE" \
+            --arg rt "$RTIME" --argjson run "$RUN" "$JQ_LIB"'
+            if (.release != "" and .release != $tag) or .target != $t or .image_digest != $d or .capability != $cap
+              then "it is about \(.release) \(.target) \(.image_digest) (\(.capability)), not \($tag) \($t) \($d) (\($cap))"
+            elif (.image_ok | not) then "its predicate.image is not its subject (or names no image)"
+            elif $probe != "" and .probe != $probe then "it comes from probe \(.probe), the release'"'"'s is \($probe)"
+            elif (.time | fromdateiso8601) < ($rt | fromdateiso8601) then "it is dated \(.time), before the release (\($rt))"
+            elif (.checks | map(.id | text) | length != (unique | length)) then "a check is listed twice"
+            elif .declared != serve_outcome(.required_listed) then "it declares \(.declared), its checks give \(serve_outcome(.required_listed))"
+            elif .link == null or .link.run_id != $run.run_id or .link.host_id_sha256 != $run.host_id_sha256
+                 or .link.time != $run.time then "it was not made against the deployment of this GPU run (gpu_evidence: run id, host, time)"
+            else "" end' <<<"$SERVE")
+          [[ -z $sproblem ]] || fail "$S (serving_sha256 of $s in $(basename "$R")): $sproblem"
+        fi
+      fi
+      verdict=$(jq -c --arg tag "$TAG" --arg t "$t" --arg d "$DIGEST" --arg cap "$CAP" --arg probe "$PROBE" \
+        --arg rt "$RTIME" --arg etime "$etime" --arg eout "$eout" --arg econf "$econf" --argjson rule "$RULE" \
+        --argjson serve "$SERVE" "$JQ_LIB"'
+        . as $run
+        | ($rule.required + (if .configuration != "1 GPU" and ($rule.required | index(["gpu.nccl-allreduce"]) | not)
+                             then ["gpu.nccl-allreduce"] else [] end)) as $req
+        | (if .form == "serve" then serve_outcome($rule.serving)
+           else .checks | outcome($req; $run.gpu_capability; $cap) | by_floor($rule.floors; $run.configuration; $run.checks) end) as $gpu
+        | (if .form == "serve" or ($rule.serving | length) == 0 then {outcome: $gpu, lifts: false}
+           else ($serve | if . == null then null else serve_outcome($rule.serving) end) as $so
+             | if $gpu == "product-failure" or $so == "product-failure" then {outcome: "product-failure", lifts: false}
+               elif $gpu != "pass" then {outcome: $gpu, lifts: false}
+               elif $so == "pass" then {outcome: "pass", lifts: true}
+               else {outcome: "infrastructure", lifts: ($rule.lift_needs_serving | not)} end end) as $judged
+        | $judged.outcome as $outcome
+        | {lifts: $judged.lifts, problem: (
+          if .time != $etime then "its time \(.time) is not the record'"'"'s \($etime)"
+          elif .configuration != $econf then "it ran on \(.configuration), the record counts it in row \($econf)"
+          elif .form == "serve" and (.image_ok | not) then "its predicate.image is not its subject (or names no image)"
+          elif .form == "serve" and .declared != serve_outcome(.required_listed) then "it declares \(.declared), its checks give \(serve_outcome(.required_listed))"
           elif (.release != "" and .release != $tag) or .target != $t or .image_digest != $d or .capability != $cap
             then "it is about \(.release) \(.target) \(.image_digest) (capability \(.capability)), not \($tag) \($t) \($d) (\($cap))"
           elif (.gpu_capability | IN($cap, "none") | not) then "it was taken on a GPU of capability \(.gpu_capability)"
           elif $probe != "" and .probe != $probe then "it comes from probe \(.probe), the release'"'"'s is \($probe)"
           elif (.time | fromdateiso8601) < ($rt | fromdateiso8601) then "it is dated \(.time), before the release (\($rt))"
-          elif $outcome != $eout then "its checks give \($outcome) under the release'"'"'s rule, the record says \($eout)"
-          else "" end' <<<"$RUN")
+          elif $outcome != $eout then "its checks give \($outcome) under the release'"'"'s rule\(if $run.configuration != "1 GPU" then " (all-reduce floors included)" else "" end)\(if $serve != null then " with its serve-check record" elif ($rule.serving | length) > 0 and .form != "serve" then " (no serve-check record counted with it)" else "" end), the record says \($eout)"
+          else "" end)}' <<<"$RUN")
+      problem=$(jq -r .problem <<<"$verdict")
       [[ -z $problem ]] || fail "$E ($(basename "$R")): $problem"
+      printf '%s %s\n' "$ident" "$(jq -r .lifts <<<"$verdict")" >>"$WORK/lifts.$t"
+      if [[ $SERVE != null && -z ${SERVED[$ssha]:-} ]]; then
+        SERVED[$ssha]=1
+        serve_signed "$S" "$R" "$hsha" "$hseq" "$unsigned_ok"
+      fi
       [[ -z ${FIRST[$s]:-} ]] || continue
       FIRST[$s]=$R
       # Who vouched: the enrolled host, in the hosts version the record that first accepted it was checked against.
@@ -497,16 +680,26 @@ for t in "${TARGETS[@]}"; do
       else
         fail "$E: the record says $host signed it, but no .sig or .sigstore.json is kept beside it"
       fi
-    done < <(jq -r '.evidence[] | [.sha256, .file, .identity, .time, .outcome, .host] | map(tostring) | join("\u001f")' "$R")
+    done < <(jq -r '.evidence[] | [.sha256, .file, .identity, .time, .outcome, .host, (.configuration // "1 GPU"),
+        (.serving_sha256 // "")] | map(tostring) | join("\u001f")' "$R")
     ok "$(basename "$R"): $count run(s), each file, identity, binding and outcome as recomputed"
   done
   ok "every run's signature verifies with the key of the host the record names, as enrolled when it was accepted"
 
   # --- 8. the rule, recomputed ------------------------------------------------------------------------------
   step 8 "$t: each promotion record's level, from the release's rule and the runs it lists"
+  LIFTS=$(jq -R -s 'split("\n") | map(select(length > 0) | split(" ") | {key: .[0], value: (.[1] == "true")}) | from_entries' \
+    "$WORK/lifts.$t")
   for R in "${CHAIN[@]}"; do
-    expect=$(jq -c --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" "$JQ_LIB"'
-      .evidence | standing($rule.n; $rule.intended; $released)' "$R")
+    # the 1-GPU row is the target's level; each multi-GPU configuration a row of its own, from unverified (seed 000)
+    expect=$(jq -c --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" --argjson lifts "$LIFTS" "$JQ_LIB"'
+      [.evidence[] | select((.configuration // "1 GPU") == "1 GPU")] | standing($rule.n; $rule.intended; $released; $lifts)' "$R")
+    rows=$(jq -c --argjson rule "$RULE" --argjson lifts "$LIFTS" "$JQ_LIB"'
+      [.evidence[] | select(.configuration)] | group_by(.configuration)
+      | map(standing($rule.n; $rule.intended; "unverified"; $lifts) as $s | .[0].configuration as $k
+            | ($k | capture("^(?<g>[0-9]+) GPUs tp(?<tp>[0-9]+) (?<topo>.+)$")) as $c
+            | {configuration: $k, gpus: ($c.g | tonumber), tensor_parallel_size: ($c.tp | tonumber), topology: $c.topo,
+               level: $s.level, consecutive_passes: $s.streak, required_consecutive_passes: $rule.n, runs: length})' "$R")
     if [[ $(j .schema "$R") == "$NS/promotion/v2" ]]; then  # made under the targets file's rule: not signed
       if jq -e --argjson s "$expect" '.level == $s.level and .consecutive_passes == $s.streak' "$R" >/dev/null; then
         ok "$(basename "$R") (promotion/v2): $(j .level "$R"), as the implied rule gives"
@@ -519,7 +712,9 @@ for t in "${TARGETS[@]}"; do
       --argjson pv "$POLICY_VERSION" '.level == $s.level and .consecutive_passes == $s.streak
         and .required_consecutive_passes == $rule.n and .released_level == $released and .policy_version == $pv' "$R" \
       >/dev/null || fail "$R: says $(j .level "$R") after $(j .consecutive_passes "$R") of $(j .required_consecutive_passes "$R") passes (policy $(j .policy_version "$R")); the rule gives $(jq -r .level <<<"$expect") after $(jq -r .streak <<<"$expect") of $(jq -r .n <<<"$RULE") (policy $POLICY_VERSION)"
-    ok "$(basename "$R"): $(j .level "$R"), $(j .consecutive_passes "$R") of $(j .required_consecutive_passes "$R") consecutive passes"
+    jq -e --argjson rows "$rows" '[.configurations // [] | .[] | del(.note)] | sort_by(.configuration) == $rows' "$R" >/dev/null ||
+      fail "$R: its multi-GPU rows are $(jq -c '[.configurations // [] | .[] | "\(.configuration): \(.level) \(.consecutive_passes)/\(.required_consecutive_passes) of \(.runs) run(s)"]' "$R"); the rule gives $(jq -c '[.[] | "\(.configuration): \(.level) \(.consecutive_passes)/\(.required_consecutive_passes) of \(.runs) run(s)"]' <<<"$rows")"
+    ok "$(basename "$R"): $(j .level "$R"), $(j .consecutive_passes "$R") of $(j .required_consecutive_passes "$R") consecutive passes$( [[ $rows == "[]" ]] || jq -r '"; " + ([.[] | "\(.configuration): \(.level)"] | join(", "))' <<<"$rows")"
   done
   if [[ $(j .schema "$P") == "$NS/promotion/v3" ]]; then
     hs=$(j .hosts_sequence "$P")
@@ -531,7 +726,7 @@ for t in "${TARGETS[@]}"; do
       ok "hosts.json sequence $HOSTS_SEQ is not older than the one promotion $(j .sequence "$P") was checked against ($hs)"
     fi
   fi
-  unset VISITED FIRST
+  unset VISITED FIRST SERVED
 done
 
 # --- 9. release.json's files ------------------------------------------------------------------------------

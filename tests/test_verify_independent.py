@@ -16,7 +16,8 @@ import pytest
 from release_chain import SCRIPT, TAG
 
 from qualify.core.fsutil import canonical_json
-from qualify.probe.gpu import REQUIRED_GPU_CHECKS
+from qualify.probe.gpu import ALLREDUCE_CHECK, REQUIRED_GPU_CHECKS
+from qualify.probe.servematrix import CHECK_IDS
 from qualify.trust import policy
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -55,6 +56,9 @@ def test_the_implied_rule_is_the_toolkits(tmp_path):
     text = SCRIPT.read_text()
     assert int(re.search(r"^IMPLIED_PASSES=(\d+)$", text, re.M).group(1)) == policy.IMPLIED_PASSES
     assert json.loads(re.search(r"^IMPLIED_CHECKS='(.*)'$", text, re.M).group(1)) == list(REQUIRED_GPU_CHECKS)
+    # the serving checks a signed level_checks may name are the matrix's (issue 39), the NCCL check issue 44's
+    assert json.loads(re.search(r"^SERVE_CHECKS='(.*)'$", text, re.M).group(1)) == list(CHECK_IDS)
+    assert f'"{ALLREDUCE_CHECK}"' in text
     # -x: follow the sourced registry step (nox -s lint names both files, so it needs no -x)
     lint = subprocess.run(["shellcheck", "-x", str(SCRIPT)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout[-3000:]
