@@ -109,7 +109,48 @@ def test_the_readme_promote_glob_skips_the_bundles_beside_the_evidence(tmp_path)
     done = shell(f"{command} --manifests {lab.manifests}", here, COSIGN_PASSWORD=PASSWORD)
     assert done.returncode == 0, done.stderr
     assert f"skipped {len(records)} signature or bundle file(s)" in done.stderr and ".json.sigstore.json" in done.stderr
+    # a smoke image serves nothing: the line's serve-check pattern matches no file and bash passes it on as
+    # written (exit 2 before: "evidence file not found: sm120.serve-check.*.json")
+    assert "1 pattern(s) matched no file" in done.stderr and "sm120.serve-check.*.json" in done.stderr
     assert "sm120: baseline (7 of 7 consecutive passes; 7 records, 7 new)" in done.stdout
+
+
+def test_the_readme_promote_line_counts_the_serve_check_records_with_their_gpu_runs(tmp_path):
+    """A vLLM image's runs: GPU evidence and the serve-check record of the same deployment, both globs matching,
+    each record's bundle skipped; the run counts only because its serve-check record came with it."""
+    from signing_helpers import PASSWORD
+    from test_serve_promote import hand_in, link, served, vllm_lab
+
+    lab = vllm_lab(tmp_path / "lab")
+    here = lab.root / "handed-in"  # where hand_in writes the serve-check records
+    gpu = [lab.record(i) for i in (10, 20)]
+    lab.write(gpu, where=here)
+    hand_in(lab, [served(lab, 12, target="sm120", gpu_evidence=link(gpu[0]))])
+    shutil.copy(lab.release_key, here / "cosign.key")
+    command = readme_line("--evidence sm120.gpu-evidence.*.json").replace("COSIGN_PASSWORD=... ", "")
+    done = shell(f"{command} --manifests {lab.manifests}", here, COSIGN_PASSWORD=PASSWORD)
+    assert done.returncode == 0, done.stderr
+    assert "matched no file" not in done.stderr and "skipped 3 signature or bundle file(s)" in done.stderr
+    line = "sm120: experimental (1 of 7 consecutive passes; 2 records, 3 new, 1 of them serve-check records)"
+    assert line in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("given, words", [
+    (["sm120.gpu-evidence.*.json"], "--evidence: no evidence file given (every pattern matched nothing)"),
+    (["sm120.gpu-evidence.missing.json"], "not found"),
+])
+def test_promote_refuses_when_nothing_is_left_or_a_named_file_is_missing(tmp_path, given, words):
+    """A pattern that matched nothing is skipped with a note; a file named outright and missing stays an error."""
+    from evidence_helpers import TAG, Lab
+    from signing_helpers import PASSWORD
+
+    lab = Lab(tmp_path / "lab")
+    here = tmp_path / "empty"
+    here.mkdir()
+    shutil.copy(lab.release_key, here / "cosign.key")
+    done = shell(f"python -m qualify promote {TAG} --key cosign.key --manifests {lab.manifests} --evidence "
+                 + " ".join(given), here, COSIGN_PASSWORD=PASSWORD)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
 
 
 def test_the_readme_compare_glob_skips_bundles_and_still_needs_two_manifests(tmp_path):

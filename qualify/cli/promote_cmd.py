@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import List, Sequence, Tuple
 
 from qualify.core.errors import ConfigError, printable
 from qualify.core.report import emit
@@ -52,7 +53,15 @@ def execute(args) -> int:
     if args.allow_unsigned_evidence:
         emit("promote: WARNING: --allow-unsigned-evidence: evidence that no enrolled host signed counts; the "
              "promotion record says so")
-    evidence, skipped = formats.beside_their_files(args.evidence)
+    given, unmatched = patterns_left_by_the_shell(args.evidence)
+    if unmatched:  # the README's `sm120.serve-check.*.json` matches nothing for an image with no server
+        emit(f"promote: {len(unmatched)} pattern(s) matched no file (the shell passed them on as written): "
+             + ", ".join(printable(str(p)) for p in unmatched)
+             + "; a run whose level needs a serve-check record counts only with one")
+    if not given:
+        raise ConfigError("--evidence: no evidence file given (every pattern matched nothing)",
+                          hint="name the <target>.gpu-evidence.*.json files start.sh saved")
+    evidence, skipped = formats.beside_their_files(given)
     if skipped:  # the README's `--evidence sm120.gpu-evidence.*.json` matches each record's bundle too
         emit(f"promote: skipped {len(skipped)} signature or bundle file(s) given beside their evidence records "
              "(each record's own are read with it): " + ", ".join(printable(str(p)) for p in skipped))
@@ -61,3 +70,16 @@ def execute(args) -> int:
     for p in done:
         print("\n".join(promote.summary_lines(p, args.allow_unsigned_evidence)))
     return 0
+
+
+def patterns_left_by_the_shell(given: Sequence[Path]) -> Tuple[List[Path], List[Path]]:
+    """(files, unmatched): a missing argument with a glob character in its name is a pattern the shell found no
+    file for and passed on literally (bash without nullglob). It is no evidence, and not an error: the rule
+    counts only what was handed in, so a missing record fails closed. Any other missing file is still an error
+    from its reader."""
+    files: List[Path] = []
+    unmatched: List[Path] = []
+    for path in given:
+        pattern = any(c in path.name for c in "*?[") and not path.exists() and not path.is_symlink()
+        (unmatched if pattern else files).append(path)
+    return files, unmatched

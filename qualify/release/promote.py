@@ -198,7 +198,7 @@ class Promoted:
     standing: Standing
     manifest: Path
     record: Path
-    new: int  # records this run added
+    new: int  # files this run kept: GPU evidence and serve-check records
     sequence: int  # the promotion record's sequence (unchanged when nothing was added)
     ignored: Tuple[str, ...] = ()  # files in evidence/<target>/ the signed record does not name
     written: bool = True
@@ -206,6 +206,7 @@ class Promoted:
     rule: Optional[TargetRule] = None
     configurations: Tuple[ConfigurationRow, ...] = ()  # the multi-GPU rows beside the 1-GPU row (`standing`)
     serving: Optional[servecount.ServingRule] = None
+    new_serving: int = 0  # of `new`, serve-check records that completed a GPU run (never a run of their own)
 
 
 def _store(folder: Path, target: str, create: bool = False) -> Path:
@@ -469,7 +470,8 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
     fresh = {a.identity for a in added} | {m.identity for m in matrices if serve_rule.alone}
     taken = tuple(c for c in counted if c.identity in fresh or c.serving_sha256 in {m.sha256 for m in matrices})
     return Promoted(target, s, manifest_path, record_path, len(added) + len(matrices), previous + 1, ignored,
-                    added=taken, rule=rule, configurations=others, serving=serve_rule)
+                    added=taken, rule=rule, configurations=others, serving=serve_rule,
+                    new_serving=0 if serve_rule.alone else len(matrices))
 
 
 def release_signer(key_file: Path) -> Tuple[Signer, TrustedKey]:
@@ -483,13 +485,17 @@ def release_signer(key_file: Path) -> Tuple[Signer, TrustedKey]:
     return signer, TrustedKey.of_signer(signer, f"the public half of {key_file}")
 
 
+def _of_them_serving(p: Promoted) -> str:
+    return f", {p.new_serving} of them serve-check records" if p.new_serving else ""
+
+
 def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
     """For people; every line with its control characters escaped (a GPU name or reason is the host's text)."""
     from qualify.core.errors import printable
 
     s = p.standing
     lines = [f"{p.target}: {s.level} ({s.consecutive_passes} of {s.required} consecutive passes; "
-             f"{len(s.counted)} records, {p.new} new){'; ' + s.note if s.note else ''}"]
+             f"{len(s.counted)} records, {p.new} new{_of_them_serving(p)}){'; ' + s.note if s.note else ''}"]
     if p.rule is not None:
         lines.append(f"  rule: {p.rule.describe()}")
     if p.configurations:  # seed 000's matrix: each multi-GPU configuration is a row of its own
