@@ -131,3 +131,21 @@ def test_an_index_without_the_json_form_gives_no_total(index):
     pin = wheelhouse.Pin("nothere", "1.0", frozenset({"x"}))
     assert download_progress.fetch_total(url, [pin], "linux/amd64", None, None, timeout=5) is None
     assert any("vnd.pypi.simple.v1+json" in accept for _path, accept in seen)
+
+
+def test_bytes_pip_moves_into_dest_still_count_and_a_line_never_goes_back(tmp_path):
+    """Seen on the vLLM lock: 0.87 GB, then 0.70 GB, as pip moved finished wheels out of its temporary folder."""
+    temp, dest = tmp_path / "temp", tmp_path / "dest"
+    temp.mkdir()
+    dest.mkdir()
+    (dest / "old-1.0-py3-none-any.whl").write_bytes(b"x" * 50)  # there before: not this download's
+    watch = download_progress.Watch(temp, 3, lambda _line: None, dest=dest)
+    (temp / "a-1.0-py3-none-any.whl").write_bytes(b"a" * 100)
+    (temp / "b-1.0-py3-none-any.whl").write_bytes(b"b" * 200)
+    assert watch.arrived() == (300, 2)
+    (temp / "a-1.0-py3-none-any.whl").rename(dest / "a-1.0-py3-none-any.whl")  # moved: still arrived
+    assert watch.arrived() == (300, 2)
+    (temp / "b-1.0-py3-none-any.whl").unlink()  # removed (pip's own scratch copy): the reading keeps its high
+    assert watch.arrived() == (300, 2)
+    (temp / "c-1.0-py3-none-any.whl").write_bytes(b"c" * 400)
+    assert watch.arrived() == (500, 2)

@@ -76,24 +76,37 @@ def fetch_total(index_url: str, pins: Sequence, platform: str, python: Optional[
     return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
 
 
-def _bytes_and_files(folder: Path) -> tuple:
+def _bytes_and_files(folder: Path, skip: frozenset = frozenset()) -> tuple:
     total, files = 0, 0
     for root, _dirs, names in os.walk(folder):
         for name in names:
+            path = os.path.join(root, name)
+            if path in skip:
+                continue
             try:
-                total += os.stat(os.path.join(root, name)).st_size
+                total += os.stat(path).st_size
             except OSError:
                 continue  # pip renamed or removed it between listing and looking
             files += name.endswith(".whl")
     return total, files
 
 
+def _files(folder: Optional[Path]) -> frozenset:
+    if folder is None or not folder.is_dir():
+        return frozenset()
+    return frozenset(os.path.join(root, n) for root, _dirs, names in os.walk(folder) for n in names)
+
+
 class Watch:
     """A line every `every_s` seconds about the bytes under `folder`."""
 
     def __init__(self, folder: Path, wheels: int, say: Progress, every_s: float = 5.0,
-                 total: Optional[Callable[[], Optional[int]]] = None) -> None:
+                 total: Optional[Callable[[], Optional[int]]] = None, dest: Optional[Path] = None) -> None:
         self.folder, self.wheels, self.say, self.every_s = folder, wheels, say, every_s
+        # pip moves finished files out of its temporary folder (0.87 GB then 0.70 GB was printed): what has
+        # arrived is the temporary folder plus what is new in --dest, and a line never says less than one before
+        self.dest, self.before = dest, _files(dest)
+        self.high = (0, 0)
         self.total: Optional[int] = None
         self.total_known = False  # the question was answered (with a number or with None)
         self.start = time.monotonic()
@@ -117,8 +130,17 @@ class Watch:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            done, files = _bytes_and_files(self.folder)
+            done, files = self.arrived()
             self.say(self.line(done, files, time.monotonic() - self.start))
+
+    def arrived(self) -> tuple:
+        """(bytes, wheels) downloaded so far, never fewer than an earlier reading."""
+        done, files = _bytes_and_files(self.folder)
+        if self.dest is not None and self.dest.is_dir():
+            more, wheels = _bytes_and_files(self.dest, self.before)
+            done, files = done + more, files + wheels
+        self.high = (max(self.high[0], done), max(self.high[1], files))
+        return self.high
 
     def line(self, done: int, files: int, elapsed: float) -> str:
         rate = done / elapsed if elapsed > 0 else 0.0
@@ -160,7 +182,7 @@ def watching(argv: Sequence[str], pins: Sequence, platform: str, dest: Path, say
     python = _option(argv, "--python-version")
     total = (lambda: fetch_total(index, pins, platform, python, cafile)) if index else None
     try:
-        with Watch(folder, len(pins), say, EVERY_S if every_s is None else every_s, total):
+        with Watch(folder, len(pins), say, EVERY_S if every_s is None else every_s, total, dest):
             yield {"TMPDIR": str(folder)}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
