@@ -20,6 +20,7 @@ from qualify.signing import signer
 from qualify.trust import folder
 from qualify.trust import hosts as hosts_chain
 from qualify.trust import records as rec
+from qualify.trust.verify import KeyAnchor, TrustedKey
 
 TF = targets.load()
 PROBE = "sha256:" + "c" * 64
@@ -43,7 +44,7 @@ def gpu_checks(outcome: ev.Outcome) -> tuple:
 def sign_with(key_file: Path, password: str = PASSWORD):
     """(Signer, TrustedKey) for a key file, with the test password (no terminal, no environment)."""
     s = signer.key_signer("builtin", key_file, password.encode())
-    return s, folder.TrustedKey.from_bytes(cosign_keys.public_key_pem(s.public_key()), str(key_file))
+    return s, TrustedKey.from_bytes(cosign_keys.public_key_pem(s.public_key()), str(key_file))
 
 
 class Lab:
@@ -77,7 +78,7 @@ class Lab:
     def enroll(self, *hosts: tuple) -> Path:
         """Each host enrolled as `qualify hosts add NAME --key PUB` enrolls it (the next version of the chain)."""
         for name, pub in hosts:
-            key = folder.TrustedKey.read(pub)
+            key = TrustedKey.read(pub)
             hosts_chain.change(self.hosts_file, self.sign, self.key, replace=True,
                                add=rec.EnrolledHost(name, key_pem=key.pem.decode(), fingerprint=key.fingerprint))
         return self.hosts_file
@@ -133,4 +134,4 @@ class Lab:
         return self.promote(self.write(records), **kw)
 
     def manifest(self) -> mf.Manifest:
-        return folder.read_release(self.folder, folder.KeyAnchor(trusted=self.key)).target("sm120").manifest
+        return folder.read_release(self.folder, KeyAnchor(trusted=self.key)).target("sm120").manifest

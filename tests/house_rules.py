@@ -282,7 +282,52 @@ def private_keys_outside_signer(root: Path) -> List[str]:
     return out
 
 
+# A name is imported from the module that makes it, so `grep "from qualify.trust.verify import"` finds every
+# user of the verifier's types. Facades that re-export on purpose, each with why:
+REEXPORT_ALLOWED = {
+    "config/targets.py": "the one reader of images/targets.toml: its model types (config/model.py) come with it",
+    "probe/providers/__init__.py": "the providers package's face: one module per idea behind one import",
+}
+
+
+def _module_names(root: Path) -> Dict[str, Tuple[set, set]]:
+    """qualify.<module> -> (names it makes at top level, names it imports with `from ... import`)."""
+    out = {}
+    for rel, _, tree in modules(root):
+        made, brought = set(), set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                made.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    made |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.ImportFrom):
+                brought |= {a.asname or a.name for a in node.names}
+        name = "qualify." + rel[:-3].replace("/", ".")
+        out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = (made, brought)
+    return out
+
+
+def names_taken_second_hand(root: Path) -> List[str]:
+    names = _module_names(root)
+    out = []
+    for rel, _, tree in modules(root):
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module in names):
+                continue
+            made, brought = names[node.module]
+            source = node.module[len("qualify."):].replace(".", "/")
+            if f"{source}.py" in REEXPORT_ALLOWED or f"{source}/__init__.py" in REEXPORT_ALLOWED:
+                continue
+            for a in node.names:
+                if a.name not in made and a.name in brought:
+                    out.append(f"{rel}:{node.lineno}: {a.name} taken from {node.module}, which imports it: "
+                               "import it from where it is made")
+    return out
+
+
 RULES = {
+    "reexport": names_taken_second_hand,
     "subprocess": subprocess_outside_runner,
     "stderr": stderr_outside_reporter,
     "environment": environment_at_import,

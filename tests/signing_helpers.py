@@ -269,7 +269,8 @@ def promote_to_baseline(folder: Path, key_file: Path, password: str, targets: Li
     from qualify.signing import signer as sgn
     from qualify.trust import hosts
     from qualify.trust import records as rec
-    from qualify.trust.folder import KeyAnchor, TrustedKey, read_release
+    from qualify.trust.folder import read_release
+    from qualify.trust.verify import KeyAnchor, TrustedKey
 
     sign = sgn.key_signer("builtin", key_file, password.encode())
     key = TrustedKey.of_signer(sign, str(key_file))

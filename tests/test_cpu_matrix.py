@@ -26,7 +26,7 @@ from qualify.probe import servematrix as sm
 from qualify.release import serving
 from qualify.trust import folder
 from qualify.trust import records as rec
-from qualify.trust.verify import verify_blob
+from qualify.trust.verify import TrustedKey, verify_blob
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -76,7 +76,7 @@ def test_every_check_of_the_matrix_runs_and_passes_with_its_numbers_in_the_signe
     assert checks["serve.providers"]["evidence"]["server"]["dtype"] == ["float32"]  # the server's float32 deployment
     assert checks["serve.accuracy"]["evidence"]["reference"]["dtype"] == "bfloat16"
     assert checks["serve.accuracy"]["evidence"]["reference"]["source"] == "transformers"
-    key = folder.TrustedKey.read(host_key.with_suffix(".pub"))
+    key = TrustedKey.read(host_key.with_suffix(".pub"))
     verify_blob(key, data, path.with_name(path.name + ".sig").read_bytes(), None, "record")
 
 

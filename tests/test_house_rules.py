@@ -29,6 +29,7 @@ def _copy(tmp_path: Path) -> Path:
 
 
 PLANTED = {
+    "reexport": ("deploy/planted.py", "from qualify.trust.folder import KeyAnchor, read_release\n", 1),
     "subprocess": ("release/planted.py", "import subprocess\n\n\ndef tag():\n    subprocess.run(['git', 'tag'])\n", 1),
     "stderr": ("publish/planted.py", "import sys\n\n\ndef say(m):\n    print(m, file=sys.stderr, flush=True)\n"
                "    sys.stderr.write(m)\n", 2),
@@ -56,8 +57,8 @@ def test_a_planted_violation_breaks_the_rule(rule, tmp_path):
 
 
 def test_every_allowance_names_a_real_place_and_a_reason():
-    for allowed in (rules.SUBPROCESS_ALLOWED, rules.STDERR_ALLOWED, rules.IMAGEREF_ALLOWED, rules.PYTHON_ALLOWED,
-                    rules.PRIVATE_KEY_ALLOWED):
+    for allowed in (rules.REEXPORT_ALLOWED, rules.SUBPROCESS_ALLOWED, rules.STDERR_ALLOWED, rules.IMAGEREF_ALLOWED,
+                    rules.PYTHON_ALLOWED, rules.PRIVATE_KEY_ALLOWED):
         for where, why in allowed.items():
             assert (PACKAGE / where).exists() and len(why) > 20, (where, why)
 

@@ -36,6 +36,7 @@ from qualify.release import evidence as ev
 from qualify.release import rows
 from qualify.signing import signer
 from qualify.trust import folder, gpuconfig
+from qualify.trust.verify import KeyAnchor
 
 # --- how GPUs are joined: nvidia-smi topo -m ---------------------------------------------------------------
 
@@ -295,7 +296,7 @@ def test_promote_keeps_one_gpu_and_n_gpus_in_different_rows(lab):
     (row,) = done.configurations
     assert (row.configuration.key, row.level, row.consecutive_passes, row.runs) == ("2 GPUs tp2 nvlink",
                                                                                     "experimental", 3, 3)
-    release = folder.read_release(lab.folder, folder.KeyAnchor(trusted=lab.key))
+    release = folder.read_release(lab.folder, KeyAnchor(trusted=lab.key))
     promotion = release.target("sm120").promotion
     assert promotion.configurations == done.configurations
     assert sorted(e.configuration for e in promotion.evidence) == ["1 GPU"] * 6 + ["2 GPUs tp2 nvlink"] * 3

@@ -27,6 +27,7 @@ from qualify.scaleout import merge
 from qualify.signing import formats, signer
 from qualify.trust import folder, journal
 from qualify.trust import records as rec
+from qualify.trust.verify import TrustedKey, sha256
 
 N = TF.promotion_passes
 
@@ -458,8 +459,8 @@ def test_every_promotion_record_is_kept_and_each_names_the_one_before(lab):
     vt = folder.read_release(lab.folder).target("sm120")
     assert [s for s, _ in vt.chain] == [1, 2, 3]
     kept = (lab.folder / "sm120.promotion.2.json").read_bytes()
-    assert vt.promotion.previous_sha256 == folder.sha256(kept)
-    assert rec.PromotionRecord.parse(kept, "2").previous_sha256 == folder.sha256(
+    assert vt.promotion.previous_sha256 == sha256(kept)
+    assert rec.PromotionRecord.parse(kept, "2").previous_sha256 == sha256(
         (lab.folder / "sm120.promotion.1.json").read_bytes())
 
 
@@ -533,7 +534,7 @@ def test_the_promotion_record_binds_its_hosts_file_and_a_fresh_promoter_refuses_
     lab.enroll(("second", second))
     lab.run([lab.record(1)])
     record = rec.PromotionRecord.parse((lab.folder / "sm120.promotion.json").read_bytes(), "record")
-    assert (record.hosts_sequence, record.hosts_sha256) == (2, folder.sha256(lab.hosts_file.read_bytes()))
+    assert (record.hosts_sequence, record.hosts_sha256) == (2, sha256(lab.hosts_file.read_bytes()))
     _copy(["hosts.json"], saved, lab.manifests)
     monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path / "another-promoter"))  # no marks: the record decides
     with pytest.raises(RollbackError, match="promotion 1 of sm120 was checked against sequence 2"):
@@ -563,7 +564,7 @@ def test_hosts_add_never_restarts_a_lost_chain_at_one_unless_told_and_says_so(la
     from qualify.trust import hosts
 
     _, pub = make_key_pair(tmp_path, prefix="new")
-    key = folder.TrustedKey.read(pub)
+    key = TrustedKey.read(pub)
     host = rec.EnrolledHost("new-host", key_pem=key.pem.decode(), fingerprint=key.fingerprint)
     for p in lab.manifests.glob("hosts.json*"):
         p.unlink()
@@ -586,7 +587,7 @@ def test_hosts_add_never_replaces_a_hosts_key_silently(lab, tmp_path):
     from qualify.trust import hosts
 
     _, pub = make_key_pair(tmp_path, prefix="other")
-    key = folder.TrustedKey.read(pub)
+    key = TrustedKey.read(pub)
     other = rec.EnrolledHost("lab-5090", key_pem=key.pem.decode(), fingerprint=key.fingerprint)
     with pytest.raises(ConfigError, match="lab-5090 is already enrolled .* with another key"):
         hosts.change(lab.hosts_file, lab.sign, lab.key, add=other)

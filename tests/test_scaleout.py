@@ -420,7 +420,7 @@ def test_the_committed_h200_evidence_travels_signed_by_an_enrolled_test_host(tmp
     carries the signatures, and an enrolled-hosts list naming that key recognises who signed them."""
     from qualify.release import evidence as ev
     from qualify.trust import records
-    from qualify.trust.folder import TrustedKey
+    from qualify.trust.verify import TrustedKey
 
     merged = merge.merge([REAL, REPO / "manifests" / "evidence" / "h200x2" / "probe-sm120.json"])
     written = merge.write(merged, tmp_path / "out")
@@ -461,7 +461,7 @@ def test_the_pod_signs_its_evidence_with_the_key_its_secret_mounts_and_merge_kee
     from qualify.qualification import staging
     from qualify.release import evidence as ev
     from qualify.trust import records
-    from qualify.trust.folder import TrustedKey
+    from qualify.trust.verify import TrustedKey
 
     key = ec.generate_private_key(ec.SECP256R1())
     pem = tmp_path / "key.pem"

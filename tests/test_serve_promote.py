@@ -15,6 +15,7 @@ from qualify.probe import servematrix as sm
 from qualify.release import evidence as ev
 from qualify.release import servecount, serving
 from qualify.trust import folder
+from qualify.trust.verify import KeyAnchor
 
 REPO_TARGETS = REPO / "images" / "targets.toml"
 
@@ -53,7 +54,7 @@ def promote(lab: Lab, paths, **kw):
 
 
 def promotion(lab: Lab, target="cpu"):
-    return folder.read_release(lab.folder, folder.KeyAnchor(trusted=lab.key)).target(target)
+    return folder.read_release(lab.folder, KeyAnchor(trusted=lab.key)).target(target)
 
 
 def test_the_cpu_target_is_promoted_by_signed_serve_check_records_alone(tmp_path):

@@ -27,7 +27,8 @@ from qualify.core import readlimit
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.deploy import choice, state
 from qualify.trust import folder, records, verify
-from qualify.trust.folder import KeyAnchor, TrustedKey, read_release
+from qualify.trust.folder import read_release
+from qualify.trust.verify import KeyAnchor, TrustedKey, sha256
 
 TAG = "v1.0.0"
 
@@ -415,7 +416,7 @@ def test_release_json_is_signed_bound_to_its_tag_and_ordered(tmp_path, keys):
     assert indexes[0].predecessor is None and indexes[1].predecessor.tag == "v1.0.0"
     assert indexes[2].predecessor.tag == "v1.1.0-rc.1"  # the release order, not creation time
     assert all(records.TIME.fullmatch(i.time) for i in indexes)
-    assert dict(indexes[0].files)["cosign.pub"] == folder.sha256((first / "cosign.pub").read_bytes())
+    assert dict(indexes[0].files)["cosign.pub"] == sha256((first / "cosign.pub").read_bytes())
     assert (first / "release.json.sig").is_file() and (first / "release.json.sigstore.json").is_file()
     listing = folder.list_releases(tmp_path / "repo" / "manifests")
     assert listing.tags() == ["v1.0.0", "v1.1.0-rc.1", "v1.1.0"]

@@ -266,7 +266,8 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
     from qualify.signing import formats, signer
     from qualify.trust import hosts
     from qualify.trust import records as rec
-    from qualify.trust.folder import TrustedKey, read_release
+    from qualify.trust.folder import read_release
+    from qualify.trust.verify import TrustedKey
 
     env = {"PATH": "/usr/bin:/bin"}
 

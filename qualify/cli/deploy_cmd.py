@@ -126,7 +126,8 @@ def host_refused(exc: OSError, s, args) -> Stop:
 def _seed(s: settings.Settings, ui: Ui) -> int:
     from qualify.core.errors import QualifyError
     from qualify.deploy import state
-    from qualify.trust.folder import KeyAnchor, read_release
+    from qualify.trust.folder import read_release
+    from qualify.trust.verify import KeyAnchor
 
     if not (s.release_tag and s.release_key_fingerprint):
         raise Stop(EX_USAGE, "seed records a known release: set RELEASE_TAG and RELEASE_KEY_FINGERPRINT (the tag and "

@@ -15,6 +15,7 @@ from qualify.host import paths
 from qualify.trust import folder
 from qualify.trust import hosts as chain
 from qualify.trust import records as rec
+from qualify.trust.verify import TrustedKey
 
 
 def configure_parser(parser) -> None:
@@ -47,14 +48,14 @@ def _host(args) -> rec.EnrolledHost:
     if bool(args.key) == bool(args.identity and args.issuer):
         raise ConfigError("give the host's --key HOST.pub, or a keyless --identity ID with --issuer URL")
     if args.key:
-        key = folder.TrustedKey.read(args.key)
+        key = TrustedKey.read(args.key)
         return rec.EnrolledHost(args.name, key_pem=key.pem.decode("ascii"), fingerprint=key.fingerprint)
     return rec.EnrolledHost(args.name, identity=args.identity, issuer=args.issuer)
 
 
 def execute(args) -> int:
     if args.action == "list":
-        hosts = folder.read_hosts(args.file, folder.TrustedKey.read(args.key))
+        hosts = folder.read_hosts(args.file, TrustedKey.read(args.key))
         if args.json:
             print(json.dumps(hosts.as_json(), indent=2, sort_keys=True))
             return 0

@@ -20,8 +20,9 @@ from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.host import cmd
-from qualify.trust.folder import KeyAnchor, VerifiedRelease, list_releases, read_release
+from qualify.trust.folder import list_releases, read_release
 from qualify.trust.order import is_prerelease, tag_problem
+from qualify.trust.verify import KeyAnchor, VerifiedRelease
 
 
 def fetch_release(manifests_dir: Path, tag: str, github_repo: str = "") -> Optional[Path]:

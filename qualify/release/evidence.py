@@ -24,13 +24,15 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Generic, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
 from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.trust.gpuconfig import SINGLE_GPU, Configuration, required_checks
+
+R = TypeVar("R")  # the record a handed-in signed file holds
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
 NO_GPU = "none"  # the GPU name and capability of a run that saw none
@@ -100,6 +102,10 @@ class Evidence:
     @property
     def when(self) -> dt.datetime:
         return parse_time(self.time, "time")
+
+    @property
+    def identity(self) -> str:
+        return record_identity(self)
 
 
 def identity(image_digest: str, probe_sources_digest: str, gpu_uuid_sha256: str, host_id_sha256: str, run_id: str,
@@ -403,15 +409,16 @@ def load_any(path: Path, release: str) -> Evidence:
 
 
 @dataclass(frozen=True)
-class Signed:
-    """One evidence file as it was handed in: its bytes (read once), their signature and bundle, the record
-    they hold, and the enrolled host whose signature verified ("" when none did)."""
+class Signed(Generic[R]):
+    """One signed file as it was handed in (GPU evidence, a serve-check record): its bytes (read once), their
+    signature and bundle, the record parsed from those bytes, and the enrolled host whose signature verified
+    ("" when none did). The record's own `identity` says which run it is."""
 
     source: Path
     data: bytes = field(repr=False)
     signature: Optional[bytes] = field(repr=False)
     bundle: Optional[bytes] = field(repr=False)
-    record: Evidence
+    record: R
     host: str
     why_unsigned: str = ""
 
@@ -421,7 +428,7 @@ class Signed:
 
     @property
     def identity(self) -> str:
-        return record_identity(self.record)
+        return self.record.identity  # type: ignore[attr-defined]
 
 
 def signed_by(hosts, data: bytes, signature: Optional[bytes], bundle: Optional[bytes]) -> Tuple[str, str]:
@@ -481,25 +488,32 @@ def _keyless_ok(host, data: bytes, bundle: bytes) -> bool:
     return True
 
 
-def read_signed(path: Path, release: str, hosts, allow_unsigned: bool) -> Signed:
+def read_signed(path: Path, release: str, hosts, allow_unsigned: bool) -> Signed[Evidence]:
     """An evidence file and its signature, each read once; refused unless an enrolled host signed it or
     --allow-unsigned-evidence was given."""
-    from qualify.signing import formats
-
     path = Path(path)
     data = _read(path)
+    return handed_in(path, data, from_bytes(data, release, str(path)), hosts, allow_unsigned, EvidenceError,
+                     "evidence", "gpu-evidence --sign-key")
+
+
+def handed_in(path: Path, data: bytes, record: R, hosts, allow_unsigned: bool, error: Type[QualifyError],
+              what: str, sign_with: str) -> Signed[R]:
+    """`record`, parsed from `data` (the bytes of `path`, read once), with the signature and bundle beside it,
+    each read once, and the enrolled host whose signature verifies those bytes; refused unless one does or
+    unsigned evidence is allowed. The one signature path of every file promote is handed."""
+    from qualify.signing import formats
+
     sig_path, bundle_path = formats.signature_path(path), formats.bundle_path(path)
-    signature = read_small(sig_path, SIGNATURE_LIMIT, "evidence signature", EvidenceError) \
-        if sig_path.exists() else None
-    bundle = read_small(bundle_path, BUNDLE_LIMIT, "evidence bundle", EvidenceError) if bundle_path.exists() else None
-    record = from_bytes(data, release, str(path))
+    signature = read_small(sig_path, SIGNATURE_LIMIT, f"{what} signature", error) if sig_path.exists() else None
+    bundle = read_small(bundle_path, BUNDLE_LIMIT, f"{what} bundle", error) if bundle_path.exists() else None
     try:
         host, why = signed_by(hosts, data, signature, bundle)
     except EvidenceError as exc:
-        raise EvidenceError(f"{path}: {exc.message}", hint=exc.hint) from None
+        raise error(f"{path}: {exc.message}", hint=exc.hint) from None
     if not host and not allow_unsigned:
-        raise EvidenceError(f"{path}: not evidence from an enrolled host: {why}",
-                            hint="sign evidence on the GPU host (EVIDENCE_SIGNING_KEY in .env, gpu-evidence --sign-key) "
-                            "and enroll that host's key (python -m qualify hosts add NAME --key HOST.pub); "
-                            "or, loudly, promote --allow-unsigned-evidence")
+        raise error(f"{path}: not {what} from an enrolled host: {why}",
+                    hint=f"sign it on the GPU host (EVIDENCE_SIGNING_KEY in .env, {sign_with}) and enroll that "
+                    "host's key (python -m qualify hosts add NAME --key HOST.pub); or, loudly, promote "
+                    "--allow-unsigned-evidence")
     return Signed(path, data, signature, bundle, record, host, why)

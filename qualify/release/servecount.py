@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from qualify.core import manifest as mf
-from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
+from qualify.core.readlimit import read_small, strict_json
 from qualify.probe.servematrix import CHECK_IDS
 from qualify.release import evidence as ev
 from qualify.release import serving
-from qualify.signing import formats
 from qualify.trust import records as rec
 from qualify.trust.policy import TargetRule
 
@@ -85,7 +84,7 @@ def rule_for(m: mf.Manifest, rule: Optional[TargetRule] = None) -> ServingRule:
 def read_signed(path: Path, hosts, allow_unsigned: bool) -> Optional[serving.SignedServe]:
     """A serve-check record and its signature, each read once; None when the file is not a serve-check record
     (the caller reads it as GPU evidence). Refused unless an enrolled host signed it or unsigned evidence is
-    allowed, as GPU evidence is."""
+    allowed, as GPU evidence is (evidence.handed_in: the one signature path)."""
     data = read_small(path, serving.MAX_BYTES, "evidence file", serving.ServeRecordError)
     try:
         doc = strict_json(data, str(path), serving.ServeRecordError)
@@ -93,19 +92,8 @@ def read_signed(path: Path, hosts, allow_unsigned: bool) -> Optional[serving.Sig
         return None  # not JSON at all: the GPU evidence reader says so in its words
     if not serving.is_serve_record(doc):
         return None
-    record = serving.parse(data, str(path))
-    sig_path, bundle_path = formats.signature_path(path), formats.bundle_path(path)
-    signature = read_small(sig_path, SIGNATURE_LIMIT, "record signature", serving.ServeRecordError) \
-        if sig_path.exists() else None
-    bundle = read_small(bundle_path, BUNDLE_LIMIT, "record bundle", serving.ServeRecordError) \
-        if bundle_path.exists() else None
-    host, why = ev.signed_by(hosts, data, signature, bundle)
-    if not host and not allow_unsigned:
-        raise serving.ServeRecordError(f"{path}: not a serve-check record from an enrolled host: {why}",
-                                       hint="sign it on the host (serve-check --sign-key, EVIDENCE_SIGNING_KEY) and "
-                                       "enroll that host (python -m qualify hosts add NAME --key HOST.pub); or, "
-                                       "loudly, promote --allow-unsigned-evidence")
-    return serving.SignedServe(path, data, signature, bundle, record, host, why)
+    return ev.handed_in(path, data, serving.parse(data, str(path)), hosts, allow_unsigned, serving.ServeRecordError,
+                        "a serve-check record", "serve-check --sign-key")
 
 
 def check_binding(record: serving.ServeRecord, m: mf.Manifest, release: rec.ReleaseIndex, where: str,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -96,6 +96,10 @@ class ServeRecord:
 
     def check(self, check_id: str) -> Optional[Mapping[str, Any]]:
         return next((c for c in self.checks if c.get("id") == check_id), None)
+
+    @property
+    def identity(self) -> str:
+        return identity(self)
 
 
 def identity(record: ServeRecord) -> str:
@@ -214,23 +218,4 @@ def file_name(target: str, when: str, host_hash: str) -> str:
     return f"{target}.serve-check.{stamp}.{host_hash.split(':', 1)[1][:12]}.json"
 
 
-@dataclass(frozen=True)
-class SignedServe:
-    """One serve-check file as handed in: its bytes (read once), signature, bundle, the record, and the enrolled
-    host whose signature verified ("" when none did)."""
-
-    source: Path
-    data: bytes = field(repr=False)
-    signature: Optional[bytes] = field(repr=False)
-    bundle: Optional[bytes] = field(repr=False)
-    record: ServeRecord
-    host: str
-    why_unsigned: str = ""
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
-
-    @property
-    def identity(self) -> str:
-        return identity(self.record)
+SignedServe = ev.Signed[ServeRecord]  # a handed-in serve-check file: the one handed-in type, GPU evidence's too

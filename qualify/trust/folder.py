@@ -21,14 +21,13 @@ from qualify.signing import formats
 from qualify.trust import records as rec
 from qualify.trust.order import SEMVER, tag_problem
 from qualify.trust.sources import FolderSource, LayeredSource
-from qualify.trust.verify import (  # noqa: F401  (the reader's types, where a caller of read_release finds them)
+from qualify.trust.verify import (
     TARGETS,
     TOFU,
     KeyAnchor,
     TrustedKey,
     VerifiedHosts,
     VerifiedRelease,
-    VerifiedTarget,
     sha256,
     verify_hosts,
     verify_release,

@@ -18,8 +18,9 @@ from qualify.core.errors import ConfigError
 from qualify.signing.signer import Signer
 from qualify.trust import journal
 from qualify.trust import records as rec
-from qualify.trust.folder import TrustedKey, read_hosts_file, sha256
+from qualify.trust.folder import read_hosts_file
 from qualify.trust.highwater import PromoterState
+from qualify.trust.verify import TrustedKey, sha256
 
 
 @dataclass(frozen=True)

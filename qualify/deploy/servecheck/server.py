@@ -19,7 +19,8 @@ from qualify.deploy import api, ops, preflight, settings
 from qualify.deploy.ui import Ui
 from qualify.host import cmd
 from qualify.release import serving
-from qualify.trust.folder import KeyAnchor, read_release
+from qualify.trust.folder import read_release
+from qualify.trust.verify import KeyAnchor
 
 UNKNOWN = "unknown"
 
