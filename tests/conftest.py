@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,15 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 NVCC = Path("/usr/local/cuda/bin/nvcc")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_configure(config):
+    """The interruption tests press Ctrl-C as a terminal does (SIGINT). A suite started from a background job
+    (`bash .ci/run &`, nohup) inherits SIGINT ignored, and an ignored signal stays ignored across exec, so
+    the CLI under test never saw it (three Ctrl-C tests failed so, their SIGTERM twins passed). Caught here,
+    it is the default again in every child."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
