@@ -23,6 +23,7 @@ def tiny(tiny_model) -> Path:
     return tiny_model  # conftest's: `python -m qualify tiny-model --out DIR`, once per session
 
 
+@pytest.mark.slow  # trains the model a second time: 52 s, an eighth of the fast lane
 def test_two_runs_write_the_same_bytes(tiny, tmp_path):
     from qualify.tinymodel import write
 
