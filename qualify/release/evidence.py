@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Generic, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import Any, Dict, Generic, Mapping, Optional, Protocol, Sequence, Tuple, Type, TypeVar
 
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
@@ -32,7 +32,13 @@ from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, st
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.trust.gpuconfig import SINGLE_GPU, Configuration, required_checks
 
-R = TypeVar("R")  # the record a handed-in signed file holds
+
+class _Identified(Protocol):
+    @property
+    def identity(self) -> str: ...
+
+
+R = TypeVar("R", bound=_Identified)  # the record a handed-in signed file holds: it says which run it is
 
 SCHEMA = "https://blackwell-qualify.dev/gpu-evidence/v1"
 NO_GPU = "none"  # the GPU name and capability of a run that saw none
@@ -105,7 +111,8 @@ class Evidence:
 
     @property
     def identity(self) -> str:
-        return record_identity(self)
+        return identity(self.image_digest, self.probe_sources_digest, self.gpu.uuid_sha256, self.host_id_sha256,
+                        self.run_id, self.time)
 
 
 def identity(image_digest: str, probe_sources_digest: str, gpu_uuid_sha256: str, host_id_sha256: str, run_id: str,
@@ -118,11 +125,6 @@ def identity(image_digest: str, probe_sources_digest: str, gpu_uuid_sha256: str,
               "gpu_uuid_sha256": gpu_uuid_sha256, "host_id_sha256": host_id_sha256, "run_id": run_id,
               "time": normal_time(time, "time")}
     return hashlib.sha256(canonical_json(fields)).hexdigest()
-
-
-def record_identity(record: Evidence) -> str:
-    return identity(record.image_digest, record.probe_sources_digest, record.gpu.uuid_sha256,
-                    record.host_id_sha256, record.run_id, record.time)
 
 
 def hashed(text: str) -> str:
@@ -428,7 +430,7 @@ class Signed(Generic[R]):
 
     @property
     def identity(self) -> str:
-        return self.record.identity  # type: ignore[attr-defined]
+        return self.record.identity
 
 
 def signed_by(hosts, data: bytes, signature: Optional[bytes], bundle: Optional[bytes]) -> Tuple[str, str]:

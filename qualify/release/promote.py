@@ -239,7 +239,7 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> 
         record = ev.from_bytes(a.data, release.tag, where)
         served = serving.parse(a.serving_data, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json") \
             if a.serving_sha256 and a.serving_data is not None else None
-        out.append(replace(_counted(record, a.sha256, a.host, ev.record_identity(record), rule),
+        out.append(replace(_counted(record, a.sha256, a.host, record.identity, rule),
                            serving_sha256=a.serving_sha256, served=served).judged(serve_rule))
     return out, vt.unlisted
 
