@@ -171,8 +171,8 @@ def pull_row(record: image.BuildRecord, size: int) -> Row:
 
 
 def image_size(engine: Engine, record: image.BuildRecord) -> int:
-    """By image id: podman records no repo digest for an image it pushed (by digest it printed 0.00 GB)."""
-    info = engine.inspect(record.image_id) or engine.inspect(record.image_reference)
+    """By image id: by registry digest neither engine found it (both printed 0.00 GB)."""
+    info = engine.inspect(record.image_id)
     return info.size if info else 0
 
 
