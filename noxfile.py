@@ -136,6 +136,19 @@ def bench_cpu(session: nox.Session) -> None:
     session.run("python", "-m", "qualify.devtools.bench_cpu", *session.posargs)
 
 
+@nox.session(name="tiny-model-remake")
+def tiny_model_remake(session: nox.Session) -> None:
+    """Train the tiny model again and compare it with the committed files (-- --write replaces them)."""
+    session.install("-q", "-e", ".[test]", "--config-settings", f"editable_mode={_toolenv.EDITABLE_MODE}")
+    session.run("python", "-m", "qualify.devtools.tiny_model_remake", *session.posargs)
+
+
+@nox.session(python=False)
+def reference(session: nox.Session) -> None:
+    """Write docs/reference/ (commands, checks, settings, exit codes, formats) from the code (-- --check)."""
+    _module(session, "qualify.devtools.reference")
+
+
 @nox.session(name="vllm-rules", python=False)
 def vllm_rules(session: nox.Session) -> None:
     """Check the provider tables against vLLM's own selectors, inside the built vLLM image."""

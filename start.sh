@@ -34,8 +34,10 @@ Deploys the qualified vLLM image for this host's GPU and checks that it answers.
   --env-file FILE           settings file (default: .env, made from .env.example when missing)
   -h, --help                this help
 
-Exit status: 0 serving; 2 settings; 3 preflight; 4 trust gate; 5 deploy or health; 6 canary;
-12 the host refused (a full disk, a permission: the message names the path); 130 interrupted.
+Exit status: 0 serving; 2 settings; 3 preflight; 4 trust gate; 5 deploy or health (on GB10 also:
+unified memory ran short while the server started); 6 canary;
+12 the host refused (a full disk, a permission: the message names the path); 13 a check the
+release requires did not run (scripts/verify.sh); 130 interrupted.
 Afterwards: scripts/status.sh, scripts/verify.sh [--smoke|--full], scripts/stop.sh [--purge-cache].
 USAGE
 }

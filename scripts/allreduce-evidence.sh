@@ -24,8 +24,8 @@ target=${3:-sm120}
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-# NVLink multicast stays off: on shared machines it can take the GPUs out of service.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# NVLink multicast stays off: on shared machines it can take the GPUs out of service. The probe passes
+# the one definition of the collectives' environment (qualify/core/ncclenv.py) to its NCCL and P2P children.
 name="allreduce-tp$tp"
 
 {

@@ -5,7 +5,7 @@
 #
 # Exit codes: 2 usage or settings, 3 preflight, 4 trust gate, 5 deploy or
 # health, 6 API checks, 12 the host refused (a full disk: the message names
-# the path), 130 interrupted.
+# the path), 13 a check the release requires did not run, 130 interrupted.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO

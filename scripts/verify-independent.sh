@@ -282,6 +282,13 @@ if jq -e 'has("policy")' "$INDEX" >/dev/null; then
              and (.min_bus_gbps | type == "number" and . > 0))
          and ([.policy.allreduce_floors[] | [.topology, .gpus]] | length == (unique | length))' "$INDEX" >/dev/null ||
     fail "$INDEX: policy.allreduce_floors: each a topology of nvlink, pcie-switch, host-bridge, cross-socket, gpus >= 2 and min_bus_gbps > 0, one per topology and GPU count"
+  # issue 51's PTX JIT table (a deploy rule, not a promotion rule): well formed where it is there
+  jq -e '(has("policy") | not) or (.policy | has("ptx_jit") | not)
+         or ((.policy.ptx_jit | type == "array" and length > 0)
+             and all(.policy.ptx_jit[]; (.isa | test("^[0-9]{1,3}\\.[0-9]{1,3}$")) and (.cuda | test("^[0-9]{1,2}\\.[0-9]{1,2}$"))
+                 and (.driver | test("^[0-9]{3,4}(\\.[0-9]{1,3}){0,2}$")))
+             and ([.policy.ptx_jit[].isa] | length == (unique | length)))' "$INDEX" >/dev/null ||
+    fail "$INDEX: policy.ptx_jit: each row an isa (once), a cuda and a driver version"
   POLICY_VERSION=1
   ok "version 1: $(j .policy.promotion.consecutive_passes "$INDEX") consecutive passes of $(j '.policy.promotion.required_gpu_checks | join(", ")' "$INDEX")"
   if jq -e '.policy.level_checks | length > 0' "$INDEX" >/dev/null; then

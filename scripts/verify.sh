@@ -18,6 +18,10 @@ Usage: scripts/verify.sh [--smoke | --full | --matrix [MATRIX OPTIONS]] [--env-f
   --matrix  the serving correctness matrix, written as a record beside the release's manifest
             (python -m qualify serve-check; its options: --sign-key KEY, --out FILE, --reference FILE,
             --reference-model DIR, --reference-python PY, --record-reference FILE, --server-log FILE)
+
+Exit status: 0 every check passed; 6 a check failed; 13 none failed, but one the release's signed
+policy requires for the target's intended level did not run (a tool call with TOOL_CALL_PARSER
+empty, needles longer than MAX_MODEL_LEN): never a pass; 2 settings.
 USAGE
 }
 

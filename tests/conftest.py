@@ -36,7 +36,6 @@ def pytest_configure(config):
 def _own_promoter_state(monkeypatch, tmp_path_factory):
     """Each test promotes with high-water marks of its own (QUALIFY_TRUST_DIR, inherited by the CLI it runs):
     on this shared host the real ones (STATE_DIR/trust) belong to whoever promotes here."""
-    import uuid
 
     monkeypatch.setenv("QUALIFY_TRUST_DIR", str(tmp_path_factory.getbasetemp() / "trust" / uuid.uuid4().hex))
 
@@ -183,16 +182,14 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory, tiny_model):
-    """A real vLLM server (the cpu target, the tiny model) that ./start.sh deployed: tests/cpu_server.py says how
-    it is made and used. One per session; stopped (scripts/stop.sh --purge-cache) at its end."""
+def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory):
+    """A real vLLM server (the cpu target, the tiny model) made by the README's cpu flow as written:
+    tests/cpu_server.py says how it is made and used. One per session; the README's closing lines (status,
+    verify --full, stop.sh --purge-cache) run at its end."""
     import cpu_server
 
     root = tmp_path_factory.mktemp("cpu-deployment")
-    clone, env, fingerprint, timings = cpu_server.release_clone(root)
-    d = cpu_server.CpuDeployment(clone, root / "deploy.env", cpu_server.free_port(), f"bwcpu-{uuid.uuid4().hex[:10]}",
-                                 tiny_model, env, timings=timings)
-    cpu_server.settings_file(d.env_file, d, fingerprint)
+    d = cpu_server.readme_deployment(root)
     try:
         cpu_server.start_killed_then_converge(d)
         yield d

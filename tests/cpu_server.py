@@ -7,14 +7,14 @@ Not a test module. The `cpu_deployment` fixture (tests/conftest.py, session scop
         body = api.chat(cpu_deployment.url, cpu_deployment.model, [{"role": "user", "content": "..."}])
         done = cpu_deployment.script("scripts/verify.sh", "--full")
 
-What it does, once per session, as a user would (the README's commands, in a clean clone of this checkout):
-the release key (`qualify sign generate-key`, committed), `nox -s build-cpu -- --base hermetic` (builds,
-pushes to the loopback registry and qualifies), `nox -s release -- TAG --no-upload`, `qualify tiny-model`
-(the model the server serves, MODEL_PATH), then `./start.sh` with GPU_RUNTIME=auto on this host, which has
-no nvidia-smi: start.sh chooses the cpu target by itself. The first start.sh is killed (SIGKILL) while it
-waits for /health, and a second one must converge on the same deployment: both outputs are kept
-(`killed`, `started`). The teardown runs `scripts/stop.sh --purge-cache` and checks that nothing of the
-compose project is left; a failure there is an error of the session.
+What it does, once per session: the README's cpu flow (section "The cpu target"), line by line as typed, in
+a clean clone of this checkout (`readme_deployment`): set-up and `nox -s build-cpu -- --base hermetic`, the
+release key (`qualify sign generate-key`, committed), the release, `qualify tiny-model` (the committed model,
+MODEL_PATH) and the settings line; then `./start.sh` with GPU_RUNTIME=auto on this host, which has no
+nvidia-smi: start.sh chooses the cpu target by itself. The first start.sh is killed (SIGKILL) while it waits
+for /health, and a second one must converge on the same deployment: both outputs are kept (`killed`,
+`started`). The teardown runs the README's closing lines (status, verify --full, stop.sh --purge-cache) and
+checks that nothing of the compose project is left; a failure there is an error of the session.
 
 The server runs the tiny model in float32 (EXTRA_SERVE_ARGS=--dtype float32): test_cpu_matrix.py compares it
 with a BF16 reference. Settings a later test needs changed (another parser, a longer context) belong in a deployment of its own:
@@ -35,11 +35,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 PASSWORD = "cpu deployment release key"
-TAG = "v0.1.0"
 SERVED = "tiny"
 LABEL = "com.docker.compose.project"
 HEALTH_TIMEOUT_S = 900
@@ -81,6 +80,12 @@ class CpuDeployment:
     started: Optional[subprocess.CompletedProcess] = None  # the start.sh run that converged
     killed: str = ""  # what the start.sh killed while waiting for /health had printed
     timings: Dict[str, float] = field(default_factory=dict)
+    fingerprint: str = ""  # the release key's, as `sign generate-key` printed it
+    deploy_dir: Optional[Path] = None  # DEPLOY_DIR (default: beside the settings file)
+
+    @property
+    def deployment_record(self) -> Path:
+        return (self.deploy_dir or self.env_file.parent / "deploy") / self.project / "deployment.json"
 
     @property
     def url(self) -> str:
@@ -101,40 +106,87 @@ class CpuDeployment:
                               text=True, timeout=60).stdout.split()
 
 
-def _run(argv, cwd: Path, env: Dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess:
-    argv = [_python3() if a == "python" else a for a in argv]
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"{argv}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+README_SECTION = "### The cpu target"
+
+
+@dataclass(frozen=True)
+class ReadmeFlow:
+    """The README's cpu flow block, line by line as a newcomer types them (comments dropped)."""
+
+    before: List[str]  # up to ./start.sh: build, key, release, model, settings
+    start: str
+    after: List[str]  # status, verify, stop
+
+    @property
+    def tag(self) -> str:
+        release = next(line for line in self.before if " release -- " in line)
+        return release.split(" release -- ", 1)[1].split()[0]
+
+
+def readme_flow() -> ReadmeFlow:
+    text = (REPO / "README.md").read_text()
+    assert README_SECTION in text, f"the README has no {README_SECTION!r} section"
+    block = text.split(README_SECTION, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [re.split(r"\s{2,}#", line)[0].strip() for line in block.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    at = lines.index("./start.sh")
+    return ReadmeFlow(lines[:at], lines[at], lines[at + 1:])
+
+
+TAG = readme_flow().tag
+
+
+def as_typed(line: str) -> str:
+    """A README line with its placeholder password filled in (the only thing a user must supply)."""
+    return line.replace("COSIGN_PASSWORD=...", f"COSIGN_PASSWORD='{PASSWORD}'")
+
+
+def run_line(line: str, cwd: Path, env: Dict[str, str], timeout: float = 3600) -> subprocess.CompletedProcess:
+    """One README line, run by bash in the clone as typed there."""
+    done = subprocess.run(["bash", "-c", as_typed(line)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"{line}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done
 
 
-def release_clone(root: Path) -> tuple:
-    """A clean clone of this checkout with the cpu target built, qualified and released: (clone, env, fingerprint,
-    timings). The commands are the README's."""
+def readme_deployment(root: Path) -> CpuDeployment:
+    """A clean clone of this checkout, and the README's cpu flow run in it up to ./start.sh, line by line.
+
+    The one thing added is isolation on a shared host, written into the clone's .env before the README's own
+    settings line appends to it: a free port, a compose project of its own, the deploy folder, the health
+    timeout of a loaded CI host. HOME is a folder of the test's, so `~/tiny-model` is too."""
     from conftest import clone_checkout
 
     clone = clone_checkout(REPO, root / "repo")
     for args in (["config", "user.name", "CPU Deploy"], ["config", "user.email", "cpu@example.invalid"],
                  ["config", "commit.gpgsign", "false"], ["config", "tag.gpgsign", "false"]):
         subprocess.run(["git", *args], cwd=clone, check=True)
-    env = _newcomer_env(COSIGN_PASSWORD=PASSWORD)
-    timings: Dict[str, float] = {}
-    _run(["python", "-c", "from qualify import toolenv; toolenv.ensure()"], clone, env)
-    made = _run(["python", "-m", "qualify", "sign", "generate-key"], clone, env)
-    fingerprint = made.stdout.split("RELEASE_KEY_FINGERPRINT=", 1)[1].split()[0]
-    _run(["git", "add", "cosign.pub"], clone, env)
-    _run(["git", "commit", "-q", "-m", "release key"], clone, env)
-    began = time.monotonic()
-    _run(["python", "-m", "nox", "-s", "build-cpu", "--", "--base", "hermetic"], clone, env, timeout=3600)
-    timings["build_and_qualify_s"] = round(time.monotonic() - began, 1)
-    assert json.loads((clone / "build" / "manifests" / "cpu.json").read_text())["predicate"]["verdict"] == "pass"
-    _run(["python", "-m", "nox", "-s", "release", "--", TAG, "--no-upload"], clone, env)
-    return clone, env, fingerprint, timings
+    home = root / "home"
+    home.mkdir()
+    env = _newcomer_env(HOME=str(home))
+    d = CpuDeployment(clone, clone / ".env", free_port(), f"bwcpu-{uuid.uuid4().hex[:10]}", home / "tiny-model", env)
+    flow = readme_flow()
+    d.deploy_dir = root / "deploy"
+    isolation = {"COMPOSE_PROJECT": d.project, "API_PORT": d.port, "DEPLOY_DIR": d.deploy_dir,
+                 "MIN_FREE_DISK_GIB": 5, "HEALTH_TIMEOUT_S": HEALTH_TIMEOUT_S}
+    for line in flow.before:
+        if line.startswith("printf") and ">> .env" in line:
+            d.env_file.write_text("".join(f"{k}={v}\n" for k, v in isolation.items()))
+        began = time.monotonic()
+        done = run_line(line, clone, env)
+        if "generate-key" in line:
+            d.fingerprint = done.stdout.split("RELEASE_KEY_FINGERPRINT=", 1)[1].split()[0]
+        if "build-cpu" in line:
+            d.timings["build_and_qualify_s"] = round(time.monotonic() - began, 1)
+            manifest = json.loads((clone / "build" / "manifests" / "cpu.json").read_text())
+            assert manifest["predicate"]["verdict"] == "pass"
+    settings = d.env_file.read_text()
+    assert f"MODEL_PATH={d.model_dir}" in settings and "EXTRA_SERVE_ARGS=--dtype float32" in settings, settings
+    return d
 
 
 def make_model(dest: Path) -> Path:
-    """`python -m qualify tiny-model --out DIR`, with this interpreter (the test extra holds torch)."""
+    """`python -m qualify tiny-model --out DIR`, with this interpreter."""
     done = subprocess.run([sys.executable, "-m", "qualify", "tiny-model", "--out", str(dest)], cwd=REPO,
                           capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -191,14 +243,21 @@ def deploy(root: Path, clone: Path, env: Dict[str, str], fingerprint: str, model
 
 
 def teardown(d: CpuDeployment, docker: str) -> None:
-    """scripts/stop.sh --purge-cache; nothing of the project may be left (else remove it and fail)."""
-    done = d.script("scripts/stop.sh", "--purge-cache", timeout=600)
+    """The README's lines after ./start.sh for the README's deployment (status, verify --full, stop.sh
+    --purge-cache, as typed), else scripts/stop.sh --purge-cache; each must pass, and nothing of the project
+    may be left (else it is removed and the session fails)."""
+    if d.env_file == d.clone / ".env":
+        runs = [subprocess.run(["bash", "-c", as_typed(line)], cwd=d.clone, env=d.env, capture_output=True,
+                               text=True, timeout=900, stdin=subprocess.DEVNULL) for line in readme_flow().after]
+        done = next((r for r in runs if r.returncode != 0), runs[-1])
+    else:
+        done = d.script("scripts/stop.sh", "--purge-cache", timeout=600)
     left = {kind: d.containers(docker, kind) for kind in ("ps", "volume", "network")}
     if any(left.values()):
         for kind, rm in (("ps", ["rm", "-f"]), ("network", ["network", "rm"]), ("volume", ["volume", "rm", "-f"])):
             if left[kind]:
                 subprocess.run([docker, *rm, *left[kind]], capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == 0, f"{done.args}: exit {done.returncode}\n" + done.stdout[-2000:] + done.stderr[-3000:]
     assert not any(left.values()), f"scripts/stop.sh --purge-cache left {left}"
 
 

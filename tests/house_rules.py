@@ -326,7 +326,27 @@ def names_taken_second_hand(root: Path) -> List[str]:
     return out
 
 
+# --- one nvidia-smi query (issue 52) ---------------------------------------------------------------------
+
+NVSMI = "core/nvsmi.py"
+
+
+def nvidia_smi_queries_by_hand(root: Path) -> List[str]:
+    """An `nvidia-smi --query-gpu=...` argument written outside core/nvsmi.py: a second list of fields, and so
+    a second parser of its CSV (there were two, reading different fields)."""
+    out = []
+    for rel, _, tree in modules(root):
+        if rel == NVSMI:
+            continue
+        for node in ast.walk(tree):
+            # An f-string's literal head is a Constant too, so this one test sees both spellings.
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--query-gpu"):
+                out.append(f"{rel}:{node.lineno}: nvidia-smi queried by hand: use {NVSMI} (query_args, parse)")
+    return out
+
+
 RULES = {
+    "nvsmi": nvidia_smi_queries_by_hand,
     "reexport": names_taken_second_hand,
     "subprocess": subprocess_outside_runner,
     "stderr": stderr_outside_reporter,

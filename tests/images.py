@@ -141,3 +141,52 @@ def python38_files(ctx) -> dict:
                 filter=lambda m: None if ("/test/" in m.name + "/" or "site-packages/" in m.name
                                           or "__pycache__" in m.name) else m)
     return {"python38.tar": tar.read_bytes()}
+
+
+# --- an SGLang image (issue 51 item 6) ---------------------------------------------------------------------
+
+# sglang 0.5.23 and what it pins of the kernels the probe judges; the rest of its dependencies (torch,
+# flashinfer, ...) are left out to keep the image small, and the probe says what their absence breaks.
+SGLANG_PINS = ("sglang==0.5.23", "sglang-kernel==0.4.10", "sgl-deep-gemm==0.2.3.post2", "ninja==1.13.0")
+SGLANG_SITE = "/opt/venv/lib/python{python}/site-packages"
+
+
+def _sglang_wheels(target: str, dest: Path) -> Path:
+    tf = targets.load()
+    t = tf.get(target)
+    arch = t.uname_machine
+    dest.mkdir(parents=True, exist_ok=True)
+    platforms = [f"manylinux2014_{arch}", f"manylinux_2_28_{arch}", f"manylinux_2_34_{arch}",
+                 f"manylinux_2_5_{arch}", f"manylinux1_{arch}"]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--quiet", "--no-deps", "--only-binary=:all:",
+                    *[a for p in platforms for a in ("--platform", p)], "--python-version",
+                    t.python_for("hermetic", tf.hermetic), "--index-url", PYPI, "--cert", CA_BUNDLE, "-d", str(dest),
+                    *SGLANG_PINS], check=True, timeout=1800, capture_output=True)
+    return dest
+
+
+def sglang(target: str, tmp_dir, registry: str) -> str:
+    """`pip install --no-deps` of sglang, sglang-kernel and sgl-deep-gemm into the plain Triton 3.8.0 image
+    (`external`: a venv on the hermetic base): the image someone gets by installing SGLang's own wheels.
+    sgl_kernel's flash_ops.abi3.so (1.1 GB of FlashAttention 3 for sm_80/86/90a, on no Blackwell path) is
+    removed in the same step, so the image stays ~300 MB above its base. Pushed to the loopback registry as
+    `REGISTRY/qualify-test/external-sglang:<target>-<checkout>`."""
+    key = ("sglang", target)
+    if key not in _CACHE:
+        base = external(target, "3.8.0", tmp_dir, registry)
+        ctx = tmp_dir / f"sglang-{target}"
+        _sglang_wheels(target, ctx / "wheels")
+        tf = targets.load()
+        site = SGLANG_SITE.format(python=tf.get(target).python_for("hermetic", tf.hermetic))
+        (ctx / "Dockerfile").write_text(
+            f"FROM {base}\n"
+            "RUN --mount=type=bind,source=wheels,target=/tmp/wheels /opt/venv/bin/pip install --no-index --no-deps "
+            "--no-cache-dir --disable-pip-version-check /tmp/wheels/*.whl \\\n"
+            f" && rm {site}/sgl_kernel/flash_ops.abi3.so\n")
+        tag = f"{registry}/qualify-test/external-sglang:{target}-{CHECKOUT}"
+        platform = targets.load().get(target).platform
+        subprocess.run(["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
+                       capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=1800)
+        subprocess.run(["/usr/bin/docker", "push", tag], check=True, capture_output=True, timeout=900)
+        _CACHE[key] = tag
+    return _CACHE[key]

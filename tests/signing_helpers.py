@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Optional
 from cryptography.hazmat.primitives import serialization
 
 from qualify.core import manifest as mf
+from qualify.probe import cosignkey
 from qualify.signing import keys as cosign_keys
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,7 +94,7 @@ def secrets_of(key_file: Path, password: str = PASSWORD) -> List[str]:
     der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     scalar = key.private_numbers().private_value.to_bytes(32, "big")
-    _, encrypted_body = cosign_keys.pem_decode(key_file.read_bytes(), "key")
+    _, encrypted_body = cosignkey.pem_decode(key_file.read_bytes(), "key")
     return [password, base64.b64encode(der).decode()[:40], base64.b64encode(scalar).decode()[:40],
             scalar.hex(), base64.b64encode(encrypted_body).decode()[:40]]
 

@@ -86,8 +86,7 @@ def test_verify_status_and_the_recorded_deployment(cpu_deployment):
     assert status.returncode == 0, status.stdout + status.stderr
     assert "target: cpu (cpu)" in status.stdout and "none: the cpu target serves on the CPU" in status.stdout
     assert f"{cpu_deployment.model_dir} (MODEL_PATH, offline)" in status.stdout
-    record = json.loads((cpu_deployment.env_file.parent / "deploy" / cpu_deployment.project / "deployment.json")
-                        .read_text())
+    record = json.loads(cpu_deployment.deployment_record.read_text())
     assert record["model"]["path"] == str(cpu_deployment.model_dir) and record["target"] == "cpu"
 
 
@@ -100,3 +99,18 @@ def test_the_model_folder_is_mounted_read_only_and_served_offline(cpu_deployment
     env = dict(e.split("=", 1) for e in info["Config"]["Env"])
     assert env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert not any(d for d in (info["HostConfig"].get("DeviceRequests") or []))  # no GPU asked for
+
+
+def test_vllms_own_command_runs_in_the_image(cpu_deployment, docker_engine):
+    """Issue 48: `vllm bench serve` (vLLM's benchmark client, run against a deploy) failed in the cpu image with
+    PackageNotFoundError: the distribution is vllm-cpu, and vLLM's CLI looks itself up as `vllm`."""
+    manifest = json.loads((cpu_deployment.clone / "build" / "manifests" / "cpu.json").read_text())
+    image = manifest["predicate"]["image"]["reference"]
+    for argv in (["vllm", "--version"], ["vllm", "bench", "serve", "--help"]):
+        done = subprocess.run([docker_engine, "run", "--rm", "--network", "none", image, *argv], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, f"{argv}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+    assert "0.32.0+cpu" in subprocess.run([docker_engine, "run", "--rm", "--network", "none", image, "vllm", "--version"],
+                                      capture_output=True, text=True, timeout=600).stdout
+    checks = {c["id"]: c for c in manifest["predicate"]["checks"]}
+    assert checks["cpu.vllm-cli"]["status"] == "pass", checks["cpu.vllm-cli"]

@@ -405,3 +405,43 @@ def test_the_typed_settings_hold_every_key_env_example_documents():
     from qualify.deploy import settings
 
     assert sorted(settings.keys()) == sorted(settings.known_keys())
+
+
+# --- what start.sh says when the start goes wrong (issue 48) -----------------------------------------------
+
+
+def test_vllms_reason_is_its_last_distinct_error_lines():
+    from qualify.deploy.startup import reasons
+
+    log = ["INFO 12-05 10:00:00 [__init__.py:239] Automatically detected platform cuda.",
+           "(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708] EngineCore failed to start.",
+           "(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708] Traceback (most recent call last):",
+           "(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708] ValueError: Free memory on device (19.5/95.6 "
+           "GiB) on startup is less than desired GPU memory utilization (0.9, 86.0 GiB).",
+           "Traceback (most recent call last):",
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    said = ["ValueError: Free memory on device (19.5/95.6 GiB) on startup is less than desired GPU memory "
+            "utilization (0.9, 86.0 GiB).",
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+    assert reasons(log) == said
+    assert reasons(log + log) == said  # three restarts repeat it: said once
+    assert reasons(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "AssertionError"]) == [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "AssertionError"]
+    assert reasons(["INFO ERROR handling is set up", "WARNING the ValueErrors counter is 0"]) == []
+
+
+def test_the_throughput_line_names_a_busy_host_and_only_a_busy_one():
+    from qualify.deploy import hostload
+    from qualify.deploy.startup import Startup
+
+    figures = api.Throughput(0.051, 195.0, 256, 1.31)
+    busy = hostload.busy_note(hostload.Load(4.2, 2), hostload.Load(3.9, 2))
+    assert busy == ("host busy: load 3.9 on 2 cores (4.2 before the server started: other work keeps every core "
+                    "busy); the figure is low")
+    assert Startup.figures_line(figures, busy).endswith("from the first to the last chunk); " + busy)
+    # The server's own load raises the second reading, never the first: a quiet host before it is not busy.
+    assert hostload.busy_note(hostload.Load(0.1, 2), hostload.Load(2.6, 2)) == ""
+    assert hostload.busy_note(hostload.Load(3.0, 2), hostload.Load(1.2, 2)) == ""  # the other work ended
+    assert hostload.busy_note(None, hostload.Load(9.0, 2)) == ""  # no load average: nothing claimed
+    assert Startup.figures_line(figures, "") == ("canary figures: time to first token 0.051 s, 195 tokens/s (256 "
+                                                 "tokens in 1.31 s, from the first to the last chunk)")

@@ -149,3 +149,22 @@ def test_bytes_pip_moves_into_dest_still_count_and_a_line_never_goes_back(tmp_pa
     assert watch.arrived() == (300, 2)
     (temp / "c-1.0-py3-none-any.whl").write_bytes(b"c" * 400)
     assert watch.arrived() == (500, 2)
+
+
+def test_a_wheel_in_the_temporary_folder_and_in_dest_counts_once(tmp_path):
+    """Issue 48: after a killed download, the re-run printed "downloaded 1.60 GB" for an 898 MB wheelhouse. pip
+    copies each finished wheel from its temporary folder into --dest, so for a while it is in both; and the
+    wheels the killed run left in --dest were downloaded before this run."""
+    temp, dest = tmp_path / "temp", tmp_path / "dest"
+    (temp / "pip-unpack-1").mkdir(parents=True)
+    dest.mkdir()
+    (dest / "kept-1.0-py3-none-any.whl").write_bytes(b"k" * 700)  # the killed run's: not this download's bytes
+    watch = download_progress.Watch(temp, 3, lambda _line: None, dest=dest)
+    (temp / "pip-unpack-1" / "torch-2.13.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"t" * 300)
+    assert watch.arrived() == (300, 1)
+    (dest / "torch-2.13.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"t" * 300)  # copied, the original still there
+    assert watch.arrived() == (300, 1)
+    (temp / "pip-unpack-2").mkdir()
+    (temp / "pip-unpack-2" / "six-1.16.0-py2.py3-none-any.whl").write_bytes(b"s" * 20)
+    assert watch.arrived() == (320, 2)
+    assert watch.line(*watch.arrived(), 1.0).startswith("downloaded 0.00 GB, 2 of 3 wheels started")

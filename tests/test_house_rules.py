@@ -29,6 +29,8 @@ def _copy(tmp_path: Path) -> Path:
 
 
 PLANTED = {
+    "nvsmi": ("deploy/planted.py", "FIELDS = 'index,name'\n\n\ndef q(smi):\n    return smi(['--query-gpu=index,name', "
+              "f'--query-gpu={FIELDS}', '--format=csv'])\n", 2),
     "reexport": ("deploy/planted.py", "from qualify.trust.folder import KeyAnchor, read_release\n", 1),
     "subprocess": ("release/planted.py", "import subprocess\n\n\ndef tag():\n    subprocess.run(['git', 'tag'])\n", 1),
     "stderr": ("publish/planted.py", "import sys\n\n\ndef say(m):\n    print(m, file=sys.stderr, flush=True)\n"
@@ -83,6 +85,7 @@ CALL_SITES = {
     "deploy/choice.py": {"read_release", "list_releases"},
     "cli/deploy_cmd.py": {"read_release"},  # deploy seed
     "deploy/servecheck/server.py": {"read_release"},  # the served image against the release's manifest (issue 39)
+    "deploy/servecheck/needs.py": {"read_release"},  # the serving checks the release's level requires (issue 48)
     "cli/hosts_cmd.py": {"read_hosts"},
     "trust/hosts.py": {"read_hosts_file"},
     # other anchors, one function each: host-signed evidence (release/evidence.py: signed_by), DSSE payloads

@@ -225,7 +225,7 @@ def test_lz4_prefix_past_the_cut_reads_the_whole_input(tmp_path, monkeypatch):
     real_size = 1 + (15 + 4 + 255 * extension) + 5
     path = tmp_path / "long-match.lz4"
     path.write_bytes(block)
-    entry = Entry(0, KIND_CUBIN, 120, Variant.PLAIN, FLAG_LZ4, "lz4", 0, len(block), len(block), 5000, STUB_UNKNOWN, True)
+    entry = Entry(0, KIND_CUBIN, 120, Variant.PLAIN, FLAG_LZ4, "lz4", 0, len(block), len(block), 5000, STUB_UNKNOWN, True, None)
     assert kernels._lz4_input(4096, entry.uncompressed_size) < len(block)
     sizes = _spy_lz4_inputs(monkeypatch)
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:

@@ -20,7 +20,7 @@ IMAGE_SIDE_DIRS = ("core", "probe")
 # What the image side may import besides the standard library and itself.
 # zstandard, lz4 and cryptography are staged beside the probe for the image's interpreter (probe/staged.py) and
 # imported only where present; pyelftools is staged with the probe itself.
-IMAGE_SIDE_THIRD_PARTY = {"elftools", "zstandard", "lz4", "cryptography"}
+IMAGE_SIDE_THIRD_PARTY = {"elftools", "zstandard", "lz4", "cryptography", "nacl"}
 
 
 def _modules(folder: Path):

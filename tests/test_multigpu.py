@@ -30,7 +30,7 @@ from signing_helpers import DIGEST_A
 from qualify.config import targets
 from qualify.core import topology
 from qualify.core.errors import ConfigError
-from qualify.deploy import allreduce, compose, heads, settings
+from qualify.deploy import allreduce, collectives, compose, heads, settings
 from qualify.probe import gpu, subproc
 from qualify.release import evidence as ev
 from qualify.release import rows
@@ -172,7 +172,8 @@ def test_compose_refuses_a_tp_size_without_its_gpus_or_shared_memory():
     with pytest.raises(DeployError, match="needs as many GPUs; the container is given 1"):
         compose.compose_document(spec(gpu_device="GPU-a", tensor_parallel_size=2))
     with pytest.raises(DeployError, match="SHM_SIZE=512m is below 1g"):
-        compose.compose_document(spec(gpu_device="GPU-a,GPU-b", tensor_parallel_size=2, shm_size="512m"))
+        compose.compose_document(spec(gpu_device="GPU-a,GPU-b", tensor_parallel_size=2,
+                                      collectives=collectives.ServerCollectives(shm_size="512m")))
 
 
 # --- attention heads ----------------------------------------------------------------------------------------

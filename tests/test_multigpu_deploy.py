@@ -16,10 +16,10 @@ from conftest import REPO
 from deploy_host import PASSWORD as DEPLOY_KEY_PASSWORD
 from deploy_host import RTX5090, released
 from evidence_helpers import TF
-from multigpu_standins import B200, PRO, gpus_of, standin_result
+from multigpu_standins import B200, PRO, gpus_of, standin_p2p, standin_result, standin_sysfs
 from signing_helpers import DIGEST_A, statement
 
-from qualify.core import topology
+from qualify.core import ncclenv, topology
 from qualify.deploy import settings
 from qualify.deploy.ui import Stop
 from qualify.probe import gpu
@@ -71,7 +71,13 @@ def test_preflight_and_compose_for_1_2_and_8_standin_gpus(host, docker_engine, n
     assert f"topology: {kind} ({topo} between {n * (n - 1) // 2} GPU pair" in done.stderr
     assert f"all-reduce floor: {floor:g} GB/s bus bandwidth for {n} GPUs joined by {kind}" in done.stderr
     assert f"dry run: would run the NCCL all-reduce gate on {n} GPUs" in done.stderr
-    assert f"floor {floor:g} GB/s busbw): " in done.stderr and "python3 -m qualify.probe --only" in done.stderr
+    assert f"floor {floor:g} GB/s busbw; P2P and vLLM's custom all-reduce checked too" in done.stderr
+    assert "python3 -m qualify.probe --only" in done.stderr
+    # The gate's container and the server's get the one value (collectives.py): its settings and its variables.
+    assert "--shm-size 8g --ipc private --ulimit memlock=-1:-1 --ulimit stack=67108864:67108864 ..." in done.stderr
+    assert service["shm_size"] == "8g" and service["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert {k: service["environment"][k] for k, _ in ncclenv.DEFAULTS} == dict(ncclenv.DEFAULTS)
+    assert f"collectives, for the server and the all-reduce gate alike: {ncclenv.DEFAULT.describe()}" in done.stderr
     assert "attention heads: not checked" in done.stderr  # no config of the model is cached on this host
 
 
@@ -163,13 +169,14 @@ def test_without_a_gpu_runtime_the_allreduce_gate_cannot_run_and_refuses(host, d
 # --- the all-reduce gate, in the deploy itself, with a stand-in result ----------------------------------------
 
 
-def _deploy(host, monkeypatch, result: dict, settings_=None, options=None):
+def _deploy(host, monkeypatch, result, settings_=None, options=None, peers=None, topo: str = "NV4"):
     """The deploy in this process up to serving: real preflight (stand-in nvidia-smi and runtime hook), the real
     trust gate over a real release, then the probe container replaced by a STAND-IN: the real probe runner,
-    whose NCCL child is the stand-in result."""
+    whose NCCL and P2P children are stand-in results (the P2P one: every pair working, unless `peers`); a result
+    that is a function is called with the environment the probe passed its child."""
     from qualify.deploy import run
     from qualify.deploy.ui import Ui
-    from qualify.probe import runner, versions
+    from qualify.probe import p2p, runner, versions
     from qualify.qualification import container
 
     # Baseline (released and promoted by seven signed passes): the GPU checks are skipped, the gate is not.
@@ -178,20 +185,26 @@ def _deploy(host, monkeypatch, result: dict, settings_=None, options=None):
     nvidia_hook(host)
     monkeypatch.setenv("PATH", f"{host.root / 'bin'}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("STANDIN_GPUS", gpus_of(PRO, 2))
-    monkeypatch.setenv("STANDIN_TOPO", "NV4")
+    monkeypatch.setenv("STANDIN_TOPO", topo)
     monkeypatch.setenv("HF_HOME", str(host.root / "no-hf-cache"))
     for key in settings.known_keys():
         monkeypatch.delenv(key, raising=False)
     seen = {}
 
-    def probe_in_image(engine, image, target, *, scope, gpus=None, devices=(), **_):
-        seen.update(scope=scope, gpus=gpus, target=target)
+    def probe_in_image(engine, image, target, *, scope, gpus=None, devices=(), options=(), **_):
+        seen.update(scope=scope, gpus=gpus, target=target, options=options)
         monkeypatch.setattr(versions, "nvidia_smi", lambda: [
             {"index": str(i), "name": PRO.split("|")[1], "uuid": f"GPU-pro6000-{i}", "compute_cap": "12.0",
              "driver_version": "580.95.05", "memory.total": "97887", "memory.used": "0", "pci.bus_id": f"{i}"}
             for i in range(2)])
-        monkeypatch.setattr(gpu, "_nccl_child", lambda world: json.loads(json.dumps(result)))
-        monkeypatch.setattr(gpu, "read_topology", lambda n: topology.Topology("nvlink", (topology.Link(0, 1, "NV4"),)))
+        # The children get what the probe passes them; the stand-ins report it as theirs unless told otherwise.
+        def child(made):
+            return lambda world, env: json.loads(json.dumps(made(env) if callable(made) else made))
+
+        monkeypatch.setattr(gpu, "_nccl_child", child(result))
+        monkeypatch.setattr(p2p, "_child", child(peers or standin_p2p(2)))
+        joined = topology.Topology(topology.link_kind(topo), (topology.Link(0, 1, topo),))
+        monkeypatch.setattr(gpu, "read_topology", lambda n: joined)
         predicate = runner.run(target, scope=scope)
         return container.ProbeRun(predicate, predicate["toolkit"]["probe_sha256"])
 
@@ -236,6 +249,60 @@ def test_the_allreduce_gate_passes_and_the_server_spans_the_gpus(host, docker_en
     record = ev.load(deploy.evidence[0])
     assert record.outcome is ev.Outcome.INFRASTRUCTURE  # the gate alone: the single-GPU checks did not run
     assert "required GPU checks missing: gpu.memory" in record.reason and record.configuration.multi_gpu
+
+
+def test_the_gate_and_the_server_run_under_one_set_of_collective_settings(host, docker_engine, monkeypatch):
+    """Issue 51 (local-inference-lab/vllm#261, vllm-project/vllm#51513): the gate's all-reduce used to run under
+    NCCL settings the server never got. Now one value (deploy/collectives.py) goes into the compose file and into
+    the gate's container and children; the STAND-IN children report the environment the probe passed them."""
+    extra = {"CONTAINER_ENV_NCCL_P2P_LEVEL": "NVL", "CONTAINER_ENV_NCCL_DEBUG": "WARN",
+             "CONTAINER_ENV_VLLM_LOGGING_LEVEL": "DEBUG", "SHM_SIZE": "16g"}
+    deploy, seen, composed = _deploy(host, monkeypatch, lambda env: standin_result(busbw=290.0, env=env.as_dict()),
+                                     settings_=extra, peers=lambda env: standin_p2p(2, env=env.as_dict()))
+    with pytest.raises(Stop, match="stand-in: stopped before compose"):
+        deploy.main()
+    service = json.loads(composed["text"])["services"]["vllm"]
+    server_env = {k: v for k, v in service["environment"].items() if ncclenv.is_collective(k)}
+    assert server_env == seen["target"].collective_env  # the probe was handed exactly the server's
+    assert server_env["NCCL_P2P_LEVEL"] == "NVL" and server_env["NCCL_NVLS_ENABLE"] == "0"
+    assert "VLLM_LOGGING_LEVEL" not in server_env and service["environment"]["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    limits = [a for name, value in service["ulimits"].items() for a in ("--ulimit", f"{name}={value}:{value}")]
+    assert seen["options"] == ("--shm-size", "16g", "--ipc", service["ipc"], *limits) and service["shm_size"] == "16g"
+    checks = {c["id"]: c for c in ev.load(deploy.evidence[0]).checks}
+    assert [r["env"] for r in checks["gpu.nccl-allreduce"]["evidence"]["ranks"]] == [server_env] * 2
+    assert checks["gpu.p2p"]["evidence"]["env"] == server_env
+    assert "P2P consistent" in service["labels"]["dev.blackwell-qualify.gate"]
+
+
+def test_a_gate_whose_ranks_ran_under_other_nccl_settings_is_refused(host, docker_engine, monkeypatch):
+    other = {**ncclenv.DEFAULT.as_dict(), "NCCL_NVLS_ENABLE": "1"}  # NVLink multicast on, which the server has off
+    deploy, _, composed = _deploy(host, monkeypatch, standin_result(busbw=290.0, env=other))
+    with pytest.raises(Stop) as stop:
+        deploy.main()
+    assert stop.value.code == 4 and "text" not in composed
+    assert "rank 0 ran under NCCL_NVLS_ENABLE=1, not 0 (the server's)" in stop.value.what
+
+
+def test_p2p_a_transfer_refutes_is_refused_naming_the_iommu_and_acs_preflight_read(host, docker_engine, monkeypatch,
+                                                                                  tmp_path, capfd):
+    """Two GPUs below one PCIe switch (PIX) on a STAND-IN sysfs: the IOMMU translates, ACS redirects on the
+    switch's ports. Preflight warns with the fix; the STAND-IN P2P child reports what such a host does (the driver
+    says P2P, the transfer fails); the gate refuses, naming preflight's finding."""
+    monkeypatch.setenv("BLACKWELL_STANDIN_HOST_ROOT", str(standin_sysfs(tmp_path / "host-root")))
+    deploy, _, composed = _deploy(host, monkeypatch, standin_result(busbw=290.0), topo="PIX",
+                                  peers=standin_p2p(2, transfer=False))
+    with pytest.raises(Stop) as stop:
+        deploy.main()
+    assert stop.value.code == 4 and "text" not in composed
+    said = capfd.readouterr().err
+    assert "THIS DEPLOY READS STAND-IN HOST FILES" in said
+    assert "WARNING: P2P: IOMMU in translated mode (0000:18:00.0's IOMMU group type DMA-FQ) with ACS redirect on the " \
+        "GPUs' bridges (0000:11:00.0, 0000:11:01.0)" in said and "; fix: boot with iommu=pt" in said
+    assert "P2P: gpu.p2p fail: the driver reports P2P between GPU 0 -> 1, GPU 1 -> 0, but a transfer through it " \
+        "failed" in stop.value.what and "preflight found: IOMMU in translated mode" in stop.value.what
+    fix = " ".join(stop.value.fixes)
+    assert "boot with iommu=pt" in fix and "setpci -s BDF ECAP_ACS+0x6.w=0000" in fix
+    assert "CONTAINER_ENV_NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce in EXTRA_SERVE_ARGS" in fix
 
 
 def test_the_probe_cli_takes_the_world_size(tmp_path):

@@ -107,8 +107,9 @@ def test_fa2_cross_generation_ptx_is_available_with_a_warning():
     fa2 = entries["attention.bf16"]["candidates"][0]
     assert fa2["name"] == "FLASH_ATTN(FA2)" and fa2["available"]
     assert "cross-generation PTX" in fa2["warning"]
-    assert checks["providers.attention"].status == WARN
-    assert "cross-generation" in checks["providers.attention"].reason
+    assert checks["providers.attention.bf16"].status == WARN
+    assert "cross-generation" in checks["providers.attention.bf16"].reason
+    assert checks["providers.attention.bf16"].required  # every model serves through it
 
 
 def test_fa2_without_any_code_is_not_available_however_well_it_imports():
@@ -118,15 +119,19 @@ def test_fa2_without_any_code_is_not_available_however_well_it_imports():
     assert e["vllm_would_select"] == "FLASH_ATTN(FA2)"  # vLLM imports it and picks it
     assert e["selected"] == "FLASHINFER"
     assert not e["candidates"][0]["available"] and "no code that runs on 12.1" in e["candidates"][0]["reason"]
-    assert checks["providers.attention"].status == WARN
-    assert "import-only" in checks["providers.attention"].reason
-    assert "--attention-backend FLASHINFER" in checks["providers.attention"].reason
+    # vLLM's gate is import-only: it picks FA2 and fails at its first launch. A path whose pick cannot run is a
+    # failure (issue 50), naming what runs and the flag that selects it.
+    check = checks["providers.attention.bf16"]
+    assert check.status == FAIL
+    assert "fails at its first kernel launch" in check.reason and "--attention-backend FLASHINFER" in check.reason
+    assert check.evidence["serving_path"]["verdict"] == "missing"
+    assert check.evidence["serving_path"]["fallback"]["provider"] == "FLASHINFER"
 
 
 def test_fa3_sm90a_only_counts_on_hopper_and_nowhere_else():
     entries, checks = run("9.0")
     assert entries["attention.bf16"]["selected"] == "FLASH_ATTN(FA3)"
-    assert checks["providers.attention"].status == PASS
+    assert checks["providers.attention.bf16"].status == PASS
     cen = census("9.0", **{"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": lib(["sm_90"], (), "none")})
     entries, _ = run("9.0", cen=cen)
     assert entries["attention.bf16"]["vllm_would_select"] == "FLASH_ATTN(FA3)"
@@ -137,8 +142,8 @@ def test_nothing_runs_is_a_failure():
     cen = census("12.1", **{"vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": lib(["sm_80"], (), "none")})
     pkgs = {k: v for k, v in PINS.items() if k not in ("triton", "flashinfer-python")}
     _, checks = run("12.1", packages=pkgs, cen=cen)
-    assert checks["providers.attention"].status == FAIL
-    assert "no provider can run" in checks["providers.attention"].reason
+    assert checks["providers.attention.bf16"].status == FAIL
+    assert "no provider can run" in checks["providers.attention.bf16"].reason
 
 
 def test_missing_cubins_make_trtllm_moe_unavailable_on_10x():
@@ -147,7 +152,9 @@ def test_missing_cubins_make_trtllm_moe_unavailable_on_10x():
     trtllm = moe["candidates"][0]
     assert trtllm["name"] == "FLASHINFER_TRTLLM" and not trtllm["available"]
     assert "flashinfer-cubin is not installed" in trtllm["reason"]
-    assert checks["providers.moe"].status == WARN and "--moe-backend flashinfer_cutlass" in checks["providers.moe"].reason
+    check = checks["providers.moe.bf16"]
+    assert check.status == FAIL and "--moe-backend flashinfer_cutlass" in check.reason  # vLLM picks TRTLLM
+    assert not check.required  # a dense model never takes it: the deploy judges the model's paths
 
 
 def test_cubin_mismatch_of_vllm_0_33_pins_breaks_trtllm_attention_on_10x():
@@ -163,7 +170,7 @@ def test_matching_cubins_make_everything_first_choice_on_10x():
     entries, checks = run("10.0", packages=CUBIN_MATCH)
     assert entries["moe.bf16"]["selected"] == "FLASHINFER_TRTLLM"
     assert entries["attention.bf16"]["selected"] == "FLASHINFER"
-    assert checks["providers.moe"].status == PASS
+    assert checks["providers.moe.bf16"].status == PASS
 
 
 def test_no_jit_toolchain_turns_flashinfer_off_in_vllm_and_in_reality():
@@ -171,7 +178,8 @@ def test_no_jit_toolchain_turns_flashinfer_off_in_vllm_and_in_reality():
     moe = entries["moe.bf16"]
     assert moe["vllm_would_select"] == "TRITON" == moe["selected"]  # vLLM's has_flashinfer() is False
     assert moe["preferred"] == "FLASHINFER_CUTLASS"
-    assert checks["providers.moe"].status == WARN and "FLASHINFER_CUTLASS unavailable" in checks["providers.moe"].reason
+    assert checks["providers.moe.bf16"].status == WARN
+    assert "FLASHINFER_CUTLASS unavailable" in checks["providers.moe.bf16"].reason
 
 
 def test_flashinfer_attention_import_only_on_10x_without_nvcc():
@@ -201,14 +209,15 @@ def test_cutlass_needs_sass_for_the_family():
     entries, checks = run("12.1", cen=cen)
     fp8 = entries["linear.fp8"]
     assert fp8["vllm_would_select"] == "CUTLASS" and fp8["selected"] == "TORCH"
-    assert checks["providers.linear"].status == WARN
+    assert checks["providers.linear.fp8"].status == FAIL  # vLLM picks CUTLASS, which has no code for 12.1
 
 
 def test_nvfp4_on_hopper_is_a_weight_only_fallback():
     entries, checks = run("9.0")
     assert entries["linear.nvfp4"]["selected"] == "HUMMING"
     assert "slow path" in entries["linear.nvfp4"]["candidates"][4]["warning"]
-    assert checks["providers.linear"].status == WARN
+    assert checks["providers.linear.nvfp4"].status == WARN
+    assert checks["providers.linear.nvfp4"].evidence["serving_path"]["verdict"] == "fallback"
 
 
 def test_unknown_capability_warns():
@@ -221,7 +230,8 @@ def test_unknown_capability_warns():
 def test_not_installed_is_not_run_and_not_required():
     entries, checks = P.predict(Capability.parse("12.1"), {"torch": "2.14.0"}, {}, None)
     assert entries == []
-    assert [c.id for c in checks] == ["providers.attention", "providers.moe", "providers.linear"]
+    assert [c.id for c in checks] == [f"providers.{t.key}" for t in P.TABLES]
+    assert len(checks) == 12
     for c in checks:
         assert c.status == NOT_RUN and not c.required and c.reason == "vLLM is not installed in this image"
 
@@ -234,7 +244,7 @@ def test_no_census_means_unverified_not_unavailable():
 
 def test_other_vllm_versions_are_flagged():
     _, checks = run("9.0", packages=dict(PINS, vllm="0.34.1"))
-    assert checks["providers.attention"].status == WARN and "0.34.1" in checks["providers.attention"].reason
+    assert checks["providers.attention.bf16"].status == WARN and "0.34.1" in checks["providers.attention.bf16"].reason
 
 
 def test_absolute_census_keys_and_site_packages(tmp_path):
@@ -300,9 +310,10 @@ def test_observed_providers_use_vllm_names_and_census_judgement():
     assert by["linear.fp8"]["selected"] == "CUTLASS"
     merged = P.merge(predicted, observed)
     assert [m.to_json()["mode"] for m in merged].count("observed") == 2
-    checks = {c.id: c for c in P.provider_checks(merged, Capability.parse("12.1"), "0.33.0")}
-    assert checks["providers.attention"].status == WARN
-    assert "vLLM selected FLASH_ATTN(FA2) but it cannot run" in checks["providers.attention"].reason
+    checks = {c.id: c for c in P.provider_checks(merged, Capability.parse("12.1"), "0.33.0",
+                                                 paths=P.serving_paths(predicted))}
+    assert checks["providers.attention.bf16"].status == FAIL  # the kernels are not in the files, whatever vLLM says
+    assert "vLLM selected FLASH_ATTN(FA2) but it cannot run" in checks["providers.attention.bf16"].reason
 
 
 @pytest.mark.parametrize("data", [{"status": "no-gpu"}, {"status": "not-installed"},
@@ -392,7 +403,7 @@ def test_an_undecided_census_class_is_never_a_pass():
     entries, checks = run("9.0", cen=census("9.0", **{"vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": rec}))
     fa3 = entries["attention.bf16"]["candidates"][0]
     assert fa3["name"] == "FLASH_ATTN(FA3)" and fa3["available"] and "could not" in fa3["warning"]
-    assert checks["providers.attention"].status == WARN
+    assert checks["providers.attention.bf16"].status == WARN
 
 
 def test_undecided_cubins_are_not_verified():

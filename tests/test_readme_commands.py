@@ -87,7 +87,11 @@ def shell(command: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     bin_dir = cwd / ".bin"
     bin_dir.mkdir(exist_ok=True)
     if not (bin_dir / "python").exists():
-        (bin_dir / "python").symlink_to(sys.executable)
+        # A script, not a symlink: a venv's python is found to be one by the path it runs under (pyvenv.cfg
+        # beside it); a symlink elsewhere runs the base interpreter, without the toolkit's dependencies, and
+        # only a checkout's .venv to hand over to hid that (issue 48: the suite from an activated venv).
+        (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (bin_dir / "python").chmod(0o755)
     full = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), **env}
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=full, capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)

@@ -65,7 +65,7 @@ def test_pickle_copy_and_replace():
 
 
 def test_slotted_records_keep_their_slots():
-    entry = fatbin_model.Entry(0, 2, 120, arch.Variant.PLAIN, 0, "none", 64, 10, 0, 10, "no", True)
+    entry = fatbin_model.Entry(0, 2, 120, arch.Variant.PLAIN, 0, "none", 64, 10, 0, 10, "no", True, None)
     assert not hasattr(entry, "__dict__")
     assert pickle.loads(pickle.dumps(entry)) == entry
 

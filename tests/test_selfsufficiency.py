@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qualify.core.arch import Capability
+from qualify.probe import cubinusers, providers
 from qualify.probe import selfsufficiency as S
 from qualify.probe.model import FAIL, PASS, WARN
 
@@ -71,17 +72,44 @@ def jit(world, packages, cap, cuda_home=None, env=None):
 # --- runtime.flashinfer-cubin ---------------------------------------------------
 
 
-def test_cubin_mismatch_of_vllm_pins_warns_with_both_versions():
-    r = S.check_flashinfer_cubin(MISMATCH, {})
-    assert r.status == WARN
-    assert "flashinfer-cubin 0.6.13 differs from flashinfer-python 0.7.2.post1" in r.reason
-    assert "download" in r.reason and S.CUBIN_CDN in r.reason
-    assert r.evidence["flashinfer-python"] == "0.7.2.post1" and r.evidence["flashinfer-cubin"] == "0.6.13"
+def users(cap: str):
+    """The target's providers that run FlashInfer's downloaded cubins, from vLLM 0.33's provider rules."""
+    return cubinusers.users(providers.RULES, Capability.parse(cap))
 
 
-def test_cubin_absent_warns():
-    r = S.check_flashinfer_cubin(PINS, {})
-    assert r.status == WARN and "not installed" in r.reason and "flashinfer-cubin==0.7.2.post1" in r.reason
+def test_the_rules_say_which_targets_run_flashinfers_downloaded_cubins():
+    """10.x: trtllm-gen attention (FLASHINFER on 10.x), MLA and MoE; 12.x and 9.0: none (issue 51)."""
+    on_b200 = users("10.0")
+    assert "attention.bf16: FLASHINFER (its trtllm-gen kernels on 10.x)" in on_b200
+    assert "attention.mla: FLASHINFER_MLA" in on_b200 and "moe.nvfp4: FLASHINFER_TRTLLM" in on_b200
+    assert users("10.3") == on_b200
+    assert users("12.0") == users("12.1") == users("9.0") == ()
+    assert cubinusers.users(providers.RULES, None) == ()  # the cpu target
+
+
+@pytest.mark.parametrize("packages", [MISMATCH, PINS])
+def test_a_cubin_wheel_that_does_not_match_fails_where_the_targets_providers_download(packages):
+    """flashinfer-ai/flashinfer#2941: an air-gapped sm100 deploy fails at the first trtllm-gen launch. The pair
+    of the project's own lock (flashinfer-cubin 0.6.13 beside flashinfer-python 0.7.2.post1), and no wheel at all."""
+    r = S.check_flashinfer_cubin(packages, {}, users("10.0"), Capability.parse("10.0"))
+    assert r.status == FAIL and r.required
+    assert ("flashinfer-cubin 0.6.13 differs from flashinfer-python 0.7.2.post1" in r.reason
+            if "flashinfer-cubin" in packages else "flashinfer-cubin is not installed" in r.reason)
+    assert S.CUBIN_CDN in r.reason and "not self-sufficient" in r.reason and "flashinfer-ai/flashinfer#2941" in r.reason
+    assert "on 10.0 vLLM's providers run them: attention.bf16: FLASHINFER" in r.reason
+    assert "flashinfer-cubin==0.7.2.post1" in r.reason and "download-cubin" in r.reason
+    assert r.evidence["flashinfer-python"] == "0.7.2.post1" and r.evidence["cubin_users"] == list(users("10.0"))
+
+
+def test_where_no_provider_runs_them_nothing_is_fetched_and_it_says_why():
+    r = S.check_flashinfer_cubin(MISMATCH, {}, users("12.0"), Capability.parse("12.0"))
+    assert r.status == PASS
+    assert "on 12.0 no provider vLLM 0.33 can select runs them" in r.reason and "XQA decode" in r.reason
+    assert "nothing is fetched here" in r.reason and r.evidence["cubin_users"] == []
+
+
+def test_who_runs_them_not_said_is_taken_as_needed():
+    assert S.check_flashinfer_cubin(MISMATCH, {}).status == FAIL
 
 
 @pytest.mark.parametrize("packages,env", [(MATCH, {}), ({"vllm": "0.33.0"}, {}),
@@ -197,16 +225,27 @@ def test_cuda_home_resolution(tmp_path, monkeypatch):
 # --- runtime.downloads --------------------------------------------------------
 
 
-def test_downloads_cubins():
-    r = S.check_downloads(MISMATCH, {})
-    assert r.status == WARN and S.CUBIN_CDN in r.reason and "0.6.13" in r.reason
-    assert S.check_downloads(MATCH, {"HF_HUB_OFFLINE": "1"}).status == PASS
+def test_a_cubin_download_withholds_the_offline_claim_where_the_target_needs_them():
+    r = S.check_downloads(MISMATCH, {}, users("10.0"), Capability.parse("10.0"))
+    assert r.status == FAIL and r.required and r.reason.startswith("not air-gap self-sufficient: ")
+    assert S.CUBIN_CDN in r.reason and "0.6.13" in r.reason and r.evidence["offline"] is False
+    assert S.check_downloads(MISMATCH, {}).status == FAIL  # who needs them not said: needed
+    ok = S.check_downloads(MATCH, {"HF_HUB_OFFLINE": "1"}, users("10.0"), Capability.parse("10.0"))
+    assert ok.status == PASS and ok.evidence["offline"] is True
+
+
+def test_the_sm120_image_fetches_no_cubin_and_says_what_it_needs_instead():
+    """The project's sm120 vLLM image: the mismatched pair, and no 12.x provider runs the downloaded cubins."""
+    r = S.check_downloads(MISMATCH, {}, users("12.0"), Capability.parse("12.0"))
+    assert r.status == PASS and r.evidence["offline"] is True and r.evidence["fetches"] == []
+    assert "trtllm-gen FMHA" in r.reason and "compiled at first use (runtime.jit-nvcc)" in r.reason
+    assert "no provider vLLM 0.33 can select runs them" in r.evidence["flashinfer_cubins"]
 
 
 def test_downloads_openai_harmony_vocab(tmp_path):
     pkgs = dict(MATCH, **{"openai-harmony": "0.0.4"})
     r = S.check_downloads(pkgs, {})
-    assert r.status == WARN and S.HARMONY_VOCAB_URL in r.reason and "TIKTOKEN_ENCODINGS_BASE" in r.reason
+    assert r.status == FAIL and S.HARMONY_VOCAB_URL in r.reason and "TIKTOKEN_ENCODINGS_BASE" in r.reason
     (tmp_path / "o200k_base.tiktoken").write_text("x")
     assert S.check_downloads(pkgs, {"TIKTOKEN_ENCODINGS_BASE": str(tmp_path)}).status == PASS
 
@@ -236,6 +275,10 @@ def test_check_ids_and_versions_from_dist_info(world):
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
     pkgs = S.installed_packages([str(sp)])
     assert pkgs == {"flashinfer-python": "0.7.2.post1", "flashinfer-cubin": "0.6.13", "vllm": "0.33.0"}
-    results = S.check(pkgs, [str(sp)], None, capability=Capability.parse("12.1"), env=world["env"])
+    results = S.check(pkgs, [str(sp)], None, capability=Capability.parse("12.1"), env=world["env"],
+                      cubin_users=users("12.1"))
     assert [r.id for r in results] == ["runtime.flashinfer-cubin", "runtime.jit-nvcc", "runtime.downloads"]
-    assert results[0].status == WARN and "0.6.13" in results[0].reason
+    assert results[0].status == PASS and "0.6.13" in results[0].reason and results[2].status == PASS
+    on_b200 = S.check(pkgs, [str(sp)], None, capability=Capability.parse("10.0"), env=world["env"],
+                      cubin_users=users("10.0"))
+    assert [on_b200[0].status, on_b200[2].status] == [FAIL, FAIL]

@@ -240,9 +240,11 @@ def test_a_server_without_tool_call_flags_fails_tools(double, tmp_path):
 
 
 @pytest.mark.parametrize("double", ["honest"], indirect=True)
-def test_what_cannot_run_against_an_honest_double_is_not_run_with_its_reason_and_exits_0(double, tmp_path):
+def test_what_cannot_run_against_an_honest_double_is_not_run_with_its_reason_and_never_exit_0(double, tmp_path):
+    """No release names what the server must pass (--url alone): every check is required, so a not-run is
+    exit 13 (EX_INCOMPLETE), never 0 (issue 48: a gate reading the exit code let a deploy without tools through)."""
     done, checks = serve_check(double, tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 13, done.stdout + done.stderr
     assert {c: checks[c]["status"] for c in ("serve.determinism", "serve.niah", "serve.tools")} == \
         {"serve.determinism": "pass", "serve.niah": "pass", "serve.tools": "pass"}
     assert checks["serve.providers"]["status"] == "not-run" and "--server-log" in checks["serve.providers"]["reason"]
@@ -250,6 +252,43 @@ def test_what_cannot_run_against_an_honest_double_is_not_run_with_its_reason_and
     assert checks["serve.soak"]["status"] in ("pass", "not-run")  # its memory: the listening process tree
     assert checks["serve.soak"]["evidence"]["completed"] == MATRIX.soak.requests
     assert "matrix: infrastructure" in done.stdout
+    assert "not complete: serve.providers" in done.stderr and "every serving check is required" in done.stderr
+
+
+def _release_for(tmp_path: Path, level_checks: str) -> Path:
+    """A release signed as `qualify release` signs it, whose policy's [promotion] level_checks are these."""
+    from signing_helpers import make_key_pair, make_release, statement
+
+    targets = tmp_path / "targets.toml"
+    text = (REPO / "images" / "targets.toml").read_text()
+    start = text.index("level_checks = ")
+    targets.write_text(text[:start] + f"level_checks = {level_checks}" + text[text.index("\n", start):])
+    key, _ = make_key_pair(tmp_path)
+    return make_release(tmp_path / "repo", "v1.0.0", [statement("sm120", "sha256:" + "ab" * 32)], key,
+                        targets_file=targets)
+
+
+@pytest.mark.parametrize("double", ["honest"], indirect=True)
+def test_a_check_the_releases_level_requires_that_did_not_run_is_exit_13(double, tmp_path):
+    """The reproducer: the tool-call parser disabled, the release's signed policy names serve.tools for the
+    target's intended level (sm120: baseline): serve.tools is not-run and serve-check exits 13, naming it."""
+    folder = _release_for(tmp_path, '{ baseline = ["serve.determinism", "serve.tools"] }')
+    done, checks = serve_check(double, tmp_path, "--tool-call-parser", "", "--release-dir", str(folder),
+                               "--target", "sm120")
+    assert checks["serve.tools"]["status"] == "not-run", checks["serve.tools"]
+    assert done.returncode == 13, done.stdout + done.stderr
+    assert "not complete: serve.tools did not run" in done.stderr
+    assert "release v1.0.0's signed policy for sm120 (intended level baseline)" in done.stderr
+
+
+@pytest.mark.parametrize("double", ["honest"], indirect=True)
+def test_what_the_releases_level_does_not_require_may_not_run(double, tmp_path):
+    """The same server, a policy whose levels name only determinism: the not-runs are not required, exit 0."""
+    folder = _release_for(tmp_path, '{ baseline = ["serve.determinism"] }')
+    done, checks = serve_check(double, tmp_path, "--tool-call-parser", "", "--release-dir", str(folder),
+                               "--target", "sm120")
+    assert checks["serve.tools"]["status"] == "not-run" and checks["serve.determinism"]["status"] == "pass"
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("double", ["honest"], indirect=True)

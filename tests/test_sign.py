@@ -30,6 +30,7 @@ from signing_helpers import (
 )
 
 from qualify.core.errors import ConfigError
+from qualify.probe import cosignkey
 from qualify.signing import cosign, formats, signer
 from qualify.signing import keys as cosign_keys
 
@@ -84,7 +85,7 @@ def openssl_verify(pub: Path, sig_file: Path, blob: Path, tmp: Path) -> subproce
 
 
 def body_json(pem: bytes) -> dict:
-    return json.loads(cosign_keys.pem_decode(pem, "key")[1])
+    return json.loads(cosignkey.pem_decode(pem, "key")[1])
 
 
 # --- the encrypted key format ----------------------------------------------------
@@ -128,7 +129,7 @@ def test_written_key_has_cosigns_layout():
     assert pair.public_pem.startswith(b"-----BEGIN PUBLIC KEY-----\n")
 
 
-@pytest.mark.parametrize("params", [cosign_keys.LEGACY, cosign_keys.STANDARD], ids=["N=2^15", "N=2^16"])
+@pytest.mark.parametrize("params", [cosignkey.LEGACY, cosignkey.STANDARD], ids=["N=2^15", "N=2^16"])
 def test_encrypt_decrypt_round_trip(params):
     key = ec.generate_private_key(ec.SECP256R1())
     pem = cosign_keys.private_key_pem(key, PASSWORD, params)
@@ -148,7 +149,7 @@ def test_tampered_scrypt_parameters_are_refused_before_any_work():
     pem = cosign_keys.generate_key_pair(PASSWORD).private_pem
     doc = body_json(pem)
     doc["kdf"]["params"]["N"] = 1 << 24  # 16 GiB of scrypt memory if honoured
-    bad = cosign_keys.pem_encode(cosign_keys.SIGSTORE_PEM_TYPE, json.dumps(doc).encode())
+    bad = cosign_keys.pem_encode(cosignkey.SIGSTORE_PEM_TYPE, json.dumps(doc).encode())
     with pytest.raises(ConfigError, match="unsupported scrypt parameters"):
         cosign_keys.load_private_key(bad, PASSWORD)
 

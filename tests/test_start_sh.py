@@ -396,6 +396,15 @@ def test_deploy_end_to_end(host, docker_engine, standin_image):
     full = host.run("scripts/verify.sh", "--full", timeout=120)
     assert full.returncode == 0, full.stdout + full.stderr
     assert "determinism: ok" in full.stdout and 'tool-call: ok: tool call get_weather({"city": "Paris"})' in full.stdout
+    # Issue 48: with the tool-call parser taken away, --full cannot make the tool call the release's signed
+    # policy requires for sm120's intended level (baseline names serve.tools): exit 13, never a pass.
+    settings = host.env_file.read_text()
+    host.env_file.write_text(settings + "TOOL_CALL_PARSER=\n")
+    untooled = host.run("scripts/verify.sh", "--full", timeout=120)
+    assert untooled.returncode == 13, untooled.stdout + untooled.stderr
+    assert "tool-call: skipped (TOOL_CALL_PARSER is empty)" in untooled.stderr
+    assert "serve.tools did not run, and release v1.0.0's signed policy for sm120" in untooled.stderr
+    host.env_file.write_text(settings)
     status = host.run("scripts/status.sh")
     assert status.returncode == 0, status.stderr
     assert " Up " in status.stdout and "health: ok: /health: HTTP 200" in status.stdout
@@ -423,6 +432,50 @@ def test_health_timeout_prints_the_log_tail(host, docker_engine, standin_image):
     assert time.monotonic() - started < 90
     status = host.run("scripts/status.sh")
     assert status.returncode == 1 and "health: FAILED" in status.stdout
+
+
+VLLM_REFUSES = ("ValueError: Free memory on device (19.5/95.6 GiB) on startup is less than desired GPU memory "
+                "utilization (0.9, 86.0 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+                "processes.")
+
+
+def test_a_server_vllm_refused_to_start_is_said_so_with_vllms_reason(host, docker_engine, standin_image):
+    """Issue 48: start.sh said 'stopped (running, 3 restarts)' for a server vLLM refused to start. The stand-in
+    (a TEST DOUBLE for vLLM) refuses as vLLM does, with vLLM's log shape; compose restarts it; start.sh says it
+    failed to start, how often it was restarted, and vLLM's reason: the cause and what it became."""
+    standin_release(host, standin_image, CONTAINER_ENV_STANDIN_FAIL_AT_START=VLLM_REFUSES)
+    done = host.run("start.sh", "--allow-no-gpu-runtime", timeout=180)
+    assert done.returncode == 5, done.stderr[-4000:]
+    error = next(line for line in done.stderr.splitlines() if "ERROR:" in line)
+    assert "the server failed to start: vLLM exited with code 1 and compose restarted it" in error, error
+    assert f"before /health answered; vLLM's reason: {VLLM_REFUSES} / RuntimeError: Engine core initialization " \
+        "failed. See root cause above. Failed core proc(s): {}" in error, error
+    assert "stopped (running" not in done.stderr and "last 60 log lines of vllm:" in done.stderr
+    assert f"scripts/stop.sh --env-file {host.env_file} removes the container" in done.stderr
+
+
+def _standin_host_root(host, loadavg: str) -> Path:
+    """A STAND-IN /proc (hostfiles.py: BLACKWELL_STANDIN_HOST_ROOT) holding only the load average a test needs."""
+    root = host.root / "standin-host"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "loadavg").write_text(loadavg + "\n")
+    return root
+
+
+def test_the_throughput_line_says_when_the_host_was_busy(host, docker_engine, standin_image):
+    """Issue 48: 195 tokens/s on a host whose cores were busy, with no caveat. A STAND-IN /proc/loadavg says the
+    load is twice the cores before the server starts and after the figure is measured."""
+    cores = os.cpu_count() or 1
+    load = f"{2 * cores:.2f}"
+    root = _standin_host_root(host, f"{load} {load} {load} 3/600 4242")
+    standin_release(host, standin_image, CONTAINER_ENV_STANDIN_STARTUP_S=1)
+    done = host.run("start.sh", "--allow-no-gpu-runtime", timeout=240, BLACKWELL_STANDIN_HOST_ROOT=str(root))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "THIS DEPLOY READS STAND-IN HOST FILES" in done.stderr  # said, loudly
+    (line,) = [x for x in done.stderr.splitlines() if "canary figures:" in x]
+    assert line.endswith(f"; host busy: load {2 * cores:.1f} on {cores} core{'s' * (cores != 1)} "
+                         f"({2 * cores:.1f} before the server started: other work keeps every core busy); the "
+                         "figure is low"), line
 
 
 # --- the on-host GPU gate, for real: a real smoke image, the real probe in it ---------------

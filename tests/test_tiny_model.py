@@ -1,12 +1,15 @@
-"""`python -m qualify tiny-model`: deterministic, world-readable, a real tokenizer and chat template, and
-greedy decoding (transformers' own generate, through the tokenizer's own chat template) answers the deploy's
+"""`python -m qualify tiny-model`: the committed bytes on every CPU, world-readable, a real tokenizer and chat
+template, and greedy decoding (transformers' own generate, through the tokenizer's own chat template) answers the deploy's
 canary and tool-call prompts. The real vLLM server serving it: test_cpu_deploy.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,19 +26,109 @@ def tiny(tiny_model) -> Path:
     return tiny_model  # conftest's: `python -m qualify tiny-model --out DIR`, once per session
 
 
-@pytest.mark.slow  # trains the model a second time: 52 s, an eighth of the fast lane
-def test_two_runs_write_the_same_bytes(tiny, tmp_path):
+def test_the_folder_is_the_committed_files_byte_for_byte_and_a_rerun_changes_nothing(tiny, tmp_path):
+    """The acceptance of issue 48: the same bytes on every CPU, because nothing is trained on the user's."""
+    from qualify.tinymodel import files, write
+
+    want = files.committed()
+    assert sorted(p.name for p in tiny.iterdir()) == sorted([*want.digests, files.STAMP])
+    for name, digest in want.files:
+        assert hashlib.sha256((tiny / name).read_bytes()).hexdigest() == digest, name
+        assert (tiny / name).read_bytes() == (files.MODEL_DIR / name).read_bytes(), name
+    lines = []
+    again = write.make(tmp_path / "again", say=lines.append)
+    assert again.changed and "each matching its recorded sha256" in lines[-1]
+    lines.clear()
+    assert not write.make(tmp_path / "again", say=lines.append).changed and "unchanged" in lines[-1]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_readme_and_sha256sums_record_the_weights_digest():
+    from qualify.tinymodel import files
+
+    digest = files.committed().digests["model.safetensors"]
+    assert digest in (REPO / "README.md").read_text()
+    assert f"{digest}  qualify/tinymodel/model/model.safetensors" in (REPO / "SHA256SUMS").read_text()
+
+
+def test_a_damaged_file_is_refused_naming_it_and_the_folder_stays_as_it_was(tmp_path):
+    from qualify.tinymodel import files, write
+
+    source = tmp_path / "source"
+    shutil.copytree(files.MODEL_DIR, source)
+    data = bytearray((source / "model.safetensors").read_bytes())
+    data[4096] ^= 0xFF
+    (source / "model.safetensors").write_bytes(bytes(data))
+    out = tmp_path / "out"
+    write.make(out, say=lambda _: None)
+    (out / "config.json").unlink()  # an incomplete earlier tiny model, which a good run would replace
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ConfigError, match=r"model\.safetensors: sha256 .* the stamp records"):
+        write.make(out, say=lambda _: None, source=source)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "source"]
+
+
+def test_a_killed_runs_temporary_folder_is_removed_and_said(tmp_path):
     from qualify.tinymodel import write
 
-    again = tmp_path / "again"
-    write.make(again, say=lambda _: None)
-    names = sorted(p.name for p in tiny.iterdir())
-    assert names == sorted(p.name for p in again.iterdir())
-    for name in names:
-        assert (tiny / name).read_bytes() == (again / name).read_bytes(), name
-    # a re-run over its own output replaces it whole, and leaves no temporary folder behind
-    write.make(again, say=lambda _: None)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    (tmp_path / ".model.tiny-abc123").mkdir()
+    lines = []
+    write.make(tmp_path / "model", say=lines.append)
+    assert "removed 1 unfinished folder" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_the_command_needs_no_torch(tmp_path):
+    """The host's own python3 (Debian's, no venv, no torch): the command only copies and checks files."""
+    python = "/usr/bin/python3"
+    if not Path(python).exists():
+        pytest.skip("no /usr/bin/python3")
+    probe = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
+                           capture_output=True, text=True)
+    assert probe.stdout.strip() == "True", "the interpreter meant to lack torch has it"
+    done = subprocess.run([python, "-m", "qualify", "tiny-model", "--out", str(tmp_path / "m")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "serve it: MODEL_PATH=" in done.stdout and (tmp_path / "m" / "model.safetensors").is_file()
+
+
+def test_the_committed_weights_answer_with_their_margin_on_this_cpu(tiny):
+    """The committed model meets the trainer's own stopping rule here, whatever CPU made it: greedy decoding
+    gives every fixed reply in float32 and bfloat16, and the matrix's haystacks by the margin."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from qualify.probe import servematrix
+    from qualify.tinymodel import needle, tasks, train
+
+    tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).eval()
+    pairs = [train.encode(tok, e) for e in tasks.examples()]
+    checks = needle.NeedleTask(servematrix.load().niah, train.MAX_POSITIONS).checks(tok)
+    assert train.margin(model, pairs) >= train.MARGIN
+    done, needles = train._learned(model, pairs, checks, tok.token_to_id("<|im_end|>"))
+    assert done and needles >= train.MARGIN, needles
+
+
+def test_a_recipe_that_does_not_converge_says_what_to_do(monkeypatch):
+    """The trainer's failure is a QualifyError with a hint (the CLI prints it, never a traceback)."""
+    from qualify.core.errors import QualifyError
+    from qualify.tinymodel import tasks, train, vocab
+
+    monkeypatch.setattr(train, "MAX_STEPS", 2)
+    monkeypatch.setattr(train, "CHECK_EVERY", 1)
+    examples = tasks.examples()[:1]
+    with pytest.raises(QualifyError, match="did not learn its 1 examples in 2 steps") as caught:
+        train.train(vocab.build(examples, [], []), examples)
+    assert "committed model" in caught.value.hint
+
+
+def test_differences_name_each_file():
+    from qualify.tinymodel.files import differences
+
+    assert differences({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "9", "d": "4"}) == {
+        "b": "differs", "c": "extra", "d": "missing"}
 
 
 def test_files_are_world_readable_and_the_config_admits_the_deploys_context(tiny):

@@ -45,7 +45,8 @@ COMMANDS = {
     "gpu-evidence": ("gpu_evidence_cmd", "GPU checks of a published image on this host, as a manifest"),
     "merge": ("merge_cmd", "gather evidence from many hosts into the input of `qualify promote`"),
     "serve-check": ("serve_check_cmd", "the serving correctness matrix against a running server, as a signed record"),
-    "tiny-model": ("tiny_model_cmd", "write a small local model that answers the deploy's checks (no download)"),
+    "probe-bundle": ("probe_bundle_cmd", "stage what a bare GPU host's Python needs beside the probe (gpu-evidence.sh)"),
+    "tiny-model": ("tiny_model_cmd", "write the small local model that answers the deploy's checks (no download)"),
 }
 
 
@@ -120,7 +121,7 @@ def _arguments(name: str, module, argv: List[str]):
 
 # Commands that need only the standard library (and what is staged beside it): inside images, and for `sums`
 # in git's pre-commit hook before any venv exists.
-STDLIB_ONLY = frozenset({"probe", "inspect", "arch", "targets", "sums"})
+STDLIB_ONLY = frozenset({"probe", "inspect", "arch", "targets", "sums", "tiny-model", "show"})
 # One module of each host dependency a command may import late (inside execute): looked up, not imported.
 HOST_DEPENDENCIES = ("python_on_whales", "tomlkit", "elftools", "cryptography", "jsonschema")
 

@@ -17,6 +17,9 @@ def configure_parser(parser) -> None:
 
 
 def execute(args) -> int:
+    from qualify.probe import staged
+
+    staged.activate()  # QUALIFY_STAGED (a bare GPU host: `qualify probe-bundle`), before the census imports elftools
     if bool(args.target) == bool(args.target_json):
         from qualify.core.errors import ConfigError
 

@@ -14,6 +14,7 @@ from qualify.config.imageref import ImageRef
 from qualify.core import arch, driver, topology
 from qualify.core.enums import CPU_CAPABILITY, Accelerator, Profile
 from qualify.core.errors import ConfigError
+from qualify.core.ptxjit import PtxJitFloor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCKS_DIR = REPO_ROOT / "images" / "locks"
@@ -187,6 +188,8 @@ class TargetsFile:
         return self.pythons[0]
     # [promotion] level_checks (issue 39): level -> the serving checks a serving target's runs need for it.
     promotion_level_checks: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    # [ptx_jit] floors (issue 51): the first driver that JIT-compiles each PTX ISA; signed into release.json
+    ptx_jit: Tuple[PtxJitFloor, ...] = ()
 
     def get(self, name: str) -> Target:
         if name not in self.targets:

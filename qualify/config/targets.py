@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import tomllib
 
+from qualify.config import ptxtable
 from qualify.config.imageref import ImageRef, ImageRefError
 
 # The typed values live in config/model.py; every stage imports them from here.
@@ -37,6 +38,7 @@ from qualify.core import arch, driver, topology
 from qualify.core.enums import Accelerator, BaseKind, Profile, SupportLevel
 from qualify.core.errors import ConfigError
 from qualify.core.manifest import TARGET_NAME, TARGET_NAME_MAX
+from qualify.core.ptxjit import PtxJitFloor
 from qualify.core.readlimit import TARGETS_LIMIT, read_small
 
 DEFAULT_TARGETS_FILE = REPO_ROOT / "images" / "targets.toml"
@@ -49,7 +51,7 @@ BASE_KINDS = BaseKind.values()
 
 # Allowed keys per table, with their types. An unknown key is an error.
 _TOP_KEYS = {"schema": int, "hermetic": dict, "promotion": dict, "allreduce": dict, "build": dict, "drivers": dict,
-             "defaults": dict, "targets": dict}
+             "ptx_jit": dict, "defaults": dict, "targets": dict}
 _ALLREDUCE_KEYS = {"floors": list}
 _FLOOR_KEYS = {"topology": str, "gpus": int, "min_bus_gbps": float}
 MAX_BUS_GBPS = 100000.0  # no link is near this: larger is a typo
@@ -182,8 +184,12 @@ def parse(raw: Mapping[str, Any], path: Path) -> TargetsFile:
     with problems.each():
         if "allreduce" in raw:
             floors = _parse_allreduce(_table(raw, "allreduce", path, "top level"), path)
+    ptx_jit: Tuple[PtxJitFloor, ...] = ()
+    with problems.each():
+        if "ptx_jit" in raw:
+            ptx_jit = ptxtable.parse(_table(raw, "ptx_jit", path, "top level"), drivers, path)
     problems.raise_any()
-    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers, floors, level_checks)
+    return TargetsFile(path, 1, hermetic, targets, passes, build, drivers, floors, level_checks, ptx_jit)
 
 
 def _parse_level_checks(table: Mapping[str, Any], path: Path) -> Dict[str, Tuple[str, ...]]:

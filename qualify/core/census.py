@@ -34,6 +34,10 @@ every architecture decision):
   class is `none` on any other device while their best shows they run.
 - `cross_generation_jit` is set when a unit can only run by JIT-compiling
   PTX from an older major (e.g. compute_80 on 12.1): a performance defect.
+- `ptx_jit` counts the units that run on the target only by JIT, by the PTX
+  ISA the driver must compile (`core/ptxisa.py`: the `.version` the PTX
+  opens with; `unknown` where it could not be read): a driver older than
+  that ISA fails them at the first launch (issue 51).
 
 JSON (`CensusReport.to_json()`; JSON Schema: manifests/inspect.schema.json).
 Serialise it with sorted keys (fsutil.canonical_json, or json.dumps with
@@ -57,6 +61,7 @@ and no-code units by file offset, architecture lists by capability:
           "lto_ir": ["lto_75", ...], "other_kinds": ["kind9_100", ...],
           "compression": {"none": n, "lz4": n, "zstd": n, "unknown": n},  # entries
           "link_stubs": {"yes": n, "no": n, "unknown": n},              # containers
+          "ptx_isa": {"compute_80": ["9.0"], ...},  # each loadable PTX entry's `.version` ("unknown": unread)
           "sections": {"<section>": {"containers": n, "role": "registered" |
                        "embedded" | "relocatable", "sass": [...], "ptx": [...]}},
           "verdict": null | {
@@ -68,7 +73,8 @@ and no-code units by file offset, architecture lists by capability:
             "units": <int>,               # units judged
             "excluded": {"link_stub": n, "relocatable": n, "no_driver_code": n},
             "no_code": [{"section": s, "offset": <int> | null, "containers": n,
-                         "sass": [...], "ptx": [...]}]
+                         "sass": [...], "ptx": [...]}],
+            "ptx_jit": {"units": n, "isa": {"9.0": n, "unknown": n}}  # units run only by JIT, by ISA
           },
           "details": [<container>, ...]   # only with detail=True: fatbin_model.Container.to_json()
         }
@@ -85,7 +91,7 @@ import gc
 import os
 import stat
 
-from qualify.core import fatbin, fatbin_model, kernels, summary
+from qualify.core import fatbin, fatbin_model, kernels, ptxisa, summary
 from qualify.core.arch import (
     Capability,
     CodeKind,
@@ -131,6 +137,8 @@ class TargetVerdict:
     excluded: Dict[str, int]
     no_code: List[Unit]  # no code for the target, and known to hold kernels: gaps
     no_code_unknown: List[Unit] = field(default_factory=list)  # no code for the target; kernels could not be read
+    # Units that run on the target only by PTX JIT, by the PTX ISA the driver must compile (issue 51)
+    jit_isa: Dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -143,6 +151,8 @@ class TargetVerdict:
             "excluded": dict(self.excluded),
             "no_code": [u.to_json() for u in self.no_code],
             "no_code_unknown": [u.to_json() for u in self.no_code_unknown],
+            "ptx_jit": {"units": sum(self.jit_isa.values()),
+                        "isa": {isa: self.jit_isa[isa] for isa in sorted(self.jit_isa, key=ptxisa.sort_key)}},
         }
 
 
@@ -165,6 +175,19 @@ def needs_cross_generation_jit(unit: Unit, target: Capability) -> bool:
     return all(is_cross_generation(t, target) for t in runnable)
 
 
+def jit_isa(unit: Unit, target: Capability) -> str:
+    """The PTX ISA a driver must JIT-compile for a unit that runs on `target` only through PTX: the newest
+    among the PTX entries it could pick (a unit's PTX comes from one nvcc run, so they agree), UNKNOWN when
+    any of them could not be read: an ISA is never assumed."""
+    found = set()
+    for t in unit.targets():
+        if t.kind is CodeKind.PTX and compatibility(t, target) is Compat.PTX_JIT:
+            found |= unit.ptx_isas(t)
+    if not found or ptxisa.UNKNOWN in found:
+        return ptxisa.UNKNOWN
+    return max(found, key=ptxisa.key)
+
+
 def judge(file: summary.FileSummary, target: Capability) -> TargetVerdict:
     """The verdict for `target` (`summary.summarize(fatbin.read_file(path))`).
 
@@ -178,6 +201,7 @@ def judge(file: summary.FileSummary, target: Capability) -> TargetVerdict:
     raw_classes = set()
     worst: Optional[Compat] = None
     cross = False
+    jit: Dict[str, int] = {}
     for unit in file.units:
         raw = best(unit.classes(target))
         raw_classes.add(raw)
@@ -189,10 +213,13 @@ def judge(file: summary.FileSummary, target: Capability) -> TargetVerdict:
             no_code_unknown.append(unit)
         if worst is None or klass.rank > worst.rank:
             worst = klass
+        if klass is Compat.PTX_JIT:
+            isa = jit_isa(unit, target)
+            jit[isa] = jit.get(isa, 0) + 1
         cross = cross or needs_cross_generation_jit(unit, target)
     top = best(raw_classes) if raw_classes else None
     return TargetVerdict(target, worst, top, counts, cross, len(file.units), dict(file.excluded), no_code,
-                         no_code_unknown)
+                         no_code_unknown, jit)
 
 
 # --- per library ---------------------------------------------------------------
@@ -235,6 +262,7 @@ class LibraryCensus:
             "link_stubs": dict(file.link_stubs),
             "link_only": {"sass": summary.kind_names(linked, CodeKind.SASS),
                           "ptx": summary.kind_names(linked, CodeKind.PTX)},
+            "ptx_isa": summary.isa_names(file.isas),
             "sections": {sec.name: sec.to_json() for sec in file.sections},
             "verdict": self.verdict.to_json() if self.verdict else None,
         }

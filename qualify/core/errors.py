@@ -125,11 +125,13 @@ EXIT_CODES: Tuple[ExitCode, ...] = (
              "an unexpected failure (setup-host.sh: a step failed)"),
     ExitCode(2, "configuration: targets file, options, keys", "usage: an unknown option or bad setting",
              "ConfigError", "EX_USAGE"),
-    ExitCode(3, "container engine", "preflight: driver, GPU, memory, engine, runtime, disk or port",
+    ExitCode(3, "container engine", "preflight: driver, GPU, memory, engine, runtime, disk or port; a serving path "
+             "of the model the verified manifest refuses on this GPU",
              "EngineError", "EX_PREFLIGHT"),
     ExitCode(4, "base image not pullable", "trust gate: signature, digest or verdict refused",
              "BaseImageError", "EX_TRUST"),
-    ExitCode(5, "a build step failed", "deploy: pull, compose, health or canary failed", "BuildError", "EX_DEPLOY"),
+    ExitCode(5, "a build step failed", "deploy: pull, compose, health or canary failed; on unified memory (GB10) "
+             "the host ran short while the server started, and it was stopped", "BuildError", "EX_DEPLOY"),
     ExitCode(6, "lock or wheel hash", "a check of a running deployment failed (scripts/verify.sh)",
              "LockError", "EX_CHECK"),
     ExitCode(7, "an external command failed", "", "ExternalCommandError"),
@@ -140,6 +142,9 @@ EXIT_CODES: Tuple[ExitCode, ...] = (
     ExitCode(12, "the host refused: a full disk, a permission, a read-only file system",
              "the host refused: a full disk, a permission, a read-only file system (the message names the path)",
              "HostError", "EX_HOST"),
+    ExitCode(13, "`serve-check`: a check the release's signed policy requires for the target's intended level did "
+             "not run (never a pass)", "a check the deployment's release requires did not run (scripts/verify.sh "
+             "--full, --matrix): never a pass", shell_name="EX_INCOMPLETE"),
     ExitCode(20, "`deploy` helpers: no released manifest for the target", ""),
     ExitCode(130, "interrupted (Ctrl-C)", "interrupted", shell_name="EX_INTERRUPTED"),
 )

@@ -59,7 +59,7 @@ import os
 import stat
 import struct
 
-from qualify.core import arfile, cubin
+from qualify.core import arfile, cubin, ptxisa
 from qualify.core.arch import Variant
 from qualify.core.elf import (
     ELF_MAGIC,
@@ -323,6 +323,7 @@ def _read_cubin(mm: mmap.mmap, elf: ElfHeader, scan: FileScan, decoders: Decoder
         uncompressed_size=len(mm),
         link_stub=cubin.stub_status(elf.abi_version, elf.flags),
         variant_known=known,
+        ptx_isa=None,
     )
     # A damaged section table hides the a/f note: the container says so, and
     # the census then judges the variant as unknown rather than plain.
@@ -497,6 +498,7 @@ def _parse_container(
         container.error = f"{_where(section, pos)}: {problem}"
         return container, None
     body_end = pos + header_size + body
+    ptx = False
     try:
         # The entries, parsed inline: this loop runs for every entry of every container (cuFFT: 24k), so
         # it makes one struct read per header (two for an uncompressed cubin, whose ELF header says
@@ -526,6 +528,7 @@ def _parse_container(
             variant, compression = info[1] if csize else info[0]
             if kind == KIND_PTX:
                 stub = STUB_NO
+                ptx = True
             elif kind == KIND_CUBIN and compression == "none" and psize >= 64:
                 # what cubin.stub_status reads, from the payload's ELF64 header
                 ident, abi, machine, e_flags = cubin_head(mm, at + hsize)
@@ -535,12 +538,15 @@ def _parse_container(
                     stub = STUB_UNKNOWN
             else:
                 stub = STUB_UNKNOWN
-            entries.append(Entry(at, kind, arch, variant, flags, compression, hsize, psize, csize, usize, stub, True))
+            entries.append(Entry(at, kind, arch, variant, flags, compression, hsize, psize, csize, usize, stub, True, None))
             at += hsize + psize
     except FormatError as exc:
         container.error = f"{_where(section, pos)}: {exc}"
     if section != SECTION_RELOCATABLE:  # never loaded, never judged: not worth decompressing
-        container.kernels = container_kernels(mm, container, decoders or Decoders(False))
+        decoders = decoders or Decoders(False)
+        if ptx:  # what a driver must JIT: its ISA against the driver's (issue 51)
+            ptxisa.fill(mm, entries, decoders)
+        container.kernels = container_kernels(mm, container, decoders)
     return container, body_end
 
 

@@ -99,6 +99,7 @@ class Entry:
         "uncompressed_size",
         "link_stub",
         "variant_known",
+        "ptx_isa",
     )
 
     offset: int  # file offset of the entry header (0 for a standalone cubin)
@@ -113,6 +114,7 @@ class Entry:
     uncompressed_size: int
     link_stub: str  # yes | no | unknown
     variant_known: bool  # False for a standalone cubin without a tool note
+    ptx_isa: Optional[str]  # a PTX entry's `.version` ("9.0", or ptxisa.UNKNOWN); None for any other kind
 
     @property
     def kind(self) -> str:
@@ -160,6 +162,7 @@ class Entry:
             "compressed_size": self.compressed_size,
             "uncompressed_size": self.uncompressed_size,
             "link_stub": self.link_stub,
+            "ptx_isa": self.ptx_isa,
         }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from qualify.core import fatbin_model, kernels
+from qualify.core import fatbin_model, kernels, ptxisa
 from qualify.core.arch import CodeKind, CodeTarget, Compat, Variant, compatibility, compatibility_variant_unknown
 from qualify.core.record import record
 
@@ -23,6 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: typing is not imported at run time (the census's start-up)
     from typing import Dict, FrozenSet, List, Optional, Tuple
     EntryKey = Tuple[int, int, Variant]  # (kind code, arch number, variant): a dozen distinct per library
+    IsaKey = Tuple[int, Variant, str]  # a PTX entry's (arch number, variant, ISA or ptxisa.UNKNOWN)
 
 ROLE_REGISTERED = "registered"
 ROLE_EMBEDDED = "embedded"
@@ -33,6 +34,7 @@ STUBS = (fatbin_model.STUB_YES, fatbin_model.STUB_NO, fatbin_model.STUB_UNKNOWN)
 EXCLUSIONS = ("link_stub", "relocatable", "no_driver_code", "no_kernel")
 _ONLY_STUBS = {fatbin_model.STUB_YES}
 _EMPTY = frozenset()
+_PTX = fatbin_model.KIND_PTX
 
 
 
@@ -55,6 +57,16 @@ def kind_names(targets: List[CodeTarget], kind: CodeKind) -> List[str]:
     return [str(t) for t in sorted({t for t in targets if t.kind is kind}, key=_target_key)]
 
 
+def isa_names(isas: FrozenSet[IsaKey]) -> Dict[str, List[str]]:
+    """{"compute_80": ["9.0"], ...}: each PTX target's ISA versions (ptxisa.UNKNOWN last), by capability."""
+    out: Dict[Tuple[int, str], Tuple[str, set]] = {}
+    for number, variant, isa in isas:
+        target = fatbin_model.code_target_of(_PTX, number, variant)
+        if target is not None:
+            out.setdefault(_target_key(target), (str(target), set()))[1].add(isa)
+    return {name: sorted(found, key=ptxisa.sort_key) for _, (name, found) in sorted(out.items())}
+
+
 @record(frozen=True)
 class Unit:
     """What is judged as one: a registered container, or an embedded section."""
@@ -66,6 +78,12 @@ class Unit:
     unsure: FrozenSet[Tuple[int, int]]  # (kind, arch) whose a/f variant could not be read
     damaged: bool  # a container read only in part: its missing entries may be anything
     holds_kernels: bool  # some container is known to hold a kernel (not merely unknown)
+    isas: FrozenSet[IsaKey] = _EMPTY  # its PTX entries' ISA versions (issue 51)
+
+    def ptx_isas(self, code: CodeTarget) -> FrozenSet[str]:
+        """The ISA versions of the unit's PTX entries for `code` (a compute_XY of the unit)."""
+        number, variant = code.capability.number, code.variant
+        return frozenset(isa for n, v, isa in self.isas if n == number and v is variant)
 
     def targets(self) -> List[CodeTarget]:
         """The distinct SASS and PTX targets of the unit."""
@@ -132,6 +150,7 @@ class FileSummary:
     excluded: Tuple[Tuple[str, int], ...]  # containers left out of judging, in EXCLUSIONS order
     details: Optional[Tuple[dict, ...]] = None  # every container's JSON (summarize(detail=True))
     archive: Optional[Tuple[int, int]] = None  # a static archive: (members, members with device code)
+    isas: FrozenSet[IsaKey] = _EMPTY  # the ISA of each loadable PTX entry (relocatable ones are never loaded)
 
     @property
     def ok(self) -> bool:
@@ -146,10 +165,12 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
     acc = _Units()
     entries = 0
     sections: Dict[str, _Section] = {}
+    all_isas: set = set()
     for c in scan.containers:
         ents = c.entries
         entries += len(ents)
         unsure = None  # (kind, arch) whose a/f variant could not be read: standalone cubins only
+        isas = None  # its PTX entries' (arch, variant, ISA)
         if len(ents) == 1:  # most containers (cuFFT: 24k of 24k): the same as below, fewer steps
             e = ents[0]
             stub = e.link_stub
@@ -157,6 +178,8 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
             keys = {(e.kind_code, e.arch_number, e.variant)}
             if not e.variant_known:
                 unsure = {(e.kind_code, e.arch_number)}
+            if e.kind_code == _PTX:
+                isas = {(e.arch_number, e.variant, e.ptx_isa or ptxisa.UNKNOWN)}
         else:
             keys = set()
             statuses = set()
@@ -167,6 +190,9 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
                 if not e.variant_known:
                     unsure = unsure or set()
                     unsure.add((e.kind_code, e.arch_number))
+                if e.kind_code == _PTX:
+                    isas = isas or set()
+                    isas.add((e.arch_number, e.variant, e.ptx_isa or ptxisa.UNKNOWN))
             # as Container.link_stub: a stub only if all entries are, code if any is
             if statuses == _ONLY_STUBS:
                 stub = fatbin_model.STUB_YES
@@ -178,7 +204,9 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
             sec = sections[c.section] = _Section(c.section, role(c))
         sec.count += 1
         sec.keys |= keys
-        acc.add(c, sec.role, stub, keys, unsure)
+        if isas and sec.role != ROLE_RELOCATABLE:
+            all_isas |= isas
+        acc.add(c, sec.role, stub, keys, unsure, isas)
     units, excluded = acc.result()
     return FileSummary(
         path=scan.path,
@@ -196,6 +224,7 @@ def summarize(scan: fatbin_model.FileScan, detail: bool = False) -> FileSummary:
         excluded=tuple((k, excluded[k]) for k in EXCLUSIONS),
         details=tuple(c.to_json() for c in scan.containers) if detail else None,
         archive=scan.archive,
+        isas=frozenset(all_isas),
     )
 
 
@@ -223,7 +252,7 @@ def merge(parts: List[FileSummary], errors: List[str], size: int) -> FileSummary
             if pool is None:
                 pool = pools[unit.section] = _Pool(unit.section)
                 order.append(pool)
-            pool.add(unit.containers, unit.keys, unit.unsure, unit.damaged, unit.holds_kernels)
+            pool.add(unit.containers, unit.keys, unit.unsure, unit.damaged, unit.holds_kernels, unit.isas)
     return FileSummary(
         path=first.path,
         format=first.format,
@@ -239,6 +268,7 @@ def merge(parts: List[FileSummary], errors: List[str], size: int) -> FileSummary
         units=tuple(u.unit() if isinstance(u, _Pool) else u for u in order),
         excluded=_sum_counts([p.excluded for p in parts]),
         details=tuple(d for p in parts for d in (p.details or ())) if first.details is not None else None,
+        isas=frozenset(k for p in parts for k in p.isas),
     )
 
 
@@ -259,20 +289,23 @@ class _Pool:
     """An embedded section's containers, gathered into one unit."""
 
     def __init__(self, section: str) -> None:
-        self.section, self.count, self.keys, self.unsure = section, 0, set(), set()
+        self.section, self.count, self.keys, self.unsure, self.isas = section, 0, set(), set(), set()
         self.damaged = self.holds_kernels = False
 
-    def add(self, count: int, keys: set, unsure: set, damaged: bool, holds_kernels: bool) -> None:
+    def add(self, count: int, keys: set, unsure: set, damaged: bool, holds_kernels: bool, isas=None) -> None:
         """Containers of the section: one as read, or a part's whole unit (merge)."""
         self.count += count
         self.keys |= keys
         self.unsure |= unsure
+        if isas:
+            self.isas |= isas
         self.damaged = self.damaged or damaged
         self.holds_kernels = self.holds_kernels or holds_kernels
 
     def unit(self) -> Unit:
         keys, unsure = frozenset(self.keys), frozenset(self.unsure)
-        return Unit(self.section, None, self.count, keys, unsure, self.damaged, self.holds_kernels)
+        return Unit(self.section, None, self.count, keys, unsure, self.damaged, self.holds_kernels,
+                    frozenset(self.isas) if self.isas else _EMPTY)
 
 
 @functools.cache
@@ -288,8 +321,10 @@ class _Units:
         self.order: List[object] = []  # Unit or _Pool, in file order
         self.pools: Dict[str, _Pool] = {}
         self.interned: Dict[FrozenSet[EntryKey], FrozenSet[EntryKey]] = {}  # thousands of units, a dozen key sets
+        self.interned_isas: Dict[FrozenSet[IsaKey], FrozenSet[IsaKey]] = {}
 
-    def add(self, c: fatbin_model.Container, r: str, stub: str, keys: set, unsure: Optional[set]) -> None:
+    def add(self, c: fatbin_model.Container, r: str, stub: str, keys: set, unsure: Optional[set],
+            isas: Optional[set] = None) -> None:
         excluded = self.excluded
         if r == ROLE_RELOCATABLE:
             excluded["relocatable"] += 1
@@ -303,14 +338,18 @@ class _Units:
             frozen = frozenset(keys)
             frozen = self.interned.setdefault(frozen, frozen)
             holds = c.kernels == kernels.KERNELS_YES
+            found = _EMPTY
+            if isas:
+                found = frozenset(isas)
+                found = self.interned_isas.setdefault(found, found)
             self.order.append(Unit(c.section, c.offset, 1, frozen, frozenset(unsure) if unsure else _EMPTY,
-                                   c.error is not None, holds))
+                                   c.error is not None, holds, found))
         else:
             pool = self.pools.get(c.section)
             if pool is None:
                 pool = self.pools[c.section] = _Pool(c.section)
                 self.order.append(pool)
-            pool.add(1, keys, unsure or _EMPTY, c.error is not None, c.kernels == kernels.KERNELS_YES)
+            pool.add(1, keys, unsure or _EMPTY, c.error is not None, c.kernels == kernels.KERNELS_YES, isas)
 
     def result(self) -> Tuple[List[Unit], Dict[str, int]]:
         return [u.unit() if isinstance(u, _Pool) else u for u in self.order], self.excluded

@@ -2,11 +2,12 @@
 run inside the image on exactly the GPUs it will use, and the deploy judges what they measured.
 
 It passes only when the check passed and its evidence holds up here: NCCL (never a stand-in backend), a world
-size equal to the tensor-parallel size, every rank's sum exact, every rank's float32 and bfloat16 results
-finite and within the stated tolerance of the single-GPU reference, every all-gather slot holding its own
-rank's shard, the topology the container saw being the one preflight read, and a bus bandwidth at or above
-the floor for that topology and GPU count. Otherwise it refuses with the measured numbers. The run is GPU
-evidence of the multi-GPU configuration either way (run.py saves it).
+size equal to the tensor-parallel size, every rank run under the server's NCCL environment (the one value of
+collectives.py, compared variable by variable with what each rank reported), every rank's sum exact, every
+rank's float32 and bfloat16 results finite and within the stated tolerance of the single-GPU reference, every
+all-gather slot holding its own rank's shard, the topology the container saw being the one preflight read,
+and a bus bandwidth at or above the floor for that topology and GPU count. Otherwise it refuses with the
+measured numbers. The run is GPU evidence of the multi-GPU configuration either way (run.py saves it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
 from qualify.core import topology
+from qualify.core.ncclenv import CollectiveEnv
 from qualify.probe.gpu import ALLREDUCE_CHECK
 
 
@@ -59,9 +61,24 @@ def _rank_problems(ranks: Sequence[Any], tp: int) -> List[str]:
     return problems
 
 
+def env_problems(ranks: Sequence[Any], env: CollectiveEnv) -> List[str]:
+    """Where a rank ran under other collective settings than the server's."""
+    out = []
+    for r in ranks:
+        seen = r.get("env") if isinstance(r, Mapping) else None
+        if not isinstance(seen, Mapping):
+            out.append(f"rank {r.get('rank') if isinstance(r, Mapping) else '?'} reported no environment")
+            continue
+        differs = env.differences(seen)
+        if differs:
+            out.append(f"rank {r.get('rank')} ran under {', '.join(differs[:3])} (the server's)")
+    return out[:2]
+
+
 def judge(predicate: Mapping[str, Any], tp: int, seen: topology.Topology,
-          floor: Optional[topology.AllReduceFloor]) -> Judged:
-    """The gate's verdict on one probe run (scope allreduce or gpu) for `tp` GPUs joined as `seen`."""
+          floor: Optional[topology.AllReduceFloor], env: Optional[CollectiveEnv] = None) -> Judged:
+    """The gate's verdict on one probe run (scope allreduce or gpu) for `tp` GPUs joined as `seen`; `env`, the
+    server's collectives, which every rank must have run under."""
     check = _check(predicate)
     if check is None:
         return Judged(False, f"the probe reported no {ALLREDUCE_CHECK} result (or more than one)")
@@ -75,7 +92,10 @@ def judge(predicate: Mapping[str, Any], tp: int, seen: topology.Topology,
         problems.append(f"the collectives ran over {evidence.get('backend')!r}, not NCCL")
     if evidence.get("world_size") != tp:
         problems.append(f"world size {evidence.get('world_size')!r}, not the tensor-parallel size {tp}")
-    problems += _rank_problems([r for r in evidence.get("ranks") or [] if isinstance(r, Mapping)], tp)
+    ranks = [r for r in evidence.get("ranks") or [] if isinstance(r, Mapping)]
+    problems += _rank_problems(ranks, tp)
+    if env is not None:
+        problems += env_problems(ranks, env)
     try:
         inside = topology.from_json(evidence.get("topology"))
     except topology.TopologyError as exc:
@@ -93,6 +113,7 @@ def judge(predicate: Mapping[str, Any], tp: int, seen: topology.Topology,
         return Judged(False, "; ".join(problems[:6]), busbw)
     worst = max(_number(x, "max_error_over_bound") or 0.0 for r in evidence["ranks"]
                 for x in r["reference"]["all_reduce"] + r["reference"]["reduce_scatter"])
+    under = "; every rank under the server's collective settings" if env is not None else ""
     return Judged(True, f"NCCL {evidence.get('nccl')} on {tp} GPUs joined by {seen.kind}: results finite and within "
                   f"the tolerance of the single-GPU reference (worst {worst:.2f} x), shards owned; {measured}, floor "
-                  f"{floor.min_bus_gbps:g} GB/s", busbw)
+                  f"{floor.min_bus_gbps:g} GB/s{under}", busbw)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from qualify.core.ncclenv import is_collective
+from qualify.deploy.collectives import ServerCollectives
 from qualify.deploy.errors import DeployError
 from qualify.host import paths
 
@@ -42,7 +43,8 @@ class ComposeSpec:
     selinux_label_disable: bool = False
     bind_address: str = "127.0.0.1"
     port: int = 8000
-    shm_size: str = "8g"
+    # The NCCL environment, shared memory, IPC namespace and limits: the one value the all-reduce gate runs under.
+    collectives: ServerCollectives = field(default_factory=ServerCollectives)
     tool_call_parser: str = ""
     extra_args: Tuple[str, ...] = ()
     extra_env: Tuple[Tuple[str, str], ...] = ()
@@ -50,6 +52,10 @@ class ComposeSpec:
     labels: Tuple[Tuple[str, str], ...] = field(default_factory=tuple)
     model_path: str = ""  # a host folder served instead of model/revision, offline
     cpu_kv_cache_gib: int = 0  # the cpu target: VLLM_CPU_KVCACHE_SPACE
+
+    @property
+    def shm_size(self) -> str:
+        return self.collectives.shm_size
 
     @property
     def devices(self) -> Tuple[str, ...]:
@@ -60,17 +66,15 @@ class ComposeSpec:
             raise DeployError(f"GPU_RUNTIME={self.gpu_runtime!r}: use one of {', '.join(GPU_RUNTIMES)}")
         if not 1 <= self.port <= 65535:
             raise DeployError(f"API_PORT={self.port} is not a port number", hint="set API_PORT in .env to 1..65535")
-        if not SHM_SIZE.fullmatch(self.shm_size):
-            raise DeployError(f"SHM_SIZE={self.shm_size!r} is not a size such as 8g, 512m or 2gb",
-                              hint="set SHM_SIZE in .env to a number with an optional unit b, k, m or g")
+        self.collectives.validate(self.tensor_parallel_size)
+        apart = [k for k, v in self.extra_env if is_collective(k) and self.collectives.env.get(k) != v]
+        if apart:
+            raise DeployError(f"the container variable {apart[0]} is not in the server's collectives (collectives.py: "
+                              "for_server makes them from the same container variables)")
         gpus = len(self.devices)
         if self.tensor_parallel_size > 1 and self.gpu_runtime in ("nvidia", "cdi") and self.tensor_parallel_size != gpus:
             raise DeployError(f"--tensor-parallel-size {self.tensor_parallel_size} needs as many GPUs; the container "
                               f"is given {gpus} ({self.gpu_device or 'none'})")
-        if self.tensor_parallel_size > 1 and shm_bytes(self.shm_size) < NCCL_MIN_SHM:
-            raise DeployError(f"SHM_SIZE={self.shm_size} is below 1g: the server's {self.tensor_parallel_size} ranks "
-                              "share tensors and NCCL's buffers through /dev/shm",
-                              hint="set SHM_SIZE in .env to 1g or more (8g by default)")
         try:
             ipaddress.ip_address(self.bind_address)
         except ValueError:
@@ -78,19 +82,6 @@ class ComposeSpec:
                               hint="set BIND_ADDRESS in .env to 127.0.0.1 (this host only) or 0.0.0.0") from None
 
 
-# What compose accepts for shm_size: bytes, or a number with a unit.
-SHM_SIZE = re.compile(r"[0-9]+(\.[0-9]+)?([bkmgBKMG][bB]?)?")
-NCCL_MIN_SHM = 1 << 30  # NCCL's guidance for containers (--shm-size=1g), below which its SHM transport fails
-# NVIDIA's container guidance for NCCL and PyTorch: pinned host memory unlimited, a 64 MiB stack.
-NCCL_ULIMITS = {"memlock": -1, "stack": 67108864}
-
-
-def shm_bytes(text: str) -> float:
-    m = SHM_SIZE.fullmatch(text)
-    if not m:
-        return 0
-    unit = (m.group(2) or "b")[0].lower()
-    return float(text[:m.start(2)] if m.group(2) else text) * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit]
 # Compose expands ${VAR} here, on purpose: the token comes from start.sh's environment.
 HF_TOKEN_REF = "${HF_TOKEN:-}"
 
@@ -125,14 +116,17 @@ def serve_args(s: ComposeSpec) -> List[str]:
 
 
 def _environment(s: ComposeSpec) -> Dict[str, str]:
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_HOME": HF_HOME, "HF_HUB_OFFLINE": "1" if s.model_path else "0",
-           "VLLM_CACHE_ROOT": VLLM_CACHE, "TRITON_CACHE_DIR": f"{TRITON_HOME}/cache"}
+    env = {"HF_HOME": HF_HOME, "HF_HUB_OFFLINE": "1" if s.model_path else "0", "VLLM_CACHE_ROOT": VLLM_CACHE,
+           "TRITON_CACHE_DIR": f"{TRITON_HOME}/cache"}
     if s.gpu_runtime == "nvidia":
         env["NVIDIA_VISIBLE_DEVICES"] = s.gpu_device
     if s.gpu_runtime == "cpu":
-        del env["CUDA_DEVICE_ORDER"]
         env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kv_cache_gib)
-    env.update(dict(s.extra_env))
+    else:  # the GPUs' order and NCCL's settings: what the all-reduce gate ran under (collectives.py)
+        env.update(s.collectives.env.as_dict())
+    # The collective ones among them come from s.collectives alone (validate: the same values), so no second
+    # source can set what the server's NCCL runs under.
+    env.update({k: v for k, v in s.extra_env if not is_collective(k)})
     return env
 
 
@@ -155,7 +149,7 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
         "entrypoint": list(SERVE_ENTRYPOINT),
         "command": serve_args(s),
         "restart": "unless-stopped",
-        "shm_size": s.shm_size,
+        **s.collectives.compose_fields(s.tensor_parallel_size),
         "ports": [_publish(s)],
         "environment": _environment(s),
         "volumes": [f"{name}:{path}" for name, path in VOLUMES.items()] + (
@@ -168,12 +162,6 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
             {"driver": "nvidia", "device_ids": list(s.devices), "capabilities": ["gpu"]}]}}}
     elif s.gpu_runtime == "cdi":
         service["devices"] = [f"nvidia.com/gpu={d}" for d in s.devices]
-    if s.tensor_parallel_size > 1:
-        # Every rank is a process of this one container: NCCL's shared-memory transport and CUDA IPC work in its
-        # own IPC namespace (the host's, ipc: host, is needed only between containers), given room in /dev/shm
-        # (shm_size, checked above) and unlimited pinned memory.
-        service["ipc"] = "private"
-        service["ulimits"] = dict(NCCL_ULIMITS)
     if s.selinux_label_disable:
         # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (seed 003).
         service["security_opt"] = ["label=disable"]

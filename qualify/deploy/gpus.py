@@ -13,14 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, List, Sequence, Tuple
 
-from qualify.core import arch, topology
+from qualify.core import arch, nvsmi, topology
 from qualify.deploy import memory, settings
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
 from qualify.host import cmd
 
 SMI_TIMEOUT = 30
-QUERY = ("index", "compute_cap", "name", "memory.total", "memory.free", "uuid", "driver_version")
 DRIVER_FIX = ("an R580-branch driver or newer for CUDA 13: your distribution's nvidia-driver-580 (or newer) package, "
               "or NVIDIA's installer from https://www.nvidia.com/drivers; reboot, then check with nvidia-smi")
 
@@ -35,6 +34,7 @@ class Gpu:
     driver: str
     index: int = 0  # nvidia-smi's
     memory_free: str = ""  # NVML's free memory now ("" where it reports none: GB10)
+    pci_bus_id: str = ""  # nvidia-smi's 00000000:18:00.0: where preflight reads the IOMMU and ACS (iommu.py)
 
 
 @dataclass(frozen=True)
@@ -70,18 +70,19 @@ def _listed() -> str:
 
 
 def query_all(s: Settings) -> List[Gpu]:
-    proc = smi([f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader"])
+    proc = smi(nvsmi.query_args(nvsmi.DEPLOY_FIELDS))
     if proc.returncode != 0:
         raise Stop(EX_PREFLIGHT, f"nvidia-smi cannot list this host's GPUs: {said(proc)}",
                    f"check that `nvidia-smi -L` works; then set GPU_DEVICE in {s.env_file}")
     out = []
-    for row in [r for r in proc.stdout.splitlines() if r.strip()][:1024]:
-        index, cap, name, mem, free, uuid, drv = ([f.strip() for f in row.split(",")] + [""] * len(QUERY))[:len(QUERY)]
+    for row in nvsmi.parse(proc.stdout, nvsmi.DEPLOY_FIELDS, pad=True):
+        index = row["index"]
         if not index.isdigit():
-            raise Stop(EX_PREFLIGHT, f"nvidia-smi printed a GPU row this toolkit cannot read: {row[:200]}",
+            raise Stop(EX_PREFLIGHT, f"nvidia-smi printed a GPU row this toolkit cannot read: {','.join(row.values())[:200]}",
                        f"update the NVIDIA driver ({DRIVER_FIX})")
-        out.append(Gpu(index, cap, name, mem, uuid, "" if drv.startswith("[") else drv, int(index),
-                       "" if free.startswith("[") else free))
+        known = {k: ("" if nvsmi.not_available(v) else v) for k, v in row.items()}
+        out.append(Gpu(index, row["compute_cap"], row["name"], row["memory.total"], row["uuid"],
+                       known["driver_version"], int(index), known["memory.free"], known["pci.bus_id"]))
     if not out:
         raise Stop(EX_PREFLIGHT, "nvidia-smi lists no GPU on this host", "check the driver with nvidia-smi -L")
     return out

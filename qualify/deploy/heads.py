@@ -82,7 +82,7 @@ def _hubs(s: Settings, engine_cli: str) -> List[Path]:
     env = os.environ
     here = Path(env["HF_HUB_CACHE"]) if env.get("HF_HUB_CACHE") else Path(env["HF_HOME"]) / "hub" \
         if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface" / "hub"
-    return [h for h in (_volume_hub(s, engine_cli), here) if h is not None]
+    return [h for h in (_volume_hub(s, engine_cli) if engine_cli else None, here) if h is not None]
 
 
 def cached_config(s: Settings, engine_cli: str) -> Optional[Path]:
@@ -110,12 +110,18 @@ def cached_config(s: Settings, engine_cli: str) -> Optional[Path]:
     return None
 
 
-def read_heads(path: Path) -> Optional[Heads]:
+def read_config(path: Path) -> Any:
+    """A model's config file (config.json, hf_quant_config.json) as strict JSON, bounded; one that is there but
+    cannot be read stops the deploy, naming the file."""
     try:
-        config = strict_json(read_small(path, CONFIG_LIMIT, "model config", ConfigError), str(path), ConfigError)
+        return strict_json(read_small(path, CONFIG_LIMIT, "model config", ConfigError), str(path), ConfigError)
     except ConfigError as exc:
         raise Stop(EX_PREFLIGHT, f"the model's config cannot be read: {exc.message}",
                    "vLLM reads the same file at start-up: repair or re-download the model") from None
+
+
+def read_heads(path: Path) -> Optional[Heads]:
+    config = read_config(path)
     return heads_of(config, path) if isinstance(config, dict) else None
 
 

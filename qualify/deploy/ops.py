@@ -6,10 +6,12 @@ import json
 import shutil
 from typing import Any, Dict, List
 
+from qualify.core import nvsmi
 from qualify.core.report import emit
 from qualify.deploy import api, preflight, settings
+from qualify.deploy.servecheck import needs
 from qualify.deploy.settings import Settings
-from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, Stop, Ui
+from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INCOMPLETE, Stop, Ui
 from qualify.host import cmd
 
 LABEL = "com.docker.compose.project"
@@ -74,8 +76,7 @@ def status(s: Settings, ui: Ui) -> int:
     if record.get("accelerator") == "cpu":
         print("none: the cpu target serves on the CPU")
     elif shutil.which("nvidia-smi"):
-        _show(cmd.ask(["nvidia-smi", "--query-gpu=index,name,uuid,temperature.gpu,utilization.gpu,memory.used,"
-                       "memory.total", "--format=csv",
+        _show(cmd.ask(["nvidia-smi", *nvsmi.query_args(nvsmi.STATUS_FIELDS, header=True),
                        *(["-i", s.gpu_device] if settings.gpu_devices(s.gpu_device) else [])], timeout=30))
     else:
         print("nvidia-smi not found")
@@ -113,6 +114,7 @@ def stop(s: Settings, ui: Ui, purge: bool) -> int:
 
 def verify(s: Settings, ui: Ui, level: str) -> int:
     url, model = api.api_url(s.bind_address, s.api_port), s.served_model_name
+    skipped: List[str] = []  # the serving matrix's ids of what did not run
     checks = {"health": lambda: api.health(url), "models": lambda: api.models(url, model),
               "canary": lambda: api.canary(url, model)}
     if level == "full":
@@ -121,6 +123,7 @@ def verify(s: Settings, ui: Ui, level: str) -> int:
             checks["tool-call"] = lambda: api.tool_call(url, model)
         else:
             ui.say("tool-call: skipped (TOOL_CALL_PARSER is empty)")
+            skipped.append("serve.tools")
         checks["throughput"] = lambda: api.throughput_check(url, model)
     ui.say(f"{level} checks against {url} ({model})")
     passed = failed = 0
@@ -137,4 +140,13 @@ def verify(s: Settings, ui: Ui, level: str) -> int:
     if failed:
         raise Stop(EX_CHECK, f"{failed} check(s) failed against {url}",
                    f"look at the server: {s.hint('status')}, or the engine's logs for project {s.compose_project}")
+    if skipped:
+        record = deployment(s)
+        release = str(record.get("release") or "")
+        required = needs.needs(s.manifests_dir / release if release else None, s.release_key_fingerprint,
+                               str(record.get("target") or s.deploy_target or ""))
+        missing = required.missing(skipped)
+        if missing:
+            raise Stop(EX_INCOMPLETE, f"{', '.join(missing)} did not run, and {required.source}: never a pass",
+                       "set TOOL_CALL_PARSER in the settings file (e.g. hermes) and ./start.sh again")
     return 0

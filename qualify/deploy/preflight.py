@@ -16,7 +16,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from qualify.config import targets
 from qualify.core import arch, driver, topology
 from qualify.core import manifest as mf
-from qualify.deploy import cpuhost, gpus, heads, memory, modelpath, netcheck
+from qualify.deploy import cpuhost, gpus, heads, hostfiles, iommu, memory, modelpath, netcheck
 from qualify.deploy.errors import DeployError
 from qualify.deploy.gpus import DRIVER_FIX, Gpu
 from qualify.deploy.settings import Settings
@@ -65,6 +65,7 @@ class HostPlan:
     topology: topology.Topology = topology.Topology(topology.SINGLE)
     tensor_parallel_size: int = 1
     heads_note: str = ""  # what preflight said of the model's attention heads ("" for one GPU)
+    p2p_host: Optional[iommu.P2pHost] = None  # several GPUs: what on this host can break P2P between them
 
     @property
     def multi_gpu(self) -> bool:
@@ -124,9 +125,8 @@ def check_driver_version(found: str, cuda: str, floor: driver.DriverVersion, wha
 
 def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memory.MemoryFit:
     fraction = s.gpu_memory_utilization
-    meminfo = Path("/proc/meminfo")
     try:
-        fit = memory.memory_fit(target.runtime, gpu.memory, meminfo.read_text() if meminfo.is_file() else None, fraction)
+        fit = memory.memory_fit(target.runtime, gpu.memory, hostfiles.read_text("/proc/meminfo"), fraction)
     except DeployError as exc:
         raise Stop.because(EX_PREFLIGHT, f"GPU memory: the model server does not fit {gpu.name}", exc,
                            "free memory or choose another GPU (GPU_DEVICE), then run ./start.sh again") from None
@@ -374,8 +374,22 @@ def _model(s: Settings, target: targets.Target, ui: Ui) -> Optional[modelpath.Mo
     return modelpath.check(s, target.user.uid, target.user.name, ui) if s.model_path else None
 
 
+def check_p2p_host(chosen: Sequence[Gpu], joined: topology.Topology, ui: Ui) -> Optional[iommu.P2pHost]:
+    """Several GPUs: the IOMMU and the PCIe bridges between them. A warning with the fix, not a refusal: the
+    all-reduce gate's P2P check then proves what P2P does (and names this when it fails)."""
+    if len(chosen) < 2:
+        return None
+    found = iommu.inspect([g.pci_bus_id for g in chosen], joined)
+    if found.problem:
+        ui.warn(f"P2P: {found.problem}; fix: {found.fix}")
+    else:
+        ui.say(f"P2P: {found.note or 'nothing on this host breaks it'}")
+    return found
+
+
 def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     ui.say(f"preflight (settings: {s.env_file})")
+    hostfiles.announce(ui)
     cpu_target = cpuhost.choose(_targets_file("this host"), s, ui)
     if cpu_target is not None:
         return run_cpu(s, ui, cpu_target)
@@ -394,6 +408,7 @@ def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     gpus.check_free_memory(chosen, fit, s, ui)
     tp = gpus.tensor_parallel_size(chosen, s, target.runtime.unified_memory)
     joined = gpus.read_topology(chosen, ui)
+    p2p_host = check_p2p_host(chosen, joined, ui)
     model = _model(s, target, ui)
     engine = detect_engine(s)
     ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
@@ -401,7 +416,8 @@ def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     runtime = gpu_runtime(engine, chosen, s, ui, allow_none)
     check_disk(engine, s, ui)
     check_port(engine, s, ui)
-    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers, model, tuple(chosen), joined, tp, heads_note)
+    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers, model, tuple(chosen), joined, tp, heads_note,
+                    p2p_host)
 
 
 def run_cpu(s: Settings, ui: Ui, target: targets.Target) -> HostPlan:
@@ -412,7 +428,7 @@ def run_cpu(s: Settings, ui: Ui, target: targets.Target) -> HostPlan:
     cpuinfo = _read("/proc/cpuinfo")
     cpuhost.check_flags(cpuinfo, ui)
     model = _model(s, target, ui)
-    fit = cpuhost.check_memory(target, s, model.size if model else 0, _read("/proc/meminfo"), ui)
+    fit = cpuhost.check_memory(target, s, model.size if model else 0, _read(str(hostfiles.path("/proc/meminfo"))), ui)
     engine = detect_engine(s)
     ui.say(f"engine: {engine.kind} ({engine.cli}), compose: {' '.join(engine.compose)}")
     ui.say("GPU runtime: none needed (cpu target)")

@@ -1,12 +1,12 @@
 """`./start.sh`, in one process: preflight, release, trust gate, GPU checks here, compose, health, canary.
 
 start.sh only finds a Python and hands over. Exit codes: 0 serving,
-2 settings, 3 preflight, 4 trust gate, 5 deploy or health, 6 canary.
+2 settings, 3 preflight, 4 trust gate, 5 deploy or health (or GB10's unified
+memory short while the server started: startup.py), 6 canary.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -15,21 +15,32 @@ from qualify.config.imageref import ImageRef
 from qualify.core import manifest as mf
 from qualify.core import topology
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.deploy import allreduce, api, choice, compose, gate, ops, preflight, state
+from qualify.deploy import (
+    allreduce,
+    api,
+    choice,
+    collectives,
+    compose,
+    gate,
+    hostload,
+    ops,
+    p2p,
+    pathgate,
+    preflight,
+    ptxgate,
+    state,
+)
 from qualify.deploy.errors import DeployError, NoReleaseError
 from qualify.deploy.servecheck import status as matrix_status
 from qualify.deploy.settings import Settings
-from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INTERRUPTED, EX_TRUST, EX_USAGE, Stop, Ui
+from qualify.deploy.startup import Startup
+from qualify.deploy.ui import EX_DEPLOY, EX_TRUST, EX_USAGE, Stop, Ui
 from qualify.host import cmd, paths
 from qualify.release import evidence as ev
 from qualify.trust import gpuconfig
-from qualify.trust.policy import AllReduceFloor
+from qualify.trust.policy import AllReduceFloor, PtxJitFloor
 from qualify.trust.records import PUBLICATION_FILE
 from qualify.trust.verify import KeyAnchor, TrustedKey
-
-HEALTH_POLL_S = 2
-PROGRESS_EVERY_S = 10
-MAX_RESTARTS = 3
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Trust:
     # The all-reduce floors the verified release's policy signs; None where nothing signed any: a release from
     # before the signed policy, the registry-only path (a release statement carries no policy), no release.
     allreduce_floors: Optional[Tuple[AllReduceFloor, ...]] = None
+    ptx_jit: Optional[Tuple[PtxJitFloor, ...]] = None  # the release's signed PTX JIT table (issue 51), as the floors
 
 
 class Deploy:
@@ -156,7 +168,7 @@ class Deploy:
             self.ui.say(line)
         decision = gate.gate_decision(m, promoted=target.promotion is not None)
         floors = release.index.policy.allreduce_floors if release.index.policy else None
-        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted, floors)
+        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted, floors, ptxgate.signed(release))
         return self.decide(trust, decision)
 
     def decide(self, trust: Trust, decision: gate.Decision) -> Trust:
@@ -218,10 +230,12 @@ class Deploy:
                        else ""))
         target = container.probe_target(plan.target, trust.manifest.profile if trust.manifest else None,
                                         tensor_parallel_size=plan.tensor_parallel_size if plan.multi_gpu else 0,
-                                        allreduce_floors=(self.floor,) if self.floor else ())
+                                        allreduce_floors=(self.floor,) if self.floor else (),
+                                        collective_env=self.collectives.env.as_dict())  # the server's, exactly
         engine = Engine(self.plan.engine.kind, binary=self.plan.engine.cli)  # the client preflight found answering
         try:
-            run = container.run_probe(engine, trust.image, target, scope=scope, gpus=gpus, devices=devices)
+            run = container.run_probe(engine, trust.image, target, scope=scope, gpus=gpus, devices=devices,
+                                      options=self.collectives.run_args(plan.tensor_parallel_size))
             predicate, sources = run.predicate, run.probe_sha256  # the digest of the bytes that were mounted
             outcome = ev.probe_outcome(predicate, str(self.plan.target.capability))
         except QualifyError as exc:  # the probe did not complete: infrastructure, it proves nothing
@@ -320,15 +334,24 @@ class Deploy:
         if self.probed is None or not any(c.get("id") == "gpu.nccl-allreduce" for c in self.probed.get("checks") or []
                                           if isinstance(c, dict)):
             trust, _ = self.probe_here(trust, scope="allreduce")
-        judged = allreduce.judge(self.probed or {}, plan.tensor_parallel_size, plan.topology, self.floor)
+        judged = allreduce.judge(self.probed or {}, plan.tensor_parallel_size, plan.topology, self.floor,
+                                 self.collectives.env)
+        peers = p2p.judge(self.probed or {}, self.collectives, plan.p2p_host)
         where = self.evidence[0] if self.evidence else "not saved"
-        if judged.ok:
-            self.ui.say(f"all-reduce gate: passed: {judged.reason}")
-            return replace(trust, reason=f"{trust.reason}; NCCL all-reduce passed on {plan.tensor_parallel_size} GPUs "
-                           f"({plan.topology.kind}, busbw {judged.busbw_gbs:g} GB/s)")
-        reason = (f"the NCCL all-reduce gate refused {plan.tensor_parallel_size} x {plan.gpu.name} "
-                  f"({plan.topology.describe()}): {judged.reason} (evidence: {where})")
-        return replace(trust, reason=self.override(reason, trust.image, self.allreduce_fix()))
+        refused = f"the NCCL all-reduce gate refused {plan.tensor_parallel_size} x {plan.gpu.name} " \
+            f"({plan.topology.describe()})"
+        if not judged.ok:
+            reason = f"{refused}: {judged.reason} (evidence: {where})"
+            return replace(trust, reason=self.override(reason, trust.image, self.allreduce_fix()))
+        self.ui.say(f"all-reduce gate: NCCL passed: {judged.reason}")
+        if not peers.ok:
+            reason = f"{refused}: P2P: {peers.reason} (evidence: {where})"
+            return replace(trust, reason=self.override(reason, trust.image, peers.fix or self.allreduce_fix()))
+        if peers.warning:
+            self.ui.warn(peers.warning)
+        self.ui.say(f"all-reduce gate: P2P passed: {peers.reason}")
+        return replace(trust, reason=f"{trust.reason}; NCCL all-reduce passed on {plan.tensor_parallel_size} GPUs "
+                       f"({plan.topology.kind}, busbw {judged.busbw_gbs:g} GB/s), P2P consistent")
 
     def allreduce_fix(self) -> str:
         if self.plan.runtime.kind == "none":
@@ -377,7 +400,7 @@ class Deploy:
             served_model_name=s.served_model_name, gpu_memory_utilization=plan.fit.gpu_memory_utilization,
             max_model_len=s.max_model_len, gpu_runtime=plan.runtime.kind, tensor_parallel_size=plan.tensor_parallel_size,
             gpu_device=plan.runtime.container_gpu or "0", selinux_label_disable=plan.runtime.selinux_off,
-            bind_address=s.bind_address, port=s.api_port, shm_size=s.shm_size,
+            bind_address=s.bind_address, port=s.api_port, collectives=self.collectives,
             tool_call_parser=s.tool_call_parser, extra_args=s.extra_serve_args,
             extra_env=s.container_env, health_start_period_s=s.health_timeout_s,
             labels=((paths.label("image"), trust.image),
@@ -416,72 +439,6 @@ class Deploy:
             raise Stop(EX_DEPLOY, f"compose started no {compose.SERVICE} container",
                        f"see: {' '.join(self.plan.engine.compose)} -p {self.s.compose_project} logs")
         return cid
-
-    def log_tail(self, cid: str) -> None:
-        n = self.s.log_tail_lines
-        self.ui.say(f"last {n} log lines of {compose.SERVICE}:")
-        proc = cmd.ask([self.plan.engine.cli, "logs", "--tail", str(n), cid])
-        for line in (proc.stdout + proc.stderr).splitlines():
-            self.ui.raw(f"  | {line}")
-
-    def container_state(self, cid: str) -> Tuple[str, int]:
-        proc = cmd.ask([self.plan.engine.cli, "inspect", "--format", "{{.State.Status}} {{.RestartCount}}", cid])
-        parts = proc.stdout.split() if proc.returncode == 0 else []
-        return (parts[0], int(parts[1])) if len(parts) == 2 and parts[1].isdigit() else ("missing", 0)
-
-    def wait_healthy(self, cid: str, url: str) -> None:
-        try:
-            self._wait_healthy(cid, url)
-        except KeyboardInterrupt:
-            # Ctrl-C stops this wait, not the server: the container goes on starting.
-            raise Stop(EX_INTERRUPTED, f"interrupted while waiting for {url}/health; the server container "
-                       f"{cid[:12]} (compose project {self.s.compose_project}) is still running and starting",
-                       f"{self.s.hint('stop')} stops it",
-                       f"or let it start: {self.s.hint('status')} says when it is healthy; ./start.sh again runs "
-                       "its checks and waits for /health again (compose keeps the container when nothing changed)"
-                       ) from None
-
-    def _wait_healthy(self, cid: str, url: str) -> None:
-        limit = self.s.health_timeout_s
-        self.ui.say(f"waiting up to {limit} s for {url}/health (a first start downloads the model)")
-        start = time.monotonic()
-        next_note = start
-        while not api.health(url).ok:
-            state, restarts = self.container_state(cid)
-            elapsed = time.monotonic() - start
-            if state in ("exited", "dead", "missing") or restarts >= MAX_RESTARTS:
-                self.log_tail(cid)
-                raise Stop(EX_DEPLOY, f"the server container stopped ({state}, {restarts} restarts) before it became healthy",
-                           f"read the log above; {self.s.hint('stop')} removes it")
-            if elapsed >= limit:
-                self.log_tail(cid)
-                raise Stop(EX_DEPLOY, f"the server did not become healthy within {limit} s (it is left running)",
-                           f"read the log above; if it is still downloading, raise HEALTH_TIMEOUT_S in {self.s.env_file} "
-                           f"or watch {self.s.hint('status')}", f"{self.s.hint('stop')} stops it")
-            if time.monotonic() >= next_note:
-                self.ui.say(f"  ... {int(elapsed)} s of {limit} s: container {state}, /health not ready yet")
-                next_note = time.monotonic() + PROGRESS_EVERY_S
-            time.sleep(HEALTH_POLL_S)
-        self.ui.say(f"healthy after {int(time.monotonic() - start)} s")
-
-    def canary(self, cid: str, url: str) -> Optional[api.Throughput]:
-        model = self.s.served_model_name
-        result = api.canary(url, model)
-        self.ui.raw(f"canary: {'ok' if result.ok else 'FAILED'}: {result.detail}")
-        if not result.ok:
-            self.log_tail(cid)
-            raise Stop(EX_CHECK, "the canary chat completion failed (see above)",
-                       f"read the log above; {self.s.hint('verify', '--smoke')} repeats it")
-        try:
-            figures = api.throughput(url, model)
-        except DeployError as exc:
-            self.ui.warn(f"canary figures not measured: {exc}")
-            return None
-        over = "from the first to the last chunk" if figures.basis == "stream" else \
-            "over the whole request: the stream came in a burst"
-        self.ui.say(f"canary figures: time to first token {figures.ttft_s:.3f} s, {figures.tokens_per_s:g} tokens/s "
-                    f"({figures.tokens} tokens in {figures.interval_s:.2f} s, {over})")
-        return figures
 
     def record_figures(self, figures: Optional[api.Throughput]) -> None:
         """The canary's figures join this run's GPU evidence: per-SKU performance, seed 000."""
@@ -558,19 +515,32 @@ class Deploy:
                       "(the container gets no GPU; the real run would run it, and refuse after it)")
             return replace(trust, reason=self.override(reason, trust.image, self.allreduce_fix()))
         floor = f"floor {self.floor.min_bus_gbps:g} GB/s busbw" if self.floor else "no signed floor"
+        options = " ".join((*p.runtime.run_args, *self.collectives.run_args(p.tensor_parallel_size)))
         self.ui.say(f"dry run: would run the NCCL all-reduce gate on {p.tensor_parallel_size} GPUs "
-                    f"({p.topology.describe()}; {floor}): "
-                    f"{p.engine.cli} run --rm {' '.join(p.runtime.run_args)} ... {trust.image} python3 -m qualify.probe "
-                    f"--only {'gpu' if trust.need_probe else 'allreduce'}")
+                    f"({p.topology.describe()}; {floor}; P2P and vLLM's custom all-reduce checked too, under the "
+                    f"server's collectives): {p.engine.cli} run --rm {options} ... {trust.image} python3 -m "
+                    f"qualify.probe --only {'gpu' if trust.need_probe else 'allreduce'}")
         return trust
 
+    def server_collectives(self) -> collectives.ServerCollectives:
+        """The one value the server's ranks and the all-reduce gate both run under (collectives.py)."""
+        try:
+            made = collectives.for_server(self.s.container_env, self.s.shm_size, self.s.extra_serve_args)
+        except ValueError as exc:
+            raise Stop(EX_USAGE, f"CONTAINER_ENV_ in {self.s.env_file}: {exc}", "correct it") from None
+        if self.plan.multi_gpu:
+            self.ui.say(f"collectives, for the server and the all-reduce gate alike: {made.describe()}")
+        return made
+
     def main(self) -> int:
+        load_before = hostload.sample()  # before anything of ours runs: the throughput line's "host busy"
         self.evidence: Optional[Tuple[Path, ev.Evidence]] = None
         self.probed: Optional[Dict[str, Any]] = None  # the predicate of the probe run here, if one ran
         self.floor: Optional[AllReduceFloor] = None  # the signed all-reduce floor for these GPUs (signed_floor)
         self.plan = preflight.run(self.s, self.ui, self.opts.allow_no_gpu_runtime or self.opts.allow_unqualified)
         self.target = self.plan.target.name
-        trust = self.signed_floor(self.trust_gate())
+        self.collectives = self.server_collectives()
+        trust = pathgate.check(self, ptxgate.check(self, self.signed_floor(self.trust_gate())))  # issues 51, 50
         url = api.api_url(self.s.bind_address, self.s.api_port)
         if self.opts.dry_run:
             if trust.need_probe:
@@ -585,13 +555,16 @@ class Deploy:
         self.compose_text(trust)  # settings that cannot make a compose file stop before anything is pulled
         if trust.accepted is not None:
             state.remember(self.s.deploy_dir, trust.accepted)
-        self.pull(trust.image)
+        trust = pathgate.pull_and_check(self, trust)  # a hub model's config, read after the pull
         if trust.need_probe:
             trust, _ = self.probe_here(trust)
         trust = self.allreduce_gate(trust)
         cid = self.compose_up(self.compose_text(trust))
         self.record_deployment(trust, cid)
-        self.wait_healthy(cid, url)
-        self.record_figures(self.canary(cid, url))
+        start = Startup(self.s, self.plan, self.ui, cid, url, load_before)
+        with start.watching_memory():  # unified memory (GB10): stopped before the host stalls
+            start.wait_healthy()
+            figures = start.canary()
+        self.record_figures(figures)
         print(self.summary(trust, url), end="", flush=True)
         return 0

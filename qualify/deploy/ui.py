@@ -13,9 +13,9 @@ from qualify.core.errors import EXIT_CODES, QualifyError, printable, shell_code
 from qualify.core.report import emit
 
 # The codes users rely on, from the one table in qualify/core/errors.py.
-EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK, EX_HOST, EX_INTERRUPTED = (
+EX_USAGE, EX_PREFLIGHT, EX_TRUST, EX_DEPLOY, EX_CHECK, EX_HOST, EX_INCOMPLETE, EX_INTERRUPTED = (
     shell_code(n) for n in ("EX_USAGE", "EX_PREFLIGHT", "EX_TRUST", "EX_DEPLOY", "EX_CHECK", "EX_HOST",
-                            "EX_INTERRUPTED"))
+                            "EX_INCOMPLETE", "EX_INTERRUPTED"))
 RULE = "#" * 80
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Dict, List, Optional
 
 from qualify.config import targets
@@ -44,7 +45,8 @@ def _script(cap: str) -> str:
             f"--assume-capability {cap}")
 
 
-def evaluate(engine: Engine, image: str, platform: str, cap: str, names: Dict[str, str]) -> Dict[str, Optional[str]]:
+def evaluate(engine: Engine, image: str, platform: str, cap: str, names: Dict[str, str],
+             dump: Optional[Path] = None) -> Dict[str, Optional[str]]:
     mount = container.stage_probe(container.probe_sources_digest())
     proc = engine.run_container(image, ["bash", "-c", _script(cap)],
                                 mounts=[(str(mount), container.CONTAINER_ROOT, "ro")],
@@ -54,6 +56,9 @@ def evaluate(engine: Engine, image: str, platform: str, cap: str, names: Dict[st
         raise QualifyError(f"vLLM's selectors did not answer for {cap} (exit {proc.returncode}):\n"
                            + "\n".join(proc.stderr.strip().splitlines()[-15:]))
     data = json.loads(lines[-1])
+    if dump is not None:  # the whole answer (order, rejections and vLLM's reasons), for writing the tables
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"selectors-{cap}.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     if data.get("status") != "ok":
         raise QualifyError(f"vLLM's selectors for {cap}: {data.get('status')}: {data.get('reason')}")
     return {key: observed_name(key, section, names) for key, section in data.get("sections", {}).items()}
@@ -65,6 +70,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--base", default="hermetic", choices=targets.BASE_KINDS)
     parser.add_argument("--image", help="a vLLM image reference (default: the target's built vLLM image)")
     parser.add_argument("--rules", default=rules.DEFAULT_FILE, help="the rule data to check (default: the probe's)")
+    parser.add_argument("--dump", type=Path, default=None, help="write each capability's whole answer to DIR")
     args = parser.parse_args(argv)
     try:
         data = rules.load(args.rules)
@@ -80,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows, mismatches = [], 0
         for cap, expected in sorted(data.selections.items()):
             REPORT.say(f"evaluating vLLM's selectors for {cap} in {image}")
-            got = evaluate(engine, image, t.platform, cap, data.observed_names)
+            got = evaluate(engine, image, t.platform, cap, data.observed_names, args.dump)
             for key, want in sorted(expected.items()):
                 ok = got.get(key) == want
                 mismatches += not ok

@@ -471,8 +471,10 @@ class Engine:
         on_stderr_line: Optional[Callable[[str], None]] = None,
         init: bool = False,
         devices: Sequence[str] = (),
+        options: Sequence[str] = (),
     ) -> cmd.Result:
-        """Run a throw-away container; mounts are (host, container, 'ro'|'rw').
+        """Run a throw-away container; mounts are (host, container, 'ro'|'rw'); `options` are more `run` options
+        (the deploy's gate: the server's shared memory, IPC namespace and limits).
         `on_stderr_line` sees each stderr line as it is written (progress of long steps).
         `init`: the engine's init process is PID 1 (docker-init, podman's catatonit) and reaps the command's
         children; a command that is PID 1 itself ignores signals it has no handler for, so one that crashes
@@ -490,6 +492,7 @@ class Engine:
             argv += ["--gpus", gpus]
         for device in devices:  # e.g. a CDI device, nvidia.com/gpu=0
             argv += ["--device", device]
+        argv += list(options)
         for host, inside, mode in mounts:
             argv += ["-v", f"{host}:{inside}:{mode}"]
         for key, value in sorted((env or {}).items()):

@@ -76,19 +76,20 @@ def fetch_total(index_url: str, pins: Sequence, platform: str, python: Optional[
     return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
 
 
-def _bytes_and_files(folder: Path, skip: frozenset = frozenset()) -> tuple:
-    total, files = 0, 0
+def _sizes(folder: Path, skip: frozenset = frozenset()) -> Dict[str, int]:
+    """File name -> size of the files under `folder` (the largest where a name is there twice)."""
+    out: Dict[str, int] = {}
     for root, _dirs, names in os.walk(folder):
         for name in names:
             path = os.path.join(root, name)
             if path in skip:
                 continue
             try:
-                total += os.stat(path).st_size
+                size = os.stat(path).st_size
             except OSError:
                 continue  # pip renamed or removed it between listing and looking
-            files += name.endswith(".whl")
-    return total, files
+            out[name] = max(size, out.get(name, 0))
+    return out
 
 
 def _files(folder: Optional[Path]) -> frozenset:
@@ -134,11 +135,14 @@ class Watch:
             self.say(self.line(done, files, time.monotonic() - self.start))
 
     def arrived(self) -> tuple:
-        """(bytes, wheels) downloaded so far, never fewer than an earlier reading."""
-        done, files = _bytes_and_files(self.folder)
+        """(bytes, wheels) downloaded so far, never fewer than an earlier reading. pip downloads a wheel into
+        its temporary folder and copies it into --dest, so for a while it is in both: each file name counts
+        once (counted in both, a re-run after a kill printed 1.60 GB for an 898 MB wheelhouse)."""
+        sizes = _sizes(self.folder)
         if self.dest is not None and self.dest.is_dir():
-            more, wheels = _bytes_and_files(self.dest, self.before)
-            done, files = done + more, files + wheels
+            for name, size in _sizes(self.dest, self.before).items():
+                sizes[name] = max(size, sizes.get(name, 0))
+        done, files = sum(sizes.values()), sum(name.endswith(".whl") for name in sizes)
         self.high = (max(self.high[0], done), max(self.high[1], files))
         return self.high
 

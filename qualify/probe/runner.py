@@ -18,15 +18,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from qualify import __version__
-from qualify.core import arch, manifest, topology
+from qualify.core import arch, kernelnames, manifest, ncclenv, topology
 from qualify.core.enums import CPU_CAPABILITY, Accelerator, CheckStatus, Profile, SupportLevel
 from qualify.core.report import Reporter
 from qualify.probe import (
     census_check,
     cpu,
+    cubinusers,
     environment,
     gpu,
     identity,
+    p2p,
     providers,
     runtime_env,
     selfsufficiency,
@@ -34,6 +36,7 @@ from qualify.probe import (
     versions,
 )
 from qualify.probe.model import CheckResult
+from qualify.probe.providers import families
 
 REPORT = Reporter("probe")
 
@@ -68,6 +71,8 @@ class ProbeTarget:
     # all-reduce floors its bandwidth is judged by (core/topology.py; the host passes the targets file's).
     tensor_parallel_size: int = 0
     allreduce_floors: Tuple[topology.AllReduceFloor, ...] = ()
+    # What the collectives run under (core/ncclenv.py): a deployment passes its server's; empty: the defaults.
+    collective_env: Dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def typed(name: str, value: Any) -> None:
@@ -87,6 +92,11 @@ class ProbeTarget:
             raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size!r} is not a whole number")
         typed("allreduce_floors", tuple(f if isinstance(f, topology.AllReduceFloor) else
                                         topology.floors_from_json([f])[0] for f in self.allreduce_floors))
+        typed("collective_env", ncclenv.CollectiveEnv.from_mapping(self.collective_env).as_dict())
+
+    @property
+    def collectives(self) -> ncclenv.CollectiveEnv:
+        return ncclenv.CollectiveEnv.from_mapping(self.collective_env)
 
     @property
     def capability_text(self) -> str:
@@ -139,7 +149,7 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
     start = time.monotonic()
     cap = t.capability
     checks: List[CheckResult] = []
-    pkgs = versions.packages()
+    pkgs = versions.packages(extra_paths or [])
     triton_version = pkgs.get("triton")
     gpus = versions.nvidia_smi()
     has_gpu = bool(gpus)
@@ -169,9 +179,11 @@ def run(t: ProbeTarget, scope: str = "all", extra_paths: Optional[List[str]] = N
         torch_view = versions.torch_view(pkgs, emulated=t.emulated)
         _timed(checks, versions.check, pkgs, tk, torch_view, t.profile)
         predicate["versions"] = {"packages": pkgs, "toolkit": tk, "torch": torch_view}
+        engines = providers.engines_in(pkgs)
         census = census_check.run(cap, t.torch_cuda_arch_list, census_check.search_paths(extra_paths or []),
                                   torch_view.get("arch_list"), t.profile, torch_view.get("reason"),
-                                  own_extension=not external)
+                                  own_extension=not external, engine_libraries=engine_libraries(engines, pkgs, cap),
+                                  coverage=[folder for r in engines for folder in r.coverage])
         _record(checks, census["checks"])
         predicate["census"] = {k: v for k, v in census.items() if k != "checks"}
         _record(checks, [environment.torch_cuda_arch_list(cap, t.torch_cuda_arch_list, "torch" in pkgs),
@@ -234,6 +246,7 @@ def _finish_cpu(predicate: Dict[str, Any], t: ProbeTarget, scope: str, pkgs: Dic
         serving_check, found = cpu.serving(pkgs)
         serving_check.seconds = round(time.monotonic() - began, 2)
         _record(checks, [serving_check])
+        _timed(checks, cpu.vllm_cli_check, pkgs)
         predicate["providers"] = found
     if scope == "gpu" or not checks:
         _timed(checks, cpu.gpu_scope_check)
@@ -270,32 +283,79 @@ def _static_triton(checks: List[CheckResult], t: ProbeTarget, cap: arch.Capabili
     _timed(checks, triton_checks.allocator, triton_version)
 
 
+def library_reader(site_packages: List[str], decompress: bool = True):
+    """A library's kernel names (core/kernelnames.py) and bytes (host symbols), each read once from the first
+    site-packages that has it."""
+    def find(rel: str) -> Optional[str]:
+        return next((os.path.join(sp, rel) for sp in site_packages if os.path.isfile(os.path.join(sp, rel))), None)
+
+    def read(rel: str):
+        path = find(rel)
+        return kernelnames.scan(path, decompress=decompress) if path else None
+
+    def raw(rel: str):
+        path = find(rel)
+        if path is None:
+            return families.ABSENT
+        try:
+            if os.path.getsize(path) > families.SYMBOL_LIMIT:
+                return None
+            with open(path, "rb") as fh:
+                return fh.read(families.SYMBOL_LIMIT)
+        except OSError:
+            return None
+
+    return providers.cached_names(read, raw)
+
+
+def engine_libraries(engines, pkgs: Dict[str, str], cap: arch.Capability) -> List[census_check.EngineLibrary]:
+    """What each installed engine loads at start-up on the target, per its rules (SGLang: sgl_kernel)."""
+    return [census_check.EngineLibrary(f"{r.name} {pkgs.get(r.dist, '')}".strip(), lib.what, lib.paths_for(cap))
+            for r in engines for lib in r.serving]
+
+
 def _providers(checks, predicate, cap, pkgs, census, has_gpu) -> None:
-    """Predicted from vLLM's own rules and the census; observed through vLLM when a GPU answers."""
+    """Predicted from each installed engine's own rules (vLLM's, SGLang's; vLLM's not-run checks when neither
+    is installed) and the census; observed through vLLM when a GPU answers."""
     paths = census["paths"]
     cuda_home = os.environ.get("CUDA_HOME")  # raw: FlashInfer and DeepGEMM search in their own order
     tools = selfsufficiency.toolchain(paths, cuda_home)
-    found, results = providers.predict(cap, pkgs, providers.index_rows(census["libraries"]),
-                                       predicate["gpu"] if has_gpu else None, toolchain=tools, site_packages=paths)
-    if has_gpu and "vllm" in pkgs:
-        child = providers.observe(cap)
-        why_not = providers.observation_failure(child)
-        predicate["providers_observation"] = why_not or "observed"
-        if why_not is None:
-            found = providers.merge(found, providers.observed_providers(child.data, found))
-            results = providers.provider_checks(found, cap, pkgs["vllm"])
-    predicate["providers"] = [entry.to_json() for entry in found]
-    _record(checks, results + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap))
+    names_of = library_reader(paths)
+    found_all, results_all, serving_all = [], [], []
+    for rules in providers.engines_in(pkgs) or [providers.RULES]:
+        found, results = providers.predict(cap, pkgs, providers.index_rows(census["libraries"]),
+                                           predicate["gpu"] if has_gpu else None, toolchain=tools,
+                                           site_packages=paths, names_of=names_of, rules=rules)
+        # The serving paths are the prediction's: the kernels a path needs are in the files, whatever is observed.
+        serving = providers.serving_paths(found, rules) if rules.dist in pkgs else []
+        if has_gpu and rules.engine == "vllm" and "vllm" in pkgs:  # SGLang's choices are predicted only
+            child = providers.observe(cap)
+            why_not = providers.observation_failure(child)
+            predicate["providers_observation"] = why_not or "observed"
+            if why_not is None:
+                found = providers.merge(found, providers.observed_providers(child.data, found))
+                results = providers.provider_checks(found, cap, pkgs["vllm"], paths=serving)
+        found_all += found
+        results_all += results
+        serving_all += serving
+    predicate["providers"] = [entry.to_json() for entry in found_all]
+    if serving_all:
+        predicate["serving_paths"] = [p.to_json() for p in serving_all]
+    _record(checks, results_all + selfsufficiency.check(pkgs, paths, cuda_home, capability=cap,
+                                                        cubin_users=cubinusers.users(providers.RULES, cap)))
 
 
 def _allreduce(checks: List[CheckResult], predicate: Dict[str, Any], t: ProbeTarget, gpus, pkgs, scope: str) -> None:
-    """The NCCL collectives; a multi-GPU run records its tensor-parallel size and topology beside the devices."""
+    """P2P and vLLM's custom all-reduce, then the NCCL collectives, under the environment the target names; a
+    multi-GPU run records its tensor-parallel size and topology beside the devices."""
     rows = predicate.get("census", {}).get("libraries", [])
     no_torch = None if "torch" in pkgs else "torch is not installed in this image"
     required = scope == "allreduce" or t.tensor_parallel_size > 1
-    check = _timed(checks, gpu.nccl_allreduce, gpus, rows, no_torch, t.tensor_parallel_size, t.allreduce_floors,
-                   required)
     world = t.tensor_parallel_size or len(gpus or [])
+    if world > 1 and len(gpus or []) == world:
+        _timed(checks, p2p.p2p_check, gpus, no_torch, world, gpu.read_topology(world), t.collectives)
+    check = _timed(checks, gpu.nccl_allreduce, gpus, rows, no_torch, t.tensor_parallel_size, t.allreduce_floors,
+                   required, t.collectives)
     if world > 1:
         seen = len(gpus or [])
         joined = (check.evidence or {}).get("topology") or (

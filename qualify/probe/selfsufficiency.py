@@ -5,14 +5,19 @@ An air-gapped deployment gets neither, so each is a finding:
 - runtime.flashinfer-cubin: FlashInfer's trtllm-gen cubins come from the
   flashinfer-cubin wheel only when its version equals flashinfer-python's
   exactly (flashinfer/jit/env.py `_check_cubin_version`); otherwise FlashInfer
-  ignores the wheel and downloads them at first use. vLLM 0.33.0 pins
-  flashinfer-python==0.7.2.post1 and not flashinfer-cubin, whose newest release
-  on PyPI is 0.6.13: an unpinned install gives exactly this mismatch.
+  ignores the wheel and downloads them at first use. vLLM 0.33.0 requires
+  flashinfer-python==0.7.2.post1 (its METADATA) and not flashinfer-cubin, whose
+  newest release on PyPI is 0.6.13: no wheel matches. Where the target's
+  providers run those cubins (10.x: trtllm-gen attention, MLA and MoE;
+  probe/cubinusers.py) the image is not self-sufficient, a failure (issue 51,
+  flashinfer-ai/flashinfer#2941); where none does (12.x), nothing is fetched.
 - runtime.jit-nvcc: FlashInfer (without a matching flashinfer-jit-cache),
   DeepGEMM (bundled in vLLM 0.33.0 as vllm/third_party/deep_gemm) and TileLang
   compile kernels with nvcc at first use; without an nvcc that targets the GPU
   they fail there, not at start-up.
-- runtime.downloads: everything else found that fetches at run time.
+- runtime.downloads: everything that fetches at run time, each a failure: an
+  image that downloads at first use is not air-gap self-sufficient, and a
+  warning beside a pass would let it ship as one.
 
 Facts are from the vLLM 0.33.0 and flashinfer-python 0.7.2.post1 wheels (file
 names in the reasons) and from running them; see each reason.
@@ -218,29 +223,54 @@ def toolchain(site_packages: Sequence[str], cuda_home_dir: Optional[str] = None,
 # --- runtime.flashinfer-cubin -------------------------------------------------
 
 
-def check_flashinfer_cubin(packages: Mapping[str, str], env: Mapping[str, str]) -> CheckResult:
+# What FlashInfer 0.7.2.post1 fetches (flashinfer/artifacts.py ArtifactPath; flashinfer/deep_gemm.py), and for
+# which GPUs: none of it is 12.x code, so on 12.x no provider vLLM 0.33 selects runs it.
+FETCHED = ("trtllm-gen FMHA, batched-GEMM and GEMM cubins (sm100f, sm103a, sm107a), cuDNN SDPA's sm100 cubins, "
+           "CuTe-DSL FMHA (sm_100a, sm_103a, sm_107a, sm_110a) and DeepGEMM (10.0, 10.3, 10.7)")
+NOT_ON_12X = ("on 12.x FlashInfer's paths in vLLM 0.33 (FlashInfer attention with its XQA decode kernel, the CUTLASS "
+              "and b12x MoE) are compiled at first use (runtime.jit-nvcc) and fetch nothing")
+CUBIN_REPORT = "flashinfer-ai/flashinfer#2941"
+
+
+def _cubin_note(users: Optional[Sequence[str]], cap: Optional[Capability]) -> str:
+    where = f"on {cap}" if cap is not None else "on this target"
+    if users is None:
+        return f"which of vLLM's providers {where} run them was not said, so they are taken to be needed"
+    return (f"{where} vLLM's providers run them: {'; '.join(users)}" if users else
+            f"{where} no provider vLLM 0.33 can select runs them (FlashInfer fetches {FETCHED}; {NOT_ON_12X})")
+
+
+def check_flashinfer_cubin(packages: Mapping[str, str], env: Mapping[str, str],
+                           users: Optional[Sequence[str]] = None, cap: Optional[Capability] = None) -> CheckResult:
+    """`users`: the target's providers that run FlashInfer's downloaded cubins (probe/cubinusers.py); None: not
+    known, so needed. A mismatch or a missing wheel is a failure where they are needed, a pass where none is."""
     fi, cubin, cache = packages.get(FI), packages.get(FI_CUBIN), packages.get(FI_JIT_CACHE)
     ev = {"flashinfer-python": fi, "flashinfer-cubin": cubin, "flashinfer-jit-cache": cache,
-          "FLASHINFER_CUBIN_DIR": env.get("FLASHINFER_CUBIN_DIR")}
+          "FLASHINFER_CUBIN_DIR": env.get("FLASHINFER_CUBIN_DIR"),
+          "cubin_users": None if users is None else list(users)}
     cid, title = "runtime.flashinfer-cubin", TITLES["runtime.flashinfer-cubin"]
     if fi is None:
         return CheckResult(cid, title, PASS, "FlashInfer is not installed: no cubins to fetch", True, ev)
     if env.get("FLASHINFER_CUBIN_DIR"):
         return CheckResult(cid, title, PASS, f"FLASHINFER_CUBIN_DIR={env['FLASHINFER_CUBIN_DIR']} overrides the "
                            "package (flashinfer/jit/env.py); its contents are not checked here", True, ev)
-    tail = (f"FlashInfer then downloads trtllm-gen cubins from {CUBIN_CDN} at first use (fails air-gapped). "
-            f"Install flashinfer-cubin=={fi} (`vllm download-kernels` at build time does it)")
+    if cubin == fi:
+        return CheckResult(cid, title, PASS, f"flashinfer-cubin {cubin} matches flashinfer-python {fi}", True, ev)
     if cubin is None:
-        return CheckResult(cid, title, WARN, f"flashinfer-cubin is not installed beside flashinfer-python {fi}: "
-                           + tail + "; air-gapped, vLLM's start-up probe of that URL fails after 5 s and "
-                           "trtllm-gen attention is not used (vllm/utils/flashinfer.py has_nvidia_artifactory)",
-                           True, ev)
-    if cubin != fi:
-        return CheckResult(cid, title, WARN, f"flashinfer-cubin {cubin} differs from flashinfer-python {fi}: "
-                           "FlashInfer requires the exact version and ignores the wheel (flashinfer/jit/env.py), "
-                           "while vLLM's check sees the package regardless of version and selects trtllm-gen "
-                           "kernels (vllm/utils/flashinfer.py has_flashinfer_cubin). " + tail, True, ev)
-    return CheckResult(cid, title, PASS, f"flashinfer-cubin {cubin} matches flashinfer-python {fi}", True, ev)
+        what = (f"flashinfer-cubin is not installed beside flashinfer-python {fi}: FlashInfer fetches its cubins "
+                f"from {CUBIN_CDN} when a path first uses them")
+    else:
+        what = (f"flashinfer-cubin {cubin} differs from flashinfer-python {fi}: FlashInfer requires the exact version "
+                "and ignores the wheel (flashinfer/jit/env.py _check_cubin_version), while vLLM's check sees the "
+                "package regardless of version (vllm/utils/flashinfer.py has_flashinfer_cubin) and takes them as "
+                f"present: FlashInfer fetches them from {CUBIN_CDN} when a path first uses them")
+    if users is not None and not users:
+        return CheckResult(cid, title, PASS, f"{what}; {_cubin_note(users, cap)}: nothing is fetched here", True, ev)
+    return CheckResult(cid, title, FAIL, f"{what}; {_cubin_note(users, cap)}: air-gapped their first use fails "
+                       f"({CUBIN_REPORT}), so the image is not self-sufficient. Ship them in the image: "
+                       f"flashinfer-cubin=={fi} (none on PyPI for 0.7.x, whose newest is 0.6.13, and vLLM 0.33.0 "
+                       "requires flashinfer-python==0.7.2.post1), or `python -m flashinfer download-cubin` at build "
+                       "time with FLASHINFER_CUBIN_DIR set in the image", True, ev)
 
 
 # --- runtime.jit-nvcc ---------------------------------------------------------
@@ -350,18 +380,28 @@ def _harmony(packages: Mapping[str, str], env: Mapping[str, str]) -> Optional[st
             "TIKTOKEN_ENCODINGS_BASE")
 
 
-def _cubin_fetch(packages: Mapping[str, str], env: Mapping[str, str]) -> Optional[str]:
+def _cubin_fetch(packages: Mapping[str, str], env: Mapping[str, str], users: Optional[Sequence[str]],
+                 cap: Optional[Capability]) -> Tuple[Optional[str], Optional[str]]:
+    """(the fetch, a note): a fetch where the target's providers run the cubins, a note where none does."""
     fi, cubin = packages.get(FI), packages.get(FI_CUBIN)
     if fi is None or env.get("FLASHINFER_CUBIN_DIR") or cubin == fi:
-        return None
+        return None, None
     url = env.get("FLASHINFER_CUBINS_REPOSITORY", CUBIN_CDN)
-    return (f"FlashInfer downloads trtllm-gen cubins from {url} into ~/.cache/flashinfer/cubins at first use "
-            f"(flashinfer-cubin {cubin or 'not installed'}, flashinfer-python {fi}; see runtime.flashinfer-cubin)")
+    have = f"flashinfer-cubin {cubin or 'not installed'}, flashinfer-python {fi}"
+    if users is not None and not users:
+        return None, (f"FlashInfer would fetch its cubins from {url} for the paths that run them ({have}), but "
+                      f"{_cubin_note(users, cap)}")
+    return (f"FlashInfer downloads its cubins from {url} into ~/.cache/flashinfer/cubins at first use ({have}; see "
+            f"runtime.flashinfer-cubin); {_cubin_note(users, cap)} ({CUBIN_REPORT})"), None
 
 
-def _notes(env: Mapping[str, str]) -> List[str]:
+def _notes(env: Mapping[str, str], packages: Mapping[str, str]) -> List[str]:
     """Network use that fails harmlessly air-gapped: evidence, not findings."""
     out = []
+    if packages.get(FI) and FI_CUBIN not in packages:
+        out.append("without flashinfer-cubin vLLM asks the cubin server at start-up whether it answers (5 s "
+                   "time-out air-gapped: vllm/utils/flashinfer.py has_nvidia_artifactory) and then does without "
+                   "trtllm-gen and XQA attention")
     if env.get("HF_HUB_OFFLINE") not in ("1", "true", "True", "YES", "yes"):
         out.append("HF_HUB_OFFLINE is not set: model and tokenizer names resolve against the Hugging Face Hub "
                    "(serve a local path or set HF_HUB_OFFLINE=1 air-gapped)")
@@ -371,24 +411,31 @@ def _notes(env: Mapping[str, str]) -> List[str]:
     return out
 
 
-def check_downloads(packages: Mapping[str, str], env: Mapping[str, str]) -> CheckResult:
+def check_downloads(packages: Mapping[str, str], env: Mapping[str, str], users: Optional[Sequence[str]] = None,
+                    cap: Optional[Capability] = None) -> CheckResult:
+    """Every run-time download found is a failure: `offline` (evidence) is the image's air-gap self-sufficiency,
+    false as soon as one is found. `users` as for check_flashinfer_cubin."""
     cid, title = "runtime.downloads", TITLES["runtime.downloads"]
-    fetches = [f for f in (_cubin_fetch(packages, env), _harmony(packages, env)) if f]
-    ev = {"fetches": fetches, "notes": _notes(env), "harmony": None}
+    cubins, unused = _cubin_fetch(packages, env, users, cap)
+    fetches = [f for f in (cubins, _harmony(packages, env)) if f]
+    ev = {"fetches": fetches, "notes": _notes(env, packages), "harmony": None, "offline": not fetches,
+          "flashinfer_cubins": unused}
     if "oss-harmony" in packages:
         ev["harmony"] = (f"oss-harmony {packages['oss-harmony']} (vLLM 0.33.0's fork) embeds its vocabularies: "
                          "0.0.11 loaded the gpt-oss encoding with no network")
     if fetches:
-        return CheckResult(cid, title, WARN, " | ".join(fetches), True, ev)
-    return CheckResult(cid, title, PASS, "no run-time download found (FlashInfer cubins, Harmony vocabulary)",
-                       True, ev)
+        return CheckResult(cid, title, FAIL, "not air-gap self-sufficient: " + " | ".join(fetches), True, ev)
+    said = "no run-time download found (FlashInfer cubins, Harmony vocabulary)"
+    return CheckResult(cid, title, PASS, f"{said}; {unused}" if unused else said, True, ev)
 
 
 def check(packages: Mapping[str, str], site_packages: Sequence[str], cuda_home: Optional[str], *,
-          capability: Optional[Capability] = None, env: Optional[Mapping[str, str]] = None) -> List[CheckResult]:
-    """runtime.flashinfer-cubin, runtime.jit-nvcc and runtime.downloads for one image."""
+          capability: Optional[Capability] = None, env: Optional[Mapping[str, str]] = None,
+          cubin_users: Optional[Sequence[str]] = None) -> List[CheckResult]:
+    """runtime.flashinfer-cubin, runtime.jit-nvcc and runtime.downloads for one image. `cubin_users`: the
+    target's providers that run FlashInfer's downloaded cubins (probe/cubinusers.py; None: not known)."""
     env = os.environ if env is None else env
     pkgs = {norm_dist(k): str(v) for k, v in packages.items()}
-    return [check_flashinfer_cubin(pkgs, env),
+    return [check_flashinfer_cubin(pkgs, env, cubin_users, capability),
             check_jit_nvcc(pkgs, site_packages, cuda_home, capability, env),
-            check_downloads(pkgs, env)]
+            check_downloads(pkgs, env, cubin_users, capability)]

@@ -1,36 +1,78 @@
-"""`python3 -m qualify.probe.sign --key KEY.pem FILE`: a probe that runs without the toolkit signs its evidence.
+"""`python3 -m qualify.probe.sign --key KEY FILE`: a probe that runs without the toolkit signs its evidence.
 
-A Kubernetes Job runs the probe with the image's own python3 and nothing of the host's; its node's key is
-mounted from a Secret (an EC P-256 private key, PKCS#8 PEM, unencrypted: the Secret is what protects it).
-The signature is cosign's blob format (base64 DER ECDSA P-256 over SHA-256, FILE.sig), so `qualify merge`
-and `qualify promote` check it as they check start.sh's, against the public key enrolled for the cluster
-(`python -m qualify hosts add NAME --key cluster.pub`). It needs cryptography, which the probe bundle
-stages for the image's interpreter (probe/staged.py, signing.lock); without it, it says so and exits 2.
+Two places run the probe with nothing of the toolkit's host side: a Kubernetes Job (the image's own python3;
+its node's key mounted from a Secret as an EC P-256 private key, PKCS#8 PEM, unencrypted: the Secret is what
+protects it) and scripts/gpu-evidence.sh on a bare GPU host (the host's python3 with torch and Triton; the
+host's cosign key, `sign generate-key --output-key-prefix host`, password in COSIGN_PASSWORD, decrypted by
+probe/cosignkey.py). The signature is cosign's blob format (base64 DER ECDSA P-256 over SHA-256, FILE.sig),
+so `qualify merge` and `qualify promote` check it as they check start.sh's, against the public key enrolled
+for the host. It needs cryptography (and PyNaCl for a cosign key), which the probe stages for the
+interpreter (probe/staged.py, signing.lock; `qualify probe-bundle` for a bare host); without them it says
+which Python it needs and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import getpass
+import os
 import sys
 from typing import List, Optional
 
+from qualify.core.errors import ConfigError
 from qualify.core.report import Reporter, emit
+from qualify.probe import cosignkey
 
 REPORT = Reporter("probe")
 
 MAX_KEY_BYTES = 64 * 1024
+NEEDS = "cryptography (and PyNaCl for a cosign key)"
 
 
-def sign(key_pem: bytes, data: bytes) -> bytes:
-    """The `.sig` file's bytes for `data`."""
-    from cryptography.hazmat.primitives import hashes, serialization
+def _private_key(key_pem: bytes, password: Optional[bytes]):
+    from cryptography.hazmat.primitives import serialization
+
+    pem_type, _ = cosignkey.pem_decode(key_pem, "the key")
+    if pem_type in cosignkey.PRIVATE_PEM_TYPES:
+        if password is None:
+            raise ConfigError("the key is a cosign key and no password was given",
+                              hint="set COSIGN_PASSWORD (or run on a terminal to be asked)")
+        return serialization.load_der_private_key(cosignkey.cosign_key_der(key_pem, password, "the key"),
+                                                  password=None)
+    return serialization.load_pem_private_key(key_pem, password=None)
+
+
+def sign(key_pem: bytes, data: bytes, password: Optional[bytes] = None) -> bytes:
+    """The `.sig` file's bytes for `data`: a PKCS#8 PEM key, or a cosign key opened with `password`."""
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    key = serialization.load_pem_private_key(key_pem, password=None)
+    key = _private_key(key_pem, password)
     if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, ec.SECP256R1):
         raise ValueError("the key is not an EC P-256 private key")
     return base64.b64encode(key.sign(data, ec.ECDSA(hashes.SHA256())))
+
+
+def _password() -> Optional[bytes]:
+    if "COSIGN_PASSWORD" in os.environ:
+        return os.environ["COSIGN_PASSWORD"].encode("utf-8")
+    if sys.stdin.isatty():
+        return getpass.getpass("password for the key: ").encode("utf-8")
+    return None
+
+
+def _missing(key_pem: bytes) -> Optional[str]:
+    try:
+        cosign = cosignkey.pem_decode(key_pem, "the key")[0] in cosignkey.PRIVATE_PEM_TYPES
+    except ConfigError:
+        cosign = False
+    for name in ("cryptography", "nacl") if cosign else ("cryptography",):
+        try:
+            __import__(name)
+        except ImportError:
+            return name
+    return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -38,23 +80,29 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     staged.activate()
     parser = argparse.ArgumentParser(prog="python3 -m qualify.probe.sign", description=__doc__.splitlines()[0])
-    parser.add_argument("--key", required=True, help="EC P-256 private key, PKCS#8 PEM (a Kubernetes Secret)")
+    parser.add_argument("--key", required=True,
+                        help="EC P-256 private key: PKCS#8 PEM (a Kubernetes Secret) or a cosign key (COSIGN_PASSWORD)")
     parser.add_argument("file", help="the evidence to sign; FILE.sig is written beside it")
     args = parser.parse_args(argv)
-    try:
-        import cryptography  # noqa: F401
-    except ImportError:
-        emit("error: cryptography is not staged for this interpreter (the probe bundle carries it for the "
-             "interpreters of the targets' images): the evidence stays unsigned")
-        return 2
     try:
         with open(args.key, "rb") as fh:
             key = fh.read(MAX_KEY_BYTES + 1)
         if len(key) > MAX_KEY_BYTES:
             raise ValueError(f"{args.key} is larger than a key")
+        missing = _missing(key)
+        if missing:
+            emit(f"error: signing needs {NEEDS} importable by this Python ({sys.executable}), which lacks "
+                 f"{missing}: {args.file} stays unsigned\n  hint: on a host with the toolkit, `python3 -m qualify "
+                 f"probe-bundle --python {sys.version_info[0]}.{sys.version_info[1]} --out DIR` stages them for "
+                 "this interpreter; copy DIR here and set QUALIFY_STAGED=DIR (or sign with the toolkit's Python: "
+                 "QUALIFY_PYTHON)")
+            return 2
         with open(args.file, "rb") as fh:
             data = fh.read()
-        signature = sign(key, data)
+        signature = sign(key, data, _password())
+    except ConfigError as exc:
+        emit(f"error: cannot sign {args.file} with {args.key}: {exc}")
+        return 2
     except (OSError, ValueError, TypeError) as exc:
         emit(f"error: cannot sign {args.file}: {exc}")
         return 2

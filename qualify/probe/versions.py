@@ -12,14 +12,16 @@ import re
 import shutil
 import subprocess
 from importlib import metadata
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
+from qualify.core import nvsmi
 from qualify.core.enums import Profile
 from qualify.probe.model import FAIL, NOT_RUN, PASS, WARN, CheckResult
 from qualify.probe.subproc import run_snippet
 
 # Packages whose versions a release engineer looks for first.
-KEY_PACKAGES = ("torch", "triton", "vllm", "flashinfer-python", "flashinfer-cubin", "transformers",
+KEY_PACKAGES = ("torch", "triton", "vllm", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python",
+                "flashinfer-cubin", "transformers",
                 "xformers", "flash-attn", "deep-gemm", "nvidia-cudnn-cu13", "nvidia-nccl-cu13",
                 "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cuda-nvcc")
 
@@ -28,9 +30,12 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def packages() -> Dict[str, str]:
+def packages(extra_paths: Sequence[str] = ()) -> Dict[str, str]:
+    """This interpreter's distributions, and those in `extra_paths` (`probe --path DIR`: an unpacked wheel or
+    another environment's site-packages is judged as if installed: its providers and serving paths too)."""
     found: Dict[str, str] = {}
-    for dist in metadata.distributions():
+    dists = list(metadata.distributions()) + (list(metadata.distributions(path=list(extra_paths))) if extra_paths else [])
+    for dist in dists:
         name = dist.metadata.get("Name")
         if name:
             found[normalise(name)] = dist.version
@@ -67,24 +72,18 @@ def toolkit() -> Dict[str, Any]:
 
 
 def nvidia_smi() -> Optional[List[Dict[str, str]]]:
-    """GPUs as nvidia-smi reports them; None when there is no nvidia-smi or no GPU."""
+    """GPUs as nvidia-smi reports them (core/nvsmi.py's fields); None when there is no nvidia-smi or no GPU."""
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
-    fields = "index,name,uuid,compute_cap,driver_version,memory.total,memory.used,pci.bus_id"
     try:
-        proc = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+        proc = subprocess.run([smi, *nvsmi.query_args(nvsmi.PROBE_FIELDS, units=False)],
                               capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
         return None
-    gpus = []
-    for line in proc.stdout.strip().splitlines():
-        values = [v.strip() for v in line.split(",")]
-        if len(values) == 8:
-            gpus.append(dict(zip(fields.split(","), values)))
-    return gpus or None
+    return list(nvsmi.parse(proc.stdout, nvsmi.PROBE_FIELDS)) or None
 
 
 def torch_view(pkgs: Dict[str, str], timeout: float = 180, emulated: bool = False) -> Dict[str, Any]:

@@ -42,9 +42,11 @@ PROBE_EXITS = (0, 1, 3)  # pass/warn, fail, incomplete: each wrote its result
 
 
 def probe_target(target: Target, profile: Optional[str], emulated: bool = False, tensor_parallel_size: int = 0,
-                 allreduce_floors: Sequence[AllReduceFloor] = ()) -> ProbeTarget:
+                 allreduce_floors: Sequence[AllReduceFloor] = (),
+                 collective_env: Optional[Dict[str, str]] = None) -> ProbeTarget:
     """What the probe needs to know about a target of the targets file (and, for a multi-GPU run, the
-    all-reduce's world size and the floors its bandwidth is judged by)."""
+    all-reduce's world size, the floors its bandwidth is judged by and the environment its collectives run
+    under: a deployment's server's, deploy/collectives.py)."""
     return ProbeTarget(
         name=target.name, capability=target.capability, platform=target.platform, accelerator=target.accelerator.value,
         torch_cuda_arch_list=target.torch_cuda_arch_list, triton_env=target.triton_env,
@@ -53,6 +55,7 @@ def probe_target(target: Target, profile: Optional[str], emulated: bool = False,
         gpu_memory_utilization=target.runtime.gpu_memory_utilization,
         min_gpu_memory_gib=target.runtime.min_gpu_memory_gib, emulated=emulated,
         tensor_parallel_size=tensor_parallel_size, allreduce_floors=tuple(allreduce_floors),
+        collective_env=dict(collective_env or {}),
     )
 
 
@@ -159,12 +162,14 @@ def _engine_problem(said: str, image: str) -> Optional[EngineError]:
 
 
 def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "all", gpus: Optional[str] = None,
-              timeout: float = 900, origin: str = "built", devices: Sequence[str] = ()) -> ProbeRun:
+              timeout: float = 900, origin: str = "built", devices: Sequence[str] = (),
+              options: Sequence[str] = ()) -> ProbeRun:
     """The probe's predicate, from a throw-away container of `image`, with the decoders for its python3
     staged beside it (qualification/staging.py), and the digest of the probe that was mounted. `origin`
     "external": an image this toolkit did not build, judged by what it holds rather than against our wiring.
     `gpus` is docker's --gpus; `devices` are --device values (CDI names: nvidia.com/gpu=...), so a
-    deployment's probe sees exactly its GPUs."""
+    deployment's probe sees exactly its GPUs; `options` are more `run` options (the deploy's gate gives the probe
+    the server's shared memory, IPC namespace and limits)."""
     from qualify.qualification import staging
 
     tag, version = interpreter(engine, image, target.platform)
@@ -172,7 +177,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
         mounted = staging.copy_probe(run / "probe")
         staged_dir = staging.decoders_into(tag, run / "staged")
         predicate = _run_in(engine, image, target, scope, gpus, timeout, origin, run / "probe", staged_dir, version,
-                            tag, devices)
+                            tag, devices, options)
     toolkit = predicate.get("toolkit")
     said = toolkit.get("probe_sha256") if isinstance(toolkit, dict) else None
     if said is not None and said != mounted:
@@ -183,7 +188,7 @@ def run_probe(engine: Engine, image: str, target: ProbeTarget, *, scope: str = "
 
 def _run_in(engine: Engine, image: str, target: ProbeTarget, scope: str, gpus: Optional[str], timeout: float,
             origin: str, mount: Path, staged_dir: Optional[Path], version: str, tag: str,
-            devices: Sequence[str]) -> Dict[str, Any]:
+            devices: Sequence[str], options: Sequence[str] = ()) -> Dict[str, Any]:
     if staged_dir is None:
         REPORT.say(f"no decoder wheels for {tag} (python {version}): compressed containers stay unknown")
     mounts = [(str(mount), CONTAINER_ROOT, "ro")]
@@ -203,7 +208,7 @@ def _run_in(engine: Engine, image: str, target: ProbeTarget, scope: str, gpus: O
              *(["--origin", origin] if origin != "built" else [])],
             mounts=[*mounts, (str(out_dir), "/out", "rw")], env=env,
             network="none", platform=target.platform, timeout=timeout, gpus=gpus, devices=devices,
-            on_stderr_line=_forward_progress,
+            on_stderr_line=_forward_progress, options=options,
             # An init as PID 1: a probe that crashes (under qemu-user) exits instead of hanging until the timeout.
             init=True,
         )

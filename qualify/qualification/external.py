@@ -4,7 +4,8 @@ The probe needs nothing from our build: it runs with the image's own python3 in 
 network. What differs is what the manifest can say. Its subject is the image's digest (a tag is asked of
 its registry once, and from then on only the digest is used); `predicate.image.origin` is `external`, with
 the image's labels and `Env`; the base is `unknown`, and no build facts are invented. The profile comes
-from what the image holds (vLLM or not) unless given. The checks judge the image by what it holds, not
+from what the image holds (vLLM or not) unless given; the probe judges each serving engine installed (vLLM,
+SGLang) by its own rules. The checks judge the image by what it holds, not
 against our wiring (probe `--origin external`).
 
 External qualifications are written under build/external/, never into build/manifests/ (the release
@@ -168,21 +169,38 @@ def check_platform(img: ExternalImage, target: Target) -> None:
                                f"the image's {target.platform} variant")
 
 
-_HAS_VLLM = ("import importlib.metadata as m, re; print('vllm' if any(re.sub(r'[-_.]+', '-', (d.metadata.get('Name') "
-             "or '').lower()) == 'vllm' for d in m.distributions()) else 'smoke')")
+# The profile (vllm when vLLM is installed, else smoke), then the serving engines the probe has rules for
+# (vllm, sglang: probe/providers/rules.py ENGINES), as the image's python3 sees its distributions.
+_ENGINES = ("vllm", "sglang")
+_HAS_VLLM = ("import importlib.metadata as m, re; n = {re.sub(r'[-_.]+', '-', (d.metadata.get('Name') or '').lower()) "
+             f"for d in m.distributions()}}; print(' '.join(['vllm' if 'vllm' in n else 'smoke'] + "
+             f"[e for e in {_ENGINES!r} if e in n]))")
 
 
-def detect_profile(engine: Engine, img: ExternalImage) -> Profile:
-    """vllm when the image's python3 sees a vLLM distribution, else smoke (Triton and CUDA libraries only)."""
+def detect(engine: Engine, img: ExternalImage) -> Tuple[Profile, Tuple[str, ...]]:
+    """(vllm when the image's python3 sees a vLLM distribution, else smoke (Triton and CUDA libraries only);
+    the serving engines installed, whose rules the probe applies)."""
     container.interpreter(engine, img.reference, img.platform)  # no python3, or too old: the clear error first
     proc = engine.run_container(img.reference, ["python3", "-c", _HAS_VLLM], mounts=[], env={}, network="none",
                                 platform=img.platform, timeout=300, init=True)
-    said = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
-    if said not in (["vllm"], ["smoke"]):
+    said = (proc.stdout.strip().splitlines()[-1:] or [""])[0].split() if proc.returncode == 0 else []
+    if not said or said[0] not in ("vllm", "smoke") or not set(said[1:]) <= set(_ENGINES):
         raise EngineError(f"{img.reference}: asking its python3 which packages it has failed "
                           f"(exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-300:]}",
                           hint="give the profile with --profile vllm|smoke")
-    return Profile(said[0])
+    return Profile(said[0]), tuple(said[1:])
+
+
+def detect_profile(engine: Engine, img: ExternalImage) -> Profile:
+    return detect(engine, img)[0]
+
+
+def _detected(profile: Profile, engines: Tuple[str, ...]) -> str:
+    said = "vLLM is installed" if profile == Profile.VLLM else "no vLLM installed"
+    if "sglang" in engines:
+        said += "; SGLang too: judged by both engines' rules" if "vllm" in engines else \
+            "; SGLang is: judged by SGLang's rules"
+    return said
 
 
 def default_path(target: str, img: ExternalImage) -> Path:
@@ -210,10 +228,11 @@ def qualify(tf: TargetsFile, target_name: str, requested: str, engine: Engine, *
     check_platform(img, target)
     REPORT.say(f"{requested} is {img.reference} ({img.platform}, resolved by {img.resolved_by})")
     try:
-        chosen = Profile(profile) if profile else detect_profile(engine, img)
-        if not profile:
-            REPORT.say(f"profile {chosen} (detected: {'vLLM is' if chosen == Profile.VLLM else 'no vLLM'} "
-                  "installed)")
+        if profile:
+            chosen = Profile(profile)
+        else:
+            chosen, engines = detect(engine, img)
+            REPORT.say(f"profile {chosen} (detected: {_detected(chosen, engines)})")
         emulated = target.platform != engine.native_platform()
         run = container.run_probe(engine, img.reference, container.probe_target(target, chosen.value, emulated),
                                   gpus=gpus, origin=ORIGIN)

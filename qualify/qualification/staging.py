@@ -124,7 +124,7 @@ def decoders_into(tag: str, into: Path) -> Optional[Path]:
 # --- the probe's own files ------------------------------------------------------------------------
 
 
-def _elftools() -> Path:
+def elftools_folder() -> Path:
     import elftools
 
     return Path(elftools.__file__).parent
@@ -152,7 +152,7 @@ def copy_probe(dest: Path) -> str:
             shutil.copytree(src, dest / "qualify" / name, ignore=ignore, symlinks=True)
         else:
             shutil.copy2(src, dest / "qualify" / name)
-    shutil.copytree(_elftools(), dest / "elftools", ignore=ignore, symlinks=True)
+    shutil.copytree(elftools_folder(), dest / "elftools", ignore=ignore, symlinks=True)
     fsutil.readable_by_all(dest)  # the image's user is not root
     return identity.sources_digest(dest / "qualify")
 
@@ -181,7 +181,7 @@ def stage_problem(stage: Path, digest: str) -> str:
         return f"its files cannot be read: {exc.strerror}"
     if found != digest:
         return f"its image side is {found}, not this checkout's {digest}"
-    if not (stage / "elftools").is_dir() or tree_digest(stage / "elftools") != tree_digest(_elftools()):
+    if not (stage / "elftools").is_dir() or tree_digest(stage / "elftools") != tree_digest(elftools_folder()):
         return "its pyelftools is not the one this host has"
     return ""
 

@@ -17,7 +17,7 @@ from qualify.core import manifest
 from qualify.core.errors import ConfigError
 from qualify.host.tables import table
 
-KEY_PACKAGES = ("torch", "triton", "vllm", "flashinfer-python")
+KEY_PACKAGES = ("torch", "triton", "vllm", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python")
 ABSENT = "—"
 MARK = "*"
 
@@ -63,7 +63,8 @@ def _providers(entries: Any) -> Dict[str, str]:
     out: Dict[str, str] = {}
     for e in entries if isinstance(entries, list) else []:
         if isinstance(e, dict):
-            name = " ".join(str(x) for x in (e.get("kind"), e.get("variant")) if x)
+            # SGLang's entries beside vLLM's (an image with both): "sglang attention bf16"
+            name = " ".join(str(x) for x in (e.get("engine"), e.get("kind"), e.get("variant")) if x)
             chosen = str(e.get("selected") or "none")
             out[name] = chosen + (" (observed)" if e.get("mode") == "observed" else "")
     return out

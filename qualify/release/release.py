@@ -252,15 +252,16 @@ def release_files(entries: Sequence[ReleasedTarget]) -> List[str]:
 
 
 def release_policy(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> ReleasePolicy:
-    """The promotion rule this release signs: the targets file's pass count and all-reduce floors ([allreduce],
-    as policy.AllReduceFloor entries: promote and the deploy apply only these), and per target the intended
+    """The promotion rule this release signs: the targets file's pass count, all-reduce floors ([allreduce],
+    as policy.AllReduceFloor entries: promote and the deploy apply only these) and PTX JIT table ([ptx_jit],
+    issue 51: the deploy's PTX gate reads only this copy), and per target the intended
     level its manifest recorded (else the targets file's, else experimental)."""
     from qualify.config import targets
 
     tf = targets.load(opts.targets_file) if opts.targets_file else targets.load()
     return policy.for_release({e.target: e.intended_level or (tf.get(e.target).support_level if e.target in tf.targets
                                                               else "experimental") for e in entries},
-                              tf.promotion_passes, tf.allreduce_floors, tf.promotion_level_checks)
+                              tf.promotion_passes, tf.allreduce_floors, tf.promotion_level_checks, tf.ptx_jit)
 
 
 def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from qualify.core import manifest
+from qualify.core.servingpaths import ServingPaths
 from qualify.host.tables import ELLIPSIS, clip, table  # noqa: F401  (ELLIPSIS: what cut text ends in)
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not-run": "----"}
@@ -36,7 +37,8 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
         links = ", ".join(sorted({str(lk.get("link")) for lk in joined.get("links") or []})) or "not read"
         out.append(f"parallel   tensor parallel {tp}, GPUs joined by {joined.get('kind')} ({links})")
     versions = (p.get("versions") or {}).get("packages") or {}
-    key = [k for k in ("torch", "triton", "vllm", "flashinfer-python", "flashinfer-cubin", "transformers") if k in versions]
+    key = [k for k in ("torch", "triton", "vllm", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python",
+                       "flashinfer-cubin", "transformers") if k in versions]
     if key:
         out.append("versions   " + ", ".join(f"{k} {versions[k]}" for k in key))
     out = [clip(line, width) for line in out]
@@ -45,9 +47,16 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
     out += ["", "checks", table(checks, ["status", "check", "reason"], width)]
     providers = p.get("providers") or []
     if providers:
-        rows = [[x.get("kind", ""), x.get("variant", ""), str(x.get("selected")), x.get("mode", ""), x.get("reason", "")]
-                for x in providers]
+        rows = [[" ".join(str(k) for k in (x.get("engine"), x.get("kind", "")) if k), x.get("variant", ""),
+                 str(x.get("selected")), x.get("mode", ""), x.get("reason", "")] for x in providers]
         out += ["", "providers", table(rows, ["kind", "variant", "selected", "mode", "reason"], width)]
+    paths = ServingPaths.of_predicate(p)
+    if paths.recorded:
+        rows = [[sp.path + (f" ({sp.engine})" if sp.engine != "vllm" else ""), sp.verdict, sp.line(),
+                 ", ".join(f"{f.name} {_present(f.present)}" for f in sp.families)] for sp in paths.paths]
+        out += ["", clip(f"serving paths on {t.get('capability')} (what a model's quantization runs; the deploy "
+                         "refuses a path with no kernels)", width),
+                table(rows, ["path", "verdict", "", "kernel families"], width)]
     libs = (p.get("census") or {}).get("libraries") or []
     if libs:
         rows = [[lib.get("short", lib.get("path", "")), _class_cell(lib, "class"), _class_cell(lib, "best"),
@@ -55,6 +64,10 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
         out += ["", clip(f"libraries ({len(libs)}) for {t.get('capability')}", width),
                 table(rows, ["library", "worst", "best", "SASS", "PTX"], width)]
     return "\n".join(out)
+
+
+def _present(value: Optional[bool]) -> str:
+    return {True: "present", False: "missing"}.get(value, "unknown")
 
 
 def _class_cell(lib: dict, key: str) -> str:

@@ -26,6 +26,8 @@ INPUT_FILES = ("start.sh", ".env.example", "noxfile.py", "pyproject.toml")
 # command modules, which only parse arguments and hand over.
 PACKAGE_DIR = "qualify"
 CLI_DIR = "qualify/cli/"
+# Data the package ships that decides what is deployed: the committed tiny model's files.
+DATA_DIRS = ("qualify/tinymodel/model/",)
 _SKIP_DIRS = {"__pycache__", ".git", ".nox", ".venv"}
 
 
@@ -34,6 +36,8 @@ def is_release_input(rel: str) -> bool:
     if any(p in _SKIP_DIRS for p in parts[:-1]) or rel.endswith((".pyc", ".pyo")):
         return False
     if rel in INPUT_FILES or any(rel.startswith(d + "/") for d in INPUT_DIRS):
+        return True
+    if rel.startswith(DATA_DIRS):
         return True
     return parts[0] == PACKAGE_DIR and rel.endswith(".py") and not rel.startswith(CLI_DIR)
 

@@ -20,13 +20,14 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from qualify.core.errors import QualifyError
 from qualify.tinymodel import vocab
 from qualify.tinymodel.tasks import Example
 
 SEED = 0
 MAX_POSITIONS = 8192  # the deploy's default MAX_MODEL_LEN must fit
 MARGIN = 6.0  # logits: the reply's token over the runner-up, at every position
-MAX_STEPS = 1500
+MAX_STEPS = 1500  # about 2 minutes on 2 cores; a recipe that needs more is a recipe to change
 CHECK_EVERY = 50
 LEARNING_RATE = 3e-3
 CLIP_NORM = 1.0
@@ -167,5 +168,8 @@ def _train(tok: Tokenizer, examples: List[Example], shape: Shape, say: Callable[
         say(line + (f", needles {needle_worst:.2f}" if needle_worst is not None else ""))
         if done:
             return Trained(model, step, time.monotonic() - start, worst, needle_worst)
-    raise RuntimeError(f"the tiny model did not learn its {len(examples)} examples"
-                       + (f" and {len(checks)} haystacks" if checks else "") + f" in {MAX_STEPS} steps")
+    raise QualifyError(f"the tiny model did not learn its {len(examples)} examples"
+                       + (f" and {len(checks)} haystacks" if checks else "") + f" in {MAX_STEPS} steps on this CPU",
+                       hint="training is reproducible per CPU, not across CPUs: `python -m qualify tiny-model` "
+                            "writes the committed model and needs no training; to change the recipe, remake it "
+                            "on a host where it converges (nox -s tiny-model-remake -- --write)")

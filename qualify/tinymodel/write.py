@@ -1,30 +1,38 @@
-"""The model folder: written into a temporary folder beside DIR, checked, then renamed into place.
+"""The model folder: the committed files (files.py) copied into a temporary folder beside DIR, each checked
+against the stamp's sha256, then renamed into place. Standard library only: no torch, no training.
 
-A run killed midway leaves DIR as it was (and a `.DIR.tiny-*` folder the next run removes). A folder
-that is not a tiny model (no `tiny-model.json`) is never replaced. Every file is world-readable: the
-server runs as uid 1000 and mounts the folder read-only.
+A run killed midway leaves DIR as it was (and a `.DIR.tiny-*` folder the next run removes, and says so). A
+folder that is not a tiny model (no `tiny-model.json`) is never replaced; one that already holds exactly
+these files is left alone. Every file is world-readable: the server runs as uid 1000 and mounts the folder
+read-only.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 from qualify.core.errors import ConfigError
-from qualify.core.fsutil import canonical_json, sha256_file
-
-STAMP = "tiny-model.json"
-RECIPE = 2  # raise when the examples, tokenizer, shape or training change (2: the serving matrix, issue 39)
+from qualify.tinymodel import files
+from qualify.tinymodel.files import STAMP, Stamp
 
 
-def _stale_temps(out: Path) -> None:
-    for old in out.parent.glob(f".{out.name}.tiny-*"):
-        shutil.rmtree(old, ignore_errors=True)
+@dataclass(frozen=True)
+class Written:
+    folder: Path
+    stamp: Stamp
+    changed: bool  # False: the folder already held these files
+
+
+def _stale_temps(out: Path) -> int:
+    old = list(out.parent.glob(f".{out.name}.tiny-*"))
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return len(old)
 
 
 def _world_readable(root: Path) -> None:
@@ -41,46 +49,47 @@ def _check_replaceable(out: Path) -> None:
                           hint="choose an empty or new folder for --out")
 
 
-def make(out: Path, say: Callable[[str], None] = print) -> Dict[str, object]:
-    """Write the tiny model to `out`; its stamp (what `tiny-model.json` holds)."""
-    from transformers import PreTrainedTokenizerFast
+def _holds(out: Path, stamp: Stamp) -> bool:
+    """`out` holds exactly the committed files, each with its recorded sha256, and nothing else."""
+    if not out.is_dir() or sorted(p.name for p in out.iterdir()) != sorted([*stamp.digests, STAMP]):
+        return False
+    try:
+        if files.read_stamp(out).raw != stamp.raw:
+            return False
+        for name, digest in stamp.files:
+            files.read_checked(out, name, digest)
+    except ConfigError:
+        return False
+    return True
 
-    from qualify.probe import servematrix
-    from qualify.tinymodel import needle, tasks, train, vocab
 
+def make(out: Path, say: Callable[[str], None] = print, source: Optional[Path] = None) -> Written:
+    """Write the tiny model to `out` from `source` (default: the committed files)."""
+    source = source or files.MODEL_DIR
+    stamp = files.read_stamp(source)
     out = out.absolute()
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _stale_temps(out)
-    started = time.monotonic()
-    matrix = servematrix.load()
-    examples = tasks.examples()
-    needles = needle.NeedleTask(matrix.niah, train.MAX_POSITIONS)
-    tok = vocab.build(examples, needles.corpus(), needles.words)
-    say(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens; training on {len(examples)} examples and "
-        f"haystacks of up to {needle.TRAIN_TOKENS} tokens (checked at up to {needles.longest()})")
-    trained = train.train(tok, examples, progress=lambda line: say(f"  {line}"), needles=needles)
+    stale = _stale_temps(out)
+    if stale:
+        say(f"removed {stale} unfinished folder(s) an interrupted run left beside {out}")
+    if _holds(out, stamp):
+        say(f"{out}: already holds this tiny model (stamp sha256 {stamp.sha256[:12]}); unchanged")
+        return Written(out, stamp, changed=False)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tiny-", dir=str(out.parent)))
     try:
-        trained.model.save_pretrained(str(tmp), safe_serialization=True)
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=vocab.BOS, eos_token=vocab.EOS,
-                                       pad_token=vocab.PAD, chat_template=vocab.CHAT_TEMPLATE,
-                                       model_max_length=train.MAX_POSITIONS, clean_up_tokenization_spaces=False)
-        fast.save_pretrained(str(tmp))
-        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        stamp = {"recipe": RECIPE, "examples": [e.name for e in examples], "skills": [*tasks.SKILLS, "niah"],
-                 "matrix": {"version": matrix.version, "sha256": matrix.sha256}, "steps": trained.steps,
-                 "smallest_margin": round(trained.margin, 3),
-                 "needle_margin": round(trained.needle_margin or 0.0, 3), "files": files}
-        (tmp / STAMP).write_bytes(canonical_json(stamp))
+        for name, digest in stamp.files:
+            (tmp / name).write_bytes(files.read_checked(source, name, digest))
+        (tmp / STAMP).write_bytes(stamp.raw)
+        for name, digest in stamp.files:  # what landed on this disk, read back
+            files.read_checked(tmp, name, digest)
         _world_readable(tmp)
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say(f"wrote {out}: {trained.steps} training steps in {trained.seconds:.1f} s, smallest margin "
-        f"{trained.margin:.2f}; {time.monotonic() - started:.1f} s in all")
-    return stamp
+    say(f"wrote {out}: {len(stamp.files)} files and the stamp, each matching its recorded sha256")
+    return Written(out, stamp, changed=True)
 
 
 def _swap_in(tmp: Path, out: Path) -> None:
@@ -92,14 +101,3 @@ def _swap_in(tmp: Path, out: Path) -> None:
     os.rename(out, old)
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def read_stamp(folder: Path) -> Optional[Dict[str, object]]:
-    path = folder / STAMP
-    if not path.is_file() or path.stat().st_size > 1 << 16:
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None

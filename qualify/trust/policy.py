@@ -12,7 +12,8 @@ deploy's all-reduce gate the GPUs it is about to serve on, only by the signed `a
       "promotion": {"consecutive_passes": 7, "required_gpu_checks": ["gpu.memory", ...]},
       "targets": [{"target": "sm120", "intended_level": "baseline"}],
       "level_checks": [{"level": "baseline", "checks": ["serve.determinism", ...]}],   # issue 39
-      "allreduce_floors": [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 150.0}, ...]   # issue 44
+      "allreduce_floors": [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 150.0}, ...],  # issue 44
+      "ptx_jit": [{"isa": "9.0", "cuda": "13.0", "driver": "580.65.06"}, ...]   # issue 51 (trust/ptxfloors.py)
     }
 
 Extension points are typed and parsed strictly now, so a later issue only has to apply them: a release
@@ -32,10 +33,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from qualify.core import topology
+from qualify.core import ptxjit, topology
 from qualify.core.enums import SupportLevel
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.probe.servematrix import CHECK_IDS as SERVE_CHECKS
+from qualify.trust import ptxfloors
 
 Fields = Any  # records.Fields, passed in by records.py (which imports this module: no import back)
 VERSION = 1
@@ -44,9 +46,10 @@ IMPLIED_PASSES = 7  # seed 000: what every release before the signed policy was 
 INTENDED = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value, SupportLevel.EXPERIMENTAL.value)
 CHECK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-# The extension points this toolkit applies: issue 39's "level_checks" (servecount.rule_for) and issue 44's
-# "allreduce_floors" (promote's rows.by_floor and the deploy's all-reduce gate, deploy/run.py).
-ENFORCED: frozenset = frozenset({"level_checks", "allreduce_floors"})
+# The extension points this toolkit applies: issue 39's "level_checks" (servecount.rule_for), issue 44's
+# "allreduce_floors" (promote's rows.by_floor and the deploy's all-reduce gate, deploy/run.py) and issue 51's
+# "ptx_jit" (the deploy's PTX JIT gate, deploy/ptxgate.py).
+ENFORCED: frozenset = frozenset({"level_checks", "allreduce_floors", "ptx_jit"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class LevelChecks:
 # `topology` may measure and still count as a pass. One type with the probe's and preflight's (core/topology.py),
 # so the floor the deploy takes from the verified release is what the probe in the image judges by.
 AllReduceFloor = topology.AllReduceFloor
+# Issue 51: which driver first JIT-compiles each PTX ISA (core/ptxjit.py); the deploy's PTX gate reads only this.
+PtxJitFloor = ptxjit.PtxJitFloor
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class ReleasePolicy:
     targets: Tuple[TargetPolicy, ...]
     level_checks: Tuple[LevelChecks, ...] = ()
     allreduce_floors: Tuple[AllReduceFloor, ...] = ()
+    ptx_jit: Tuple[PtxJitFloor, ...] = ()  # issue 51: the first driver that JITs each PTX ISA
 
     def intended(self, target: str) -> Optional[str]:
         return next((t.intended_level for t in self.targets if t.target == target), None)
@@ -93,12 +99,12 @@ class ReleasePolicy:
                               "required_gpu_checks": list(self.required_gpu_checks)},
                 "targets": [{"target": t.target, "intended_level": t.intended_level} for t in self.targets],
                 "level_checks": [x.as_json() for x in self.level_checks],
-                "allreduce_floors": [x.as_json() for x in self.allreduce_floors]}
+                "allreduce_floors": [x.as_json() for x in self.allreduce_floors], **ptxfloors.as_json(self.ptx_jit)}
 
     @classmethod
     def parse(cls, f: Fields, released: Sequence[str]) -> ReleasePolicy:
         """Strictly, with `released` the targets release.json lists: the policy names each exactly once."""
-        f.only("version", "promotion", "targets", "level_checks", "allreduce_floors")
+        f.only("version", "promotion", "targets", "level_checks", "allreduce_floors", "ptx_jit")
         version = f.integer("version", 1)
         if version not in KNOWN_VERSIONS:
             raise f.error(f"{f.where}: policy version {version} is newer than this toolkit knows "
@@ -123,13 +129,14 @@ class ReleasePolicy:
         floors = tuple(_floor(x) for x in f.items("allreduce_floors"))
         if len({(x.topology, x.gpus) for x in floors}) != len(floors):
             raise f.error(f"{f.where}: allreduce_floors names one topology and GPU count twice")
-        for name, values in (("level_checks", level_checks), ("allreduce_floors", floors)):
+        ptx_jit = ptxfloors.parse(f)
+        for name, values in (("level_checks", level_checks), ("allreduce_floors", floors), ("ptx_jit", ptx_jit)):
             if values and name not in ENFORCED:
                 raise f.error(f"{f.where}: the release's policy sets {name}, which this toolkit does not apply; "
                               "refused rather than promoted or deployed without that rule",
                               hint="use the toolkit version that made the release (or a newer one)")
         return cls(version, promotion.integer("consecutive_passes", 1), tuple(checks), tuple(targets),
-                   level_checks, floors)
+                   level_checks, floors, ptx_jit)
 
 
 def _level_checks(f: Fields) -> LevelChecks:
@@ -159,7 +166,8 @@ def _floor(f: Fields) -> AllReduceFloor:
 
 def for_release(intended: Mapping[str, str], consecutive_passes: int,
                 allreduce_floors: Sequence[AllReduceFloor] = (),
-                level_checks: Optional[Mapping[str, Sequence[str]]] = None) -> ReleasePolicy:
+                level_checks: Optional[Mapping[str, Sequence[str]]] = None,
+                ptx_jit: Sequence[PtxJitFloor] = ()) -> ReleasePolicy:
     """The policy `qualify release` signs: the targets' intended levels, the targets file's pass count, its
     all-reduce floors ([allreduce]) and its `[promotion] level_checks` (levels in INTENDED's order), in a fixed
     order so a re-run signs the same bytes."""
@@ -170,7 +178,8 @@ def for_release(intended: Mapping[str, str], consecutive_passes: int,
     given = level_checks or {}
     checks = tuple(LevelChecks(level, tuple(given[level])) for level in INTENDED if given.get(level))
     return ReleasePolicy(VERSION, consecutive_passes, tuple(REQUIRED_GPU_CHECKS),
-                         tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)), checks, floors)
+                         tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)), checks, floors,
+                         ptxjit.ordered(ptx_jit))
 
 
 def recorded_intended(predicate: Mapping[str, Any]) -> Optional[str]:

@@ -11,7 +11,10 @@ machinery (compose, health wait, canary, verify), never a model.
 
 Environment: STANDIN_NEVER_HEALTHY=1 keeps /health at 503 forever (the
 timeout path); STANDIN_STARTUP_S=N answers 503 for the first N seconds (a
-model loading). Standard library only; Python 3.9+.
+model loading); STANDIN_FAIL_AT_START="ValueError: ..." refuses to start as
+vLLM does: its log lines, a traceback ending in that line, the engine's
+RuntimeError after it, exit 1 (compose then restarts it). Standard library
+only; Python 3.9+.
 """
 
 from __future__ import annotations
@@ -175,8 +178,27 @@ def serve(settings: Settings, host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
+def fail_at_start(error: str) -> None:
+    """What vLLM prints when it refuses to start (its shape: log lines, the engine core's traceback, the
+    front end's RuntimeError), with `error` as the cause; then exit 1."""
+    for line in ("INFO 12-05 10:00:00 [__init__.py:239] Automatically detected platform cuda.",
+                 "INFO 12-05 10:00:01 [api_server.py:1043] vLLM API server version 0.33.0 (standin)",
+                 "(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708] EngineCore failed to start.",
+                 "(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708] Traceback (most recent call last):",
+                 '(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708]   File "gpu_worker.py", line 239, in '
+                 "determine_available_memory",
+                 f"(EngineCore_DP0 pid=7) ERROR 12-05 10:00:09 [core.py:708] {error}",
+                 "Traceback (most recent call last):",
+                 '  File "api_server.py", line 1920, in run_server',
+                 "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"):
+        print(line, file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("STANDIN_FAIL_AT_START"):
+        fail_at_start(os.environ["STANDIN_FAIL_AT_START"])
     parser = argparse.ArgumentParser(prog="standin")
     parser.add_argument("--model", required=True)
     parser.add_argument("--served-model-name")

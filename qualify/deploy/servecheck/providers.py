@@ -8,15 +8,26 @@ provider names through the provider rules' observed_names. The prediction is the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from qualify.core.servingpaths import ServingPaths
+from qualify.deploy.modelpaths import ModelPaths
 from qualify.deploy.servecheck.result import CheckResult, failed, not_run, passed
 from qualify.probe import servematrix as sm
 from qualify.probe.providers import rules as provider_rules
 
 PROVIDERS = "serve.providers"
 MAX_LOG_BYTES = 64 << 20  # start-up comes first; a long-running server's log is cut, never read whole
+# vLLM 0.33 logs a backend chosen with --attention-backend as the enum member ("Using
+# AttentionBackendEnum.FLASH_ATTN backend.", platforms/cuda.py); its name is what the rules match.
+_ENUM_MEMBER = re.compile(r"\bAttentionBackendEnum\.([A-Z0-9_]+)")
+# The quantization word of vLLM's MoE oracle lines ("Using 'MARLIN' NvFp4 MoE backend", fused_moe/oracle/*.py)
+# -> the MoE paths it can be.
+_MOE_FAMILY = re.compile(r"Using '?[A-Za-z0-9_.-]+'? ([A-Za-z0-9_]+) MoE backend")
+MOE_FAMILIES = {"unquantized": ("moe.bf16",), "fp8": ("moe.fp8", "moe.fp8-block"), "nvfp4": ("moe.nvfp4",),
+                "mxfp4": ("moe.mxfp4",)}
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ def observe(log: str, p: sm.Providers) -> List[Seen]:
     names = provider_rules.default().observed_names
     out: List[Seen] = []
     for line in log.splitlines():
+        line = _ENUM_MEMBER.sub(r"\1", line)
         for rule in p.log_rules:
             m = rule.pattern.search(line)
             if not m:
@@ -54,10 +66,77 @@ def predicted(providers: Sequence[Mapping[str, Any]]) -> Dict[str, List[str]]:
     return out
 
 
+@dataclass(frozen=True)
+class ServingInput:
+    """What serve-check knows of the model's serving paths (issue 50): the paths its config maps to (or None
+    and why not) and the verified manifest's prediction for them (or None and why not)."""
+
+    model: Optional[ModelPaths]
+    model_why: str
+    paths: Optional[ServingPaths]
+    paths_why: str
+
+
+def _same(a: Optional[str], b: Optional[str]) -> bool:
+    """FLASH_ATTN(FA2), flash_attn and FLASH_ATTN are one provider."""
+    def name(x: Optional[str]) -> str:
+        return (x or "").split("(", 1)[0].strip().upper().replace("-", "_")
+    return bool(name(a)) and name(a) == name(b)
+
+
+def taken(seen: Sequence[Seen], serving: ServingInput) -> Dict[str, Any]:
+    """Per path the model takes: the manifest's prediction (vLLM's pick, what runs, the verdict, the fallback)
+    beside the provider the server's log names for its kind, and which of them the server took."""
+    out: Dict[str, Any] = {"model": serving.model.source if serving.model else None,
+                           "manifest": "recorded" if serving.paths else serving.paths_why}
+    if serving.model is None:
+        out["why"] = serving.model_why
+        return out
+    out["maps_to"] = serving.model.describe()
+    rows = []
+    for need in serving.model.needs:
+        lines = [s for s in seen if s.kind == need.kind]
+        if need.kind == "moe":  # the oracle's line names its quantization: keep the ones this path can be
+            fitting = [s for s in lines if need.path in MOE_FAMILIES.get(_moe_family(s.line), ())]
+            lines = fitting or [s for s in lines if not _moe_family(s.line)]
+        observed = list(dict.fromkeys(s.name for s in lines))
+        sp = serving.paths.get(need.path) if serving.paths else None
+        row: Dict[str, Any] = {"path": need.path, "kind": need.kind, "why": need.why, "observed": observed}
+        if sp is not None:
+            row["predicted"] = {"provider": sp.provider, "runs": sp.runs, "verdict": sp.verdict,
+                                "fallback": sp.fallback.provider if sp.fallback else None}
+        row["took"] = _took(observed, sp)
+        rows.append(row)
+    out["paths"] = rows
+    if serving.model.undescribed:
+        out["not_described"] = list(serving.model.undescribed)
+    return out
+
+
+def _moe_family(line: str) -> str:
+    m = _MOE_FAMILY.search(line)
+    return m.group(1).lower() if m else ""
+
+
+def _took(observed: Sequence[str], sp: Any) -> str:
+    """pick (vLLM's pick, as predicted), fallback, runs (the first provider whose kernels run), other, or
+    unknown (the log names no provider of the kind; never read as a match)."""
+    if not observed:
+        return "unknown"
+    if sp is None:
+        return "not predicted"
+    for label, name in (("pick", sp.provider), ("fallback", sp.fallback.provider if sp.fallback else None),
+                        ("runs", sp.runs)):
+        if all(_same(o, name) for o in observed):
+            return label
+    return "other"
+
+
 def providers(log: Optional[str], log_source: str, manifest_providers: Optional[Sequence[Mapping[str, Any]]],
-              manifest_source: str, p: sm.Providers) -> CheckResult:
+              manifest_source: str, p: sm.Providers, serving: Optional[ServingInput] = None) -> CheckResult:
     """`log`: the server's start-up log (None: unreadable, `log_source` says why); `manifest_providers`: the
-    verified manifest's `providers` (None: no manifest, `manifest_source` says why)."""
+    verified manifest's `providers` (None: no manifest, `manifest_source` says why); `serving`: the model's
+    serving paths and their prediction, recorded in the evidence beside what the log names (issue 50)."""
     if log is None:
         return not_run(PROVIDERS, f"the server's start-up log cannot be read: {log_source}")
     seen = observe(log[:MAX_LOG_BYTES], p)
@@ -65,6 +144,8 @@ def providers(log: Optional[str], log_source: str, manifest_providers: Optional[
     evidence: Dict[str, Any] = {"log": log_source, "server": {k: v for k, v in server.items() if v},
                                 "lines": [{"kind": s.kind, "name": s.name, "line": s.line,
                                            **({"note": s.note} if s.note else {})} for s in seen]}
+    if serving is not None:
+        evidence["serving_paths"] = taken(seen, serving)
     if manifest_providers is None:
         return not_run(PROVIDERS, f"the server selected {_said(server)}, but there is no release manifest to "
                        f"compare with: {manifest_source}", evidence)

@@ -14,11 +14,11 @@ from qualify.core.errors import ConfigError, QualifyError, printable
 from qualify.core.report import emit
 from qualify.deploy import api
 from qualify.deploy.errors import DeployError
-from qualify.deploy.servecheck import accuracy, basic, providers, soak
+from qualify.deploy.servecheck import accuracy, basic, needs, providers, soak
 from qualify.deploy.servecheck.client import Client, ServerError
 from qualify.deploy.servecheck.result import CheckResult, not_run, timed
-from qualify.deploy.servecheck.server import Server, manifest_providers, startup_log
-from qualify.deploy.ui import Ui
+from qualify.deploy.servecheck.server import Server, manifest_providers, serving_input, startup_log
+from qualify.deploy.ui import EX_INCOMPLETE, Ui
 from qualify.probe import identity, servematrix
 from qualify.release import evidence as ev
 from qualify.release import serving
@@ -90,7 +90,7 @@ def checks(client: Client, server: Server, opts: Options, m: servematrix.Matrix,
     def logged() -> CheckResult:
         log, where = startup_log(server, providers.MAX_LOG_BYTES)
         predicted, source = manifest_providers(server)
-        return providers.providers(log, where, predicted, source, m.providers)
+        return providers.providers(log, where, predicted, source, m.providers, serving_input(server))
 
     def accurate() -> CheckResult:
         try:
@@ -210,7 +210,8 @@ def table(outcome: Outcome) -> str:
 
 
 def main(server_of: Callable[[], Server], opts: Options, ui: Ui, failure_code: int = 1) -> int:
-    """0 when no check failed (not-run, with its reason, included), `failure_code` when one did."""
+    """`failure_code` when a check failed; EX_INCOMPLETE when none failed but one the release's signed policy
+    requires for the target's intended level did not run (servecheck/needs.py); 0 otherwise."""
     try:
         server = server_of()
         if opts.record_reference is not None:
@@ -222,4 +223,12 @@ def main(server_of: Callable[[], Server], opts: Options, ui: Ui, failure_code: i
              escape=False)
         return failure_code if isinstance(exc, DeployError) else exc.exit_code
     print(table(outcome), flush=True)
-    return failure_code if outcome.failed else 0
+    if outcome.failed:
+        return failure_code
+    required = needs.needs(server.release_dir, server.key_pin, server.target)
+    missing = required.missing(r.id for r in outcome.results if r.status is CheckStatus.NOT_RUN)
+    if missing:
+        ui.say(f"not complete: {', '.join(missing)} did not run, and {required.source}: exit {EX_INCOMPLETE}, "
+               "never a pass (each check's reason above says what it needs)")
+        return EX_INCOMPLETE
+    return 0

@@ -15,7 +15,10 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from qualify.config import targets
 from qualify.config.imageref import ImageRef, try_parse
 from qualify.core.errors import ConfigError, QualifyError
-from qualify.deploy import api, ops, preflight, settings
+from qualify.core.manifest import Manifest
+from qualify.core.servingpaths import ServingPaths
+from qualify.deploy import api, heads, modelpaths, ops, preflight, settings
+from qualify.deploy.servecheck.providers import ServingInput
 from qualify.deploy.ui import Ui
 from qualify.host import cmd
 from qualify.release import serving
@@ -45,6 +48,8 @@ class Server:
     signing_key: Optional[Path] = None
     records_dir: Optional[Path] = None  # where records go when there is no release folder
     gpu_link: Optional[serving.GpuLink] = None
+    model_config: Optional[Path] = None  # the served model's config.json on this host (its serving paths)
+    serve_args: Tuple[str, ...] = ()  # EXTRA_SERVE_ARGS: the KV cache dtype and backends they choose
 
     @property
     def capability(self) -> str:
@@ -75,14 +80,16 @@ def from_settings(env_file: Path, ui: Ui, server_log: Optional[Path] = None) -> 
     model = record.get("model") if isinstance(record.get("model"), dict) else {}
     pinned = try_parse(record.get("image")) if isinstance(record.get("image"), str) else None
     image = record["image"] if pinned is not None and pinned.digest else None
+    folder = Path(model["path"]) if model.get("path") else s.model_path
+    config = folder / "config.json" if folder else heads.cached_config(s, engine)
     return Server(
         url=api.api_url(s.bind_address, s.api_port), model=s.served_model_name, found_by="deployment",
         target=str(record.get("target") or s.deploy_target or UNKNOWN), image=image, release=release,
         release_dir=s.manifests_dir / release if release else None, key_pin=s.release_key_fingerprint,
         tool_call_parser=s.tool_call_parser, max_model_len=s.max_model_len, project=s.compose_project,
-        container=container, engine_cli=engine, model_path=Path(model["path"]) if model.get("path") else s.model_path,
+        container=container, engine_cli=engine, model_path=folder,
         server_log=server_log, signing_key=s.evidence_signing_key, records_dir=s.deploy_dir / "evidence",
-        gpu_link=_gpu_link(record))
+        gpu_link=_gpu_link(record), model_config=config, serve_args=s.extra_serve_args)
 
 
 def from_url(url: str, model: str, image: Optional[str], target: str, release_dir: Optional[Path],
@@ -98,7 +105,7 @@ def from_url(url: str, model: str, image: Optional[str], target: str, release_di
                   release=release_dir.name if release_dir else "", release_dir=release_dir, key_pin="",
                   tool_call_parser=tool_call_parser, max_model_len=max_model_len, model_path=model_path,
                   server_log=server_log, records_dir=Path("build") / "serve-check", container=container,
-                  engine_cli=str(engine))
+                  engine_cli=str(engine), model_config=model_path / "config.json" if model_path else None)
 
 
 def startup_log(server: Server, limit: int) -> Tuple[Optional[str], str]:
@@ -117,8 +124,8 @@ def startup_log(server: Server, limit: int) -> Tuple[Optional[str], str]:
     return None, "no container is recorded for this deployment; give the log with --server-log FILE"
 
 
-def manifest_providers(server: Server) -> Tuple[Optional[Sequence[Mapping[str, Any]]], str]:
-    """The verified release manifest's providers, or None and why not."""
+def verified_manifest(server: Server) -> Tuple[Optional[Manifest], str]:
+    """The verified release manifest of the served image, and where it is from; or None and why not."""
     if server.release_dir is None:
         return None, "the deployment names no release (give --release-dir manifests/TAG)"
     try:
@@ -128,6 +135,29 @@ def manifest_providers(server: Server) -> Tuple[Optional[Sequence[Mapping[str, A
         return None, f"release {server.release_dir}: {getattr(exc, 'message', exc)}"
     if server.image and manifest.digest != ImageRef.parse(server.image).digest:
         return None, f"the served image {server.image} is not the manifest's {manifest.subject}"
+    return manifest, f"{server.release_dir / (server.target + '.json')} (release {release.tag}, verified)"
+
+
+def manifest_providers(server: Server) -> Tuple[Optional[Sequence[Mapping[str, Any]]], str]:
+    """The verified release manifest's providers, or None and why not."""
+    manifest, source = verified_manifest(server)
+    if manifest is None:
+        return None, source
     providers = manifest.predicate.get("providers")
-    return (list(providers) if isinstance(providers, list) else []), \
-        f"{server.release_dir / (server.target + '.json')} (release {release.tag}, verified)"
+    return (list(providers) if isinstance(providers, list) else []), source
+
+
+def serving_input(server: Server) -> ServingInput:
+    """The model's serving paths (its config.json, as the deploy maps it) and the verified manifest's
+    serving_paths, for serve.providers' evidence; each None with why where it is not known."""
+    model, model_why = None, "the model's config.json is not on this host (MODEL_PATH, or a cached hub copy)"
+    if server.model_config is not None and server.model_config.is_file():
+        try:
+            model, model_why = modelpaths.read(server.model_config, server.serve_args), ""
+        except QualifyError as exc:
+            model_why = exc.message
+    manifest, source = verified_manifest(server)
+    paths = ServingPaths.of(manifest) if manifest is not None else None
+    if paths is not None and not paths.recorded:
+        paths, source = None, f"{source}: qualified before serving paths were recorded (no predicate.serving_paths)"
+    return ServingInput(model, model_why, paths, "" if paths else source)

@@ -1,7 +1,8 @@
 """What the provider rules hand on: one entry per kind and variant
-(attention.bf16, moe.bf16, linear.fp8, ...), predicted or observed.
+(attention.bf16, moe.bf16, linear.fp8, ...), predicted or observed, per engine.
 
-`vllm_would_select` is vLLM's rules with "importable" taken as "available";
+`vllm_would_select` is the engine's rules (vLLM's, or SGLang's for an entry
+whose `engine` is sglang) with "importable" taken as "available";
 `selected` is the first provider that can really run (predicted) or what
 vLLM chose on the GPU (observed). `to_json()` is the manifest's
 `providers[]` item.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from qualify.core.enums import ValueEnum
+from qualify.core.servingpaths import Family
 
 
 class Mode(ValueEnum):
@@ -30,11 +32,18 @@ class Candidate:
     available: bool
     reason: str
     warning: str = ""  # runs, but degraded or unverified
+    unknown: bool = False  # not available because its kernels could not be read (never a pass)
+    families: Tuple[Family, ...] = ()  # its kernel families on the target, judged (issue 50)
 
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"name": self.name, "available": self.available, "reason": self.reason}
         if self.warning:
             out["warning"] = self.warning
+        if self.unknown:
+            out["unknown"] = True
+        if self.families:
+            out["families"] = [{"name": f.name, "library": f.library, "present": f.present, "code": list(f.code)}
+                               for f in self.families]
         return out
 
 
@@ -53,6 +62,7 @@ class ProviderEntry:
     vllm_candidates: Tuple[Candidate, ...] = ()  # observed: what vLLM itself accepted or rejected
     predicted: Optional[str] = None  # observed: the prediction's selection
     with_prediction: bool = False  # observed: a prediction was there to compare with
+    engine: str = "vllm"  # whose rules: "vllm" or "sglang" (`vllm_would_select` is then that engine's pick)
 
     @property
     def key(self) -> str:
@@ -69,6 +79,8 @@ class ProviderEntry:
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"kind": self.kind, "variant": self.variant, "mode": self.mode.value,
                                "selected": self.selected}
+        if self.engine != "vllm":  # vLLM's entries keep the form they had before other engines
+            out["engine"] = self.engine
         if self.mode is Mode.PREDICTED:
             out.update(vllm_would_select=self.vllm_would_select, preferred=self.preferred)
         out["candidates"] = [c.to_json() for c in self.candidates]

@@ -38,6 +38,7 @@ class Finding:
     ok: bool
     reason: str
     warning: str = ""  # runs, but degraded or unverified
+    unknown: bool = False  # not ok because it could not be read, not because it is known to be missing
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Image:
     census: CensusIndex
     toolchain: Optional[Mapping[str, Any]]
     site_packages: Tuple[str, ...]
+    names_of: Optional[Callable[[str], Any]] = None  # families.NamesOf: a library's kernel names
 
     def has(self, dist: str) -> bool:
         return norm_dist(dist) in self.packages
@@ -114,7 +116,8 @@ def _arches(record: CensusRecord) -> str:
 def judge_library(img: Image, lib: LibRule) -> Finding:
     if not img.census:
         return Finding(True, f"{lib.what}: not examined (no census)", "no census: kernels not verified")
-    for rel in lib.paths:
+    paths = lib.paths_for(img.cap)
+    for rel in paths:
         record = census_entry(img.census, rel)
         if record is None:
             continue
@@ -131,7 +134,7 @@ def judge_library(img: Image, lib: LibRule) -> Finding:
         if klass is Compat.PTX_JIT:
             return Finding(True, f"{where} runs on {img.cap} through PTX JIT", "PTX JIT at first load")
         return Finding(True, f"{where} has {klass.value} code for {img.cap}")
-    return Finding(False, f"{lib.what} not in the image ({' or '.join(lib.paths)})")
+    return Finding(False, f"{lib.what} not in the image ({' or '.join(paths)})")
 
 
 # --- run-time sources ---------------------------------------------------------
@@ -202,13 +205,31 @@ def _cute_dsl(img: Image) -> Finding:
     return Finding(True, f"compiled at first use by nvidia-cutlass-dsl {img.version(CUTLASS_DSL)}")
 
 
+def _nvcc(img: Image) -> Finding:
+    tc = img.toolchain
+    if tc is None:
+        return Finding(True, "needs nvcc at first use (JIT toolchain not examined)", "JIT toolchain not examined")
+    if not tc.get("nvcc"):
+        return Finding(False, "no nvcc for its JIT compilation at first use")
+    targets = tc.get("nvcc_targets")
+    if targets is not None and not any(
+            t.capability == img.cap for t in _targets(targets) if t.kind is arch.CodeKind.SASS):
+        return Finding(False, f"nvcc {tc.get('nvcc_version') or ''} cannot compile for {img.cap}".replace("  ", " "))
+    return Finding(True, f"JIT-compiled with nvcc {tc.get('nvcc_version') or ''} at first use".replace("  ", " "))
+
+
+def _sglang_jit(img: Image) -> Finding:
+    found = _toolchain_compiles(img)
+    return Finding(found.ok, f"SGLang's JIT kernels (sglang/kernels/jit): {found.reason}", found.warning)
+
+
 def _nvrtc(img: Image) -> Finding:
     return Finding(True, "compiled at first use with NVRTC or nvcc (Humming's JIT; not examined further)")
 
 
 SOURCES: Dict[Source, Callable[[Image], Finding]] = {
     Source.TRITON: _triton, Source.FLASHINFER_JIT: _flashinfer_jit, Source.FLASHINFER_CUBIN: flashinfer_cubin,
-    Source.CUTE_DSL: _cute_dsl, Source.NVRTC_JIT: _nvrtc,
+    Source.CUTE_DSL: _cute_dsl, Source.NVRTC_JIT: _nvrtc, Source.NVCC_JIT: _nvcc, Source.SGLANG_JIT: _sglang_jit,
 }
 
 

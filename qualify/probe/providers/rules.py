@@ -1,23 +1,36 @@
-"""vLLM's provider-selection rules: the data file, read and validated once.
+"""A serving engine's provider-selection rules: the data file, read and validated once.
 
-The rules themselves live in `qualify/probe/rules/vllm-<version>.json` (as
-auditwheel keeps its policies apart from its code); this module turns that
-file into frozen dataclasses and says exactly where a file is wrong. The
-rest of the package applies them.
+The rules themselves live in `qualify/probe/rules/<engine>-<version>.json` (vLLM's and SGLang's, as
+auditwheel keeps its policies apart from its code); this module turns that file into frozen dataclasses and
+says exactly where a file is wrong. The rest of the package applies them. Which file judges an image is
+chosen by what the image has installed (`engines_in`): vLLM's for `vllm`, SGLang's for `sglang`, both for
+an image with both.
 
 File layout (every key below is checked; unknown keys are errors):
 
-    {"schema_version": 1, "vllm": "0.33.0", "about": "...",
-     "libraries": {"<id>": {"paths": [...], "judge": "all" | "any" | "sass", "what": "..."}},
+    {"schema_version": 1, "engine": "vllm" | "sglang" (default vllm), "<engine>": "<its release>",
+     "about": "...",
+     "libraries": {"<id>": {"paths": [...] | {"9.0": [...], "*": [...]},  # per capability: the library
+                                                                         # the engine's loader takes there
+                            "judge": "all" | "any" | "sass", "what": "..."}},
+     "families": {"<id>": {"library": "<library id>", "pattern": "<regex over mangled kernel names>",
+                           "what": "...", "kind": "kernel" | "symbol"}},   # symbol: a host symbol
      "tables": [{"kind": "attention" | "moe" | "linear", "variant": "...",
                  "source": "<vLLM files>", "case": "...", "notes": "...",
                  "priority": {"9.0": [names], "10": [names], "*": [names]},   # exact, major, any other
                  "providers": [{"name": "...", "caps": <gate>, "libs": ["<id>"], "needs": [<source>],
                                 "packages": [...], "gate_files": [...], "has_flashinfer": bool,
                                 "trtllm_on": <gate>, "optional": bool, "fallback": "...",
+                                "imports": [...],  # distributions the provider imports once chosen (no gate)
+                                "families": {"10.3": ["<family id>"], "12": [...]},  # exact, then major
                                 "cli": "...", "note": "..."}]}],
+     "serving_path": {"libraries": ["<library id>"], "coverage": ["<package folder>"], "notes": "..."},
      "selections": {"notes": "...", "by_capability": {"12.1": {"attention.bf16": "<name>"}}},
      "observed_names": {"notes": "...", "names": {"<vLLM class name>": "<name>"}}}
+
+`serving_path` (optional): the libraries the engine loads at start-up whatever the model (census.serving-path
+fails when they are absent or carry nothing for the target), and the package folders whose libraries' code
+per Blackwell capability the census reports (sgl_kernel ships one library per architecture group).
 
     <gate>: {"lo": "8.0", "hi": "12.1", "majors": [10], "exact": ["9.0"]}, all optional.
 
@@ -40,6 +53,11 @@ from qualify.core.errors import ConfigError
 SCHEMA_VERSION = 1
 RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules")
 DEFAULT_FILE = os.path.join(RULES_DIR, "vllm-0.33.json")
+# engine id -> (its name for people, the distribution that installs it, the rules this probe applies to it)
+ENGINES: Dict[str, Tuple[str, str, str]] = {
+    "vllm": ("vLLM", "vllm", DEFAULT_FILE),
+    "sglang": ("SGLang", "sglang", os.path.join(RULES_DIR, "sglang-0.5.23.json")),
+}
 PROVIDER_KINDS = ("attention", "moe", "linear")  # one check per kind
 
 T = TypeVar("T")
@@ -74,6 +92,8 @@ class Source(ValueEnum):
     FLASHINFER_CUBIN = "flashinfer-cubin"  # trtllm-gen cubins: flashinfer-cubin, else downloaded at first use
     CUTE_DSL = "cute-dsl"  # compiled at first use by nvidia-cutlass-dsl (no nvcc)
     NVRTC_JIT = "nvrtc-jit"  # Humming: NVRTC (or nvcc) at first use
+    NVCC_JIT = "nvcc-jit"  # DeepGEMM: compiled with the image's nvcc at first use
+    SGLANG_JIT = "sglang-jit"  # SGLang's own kernels (sglang/kernels/jit): nvcc and ninja at first use
 
 
 # --- the typed rules ----------------------------------------------------------
@@ -111,9 +131,34 @@ class CapRule:
 class LibRule:
     """A prebuilt library carrying a provider's kernels."""
 
-    paths: Tuple[str, ...]  # relative to site-packages; the first present is used
+    paths: Tuple[str, ...]  # relative to site-packages; the first present is used (every capability's, in order)
     judge: Judge
     what: str
+    # per capability ("9.0"), major ("12") or any other (None): the paths the engine's loader takes there
+    # (sgl_kernel loads sm90/common_ops on 9.0 and sm100/common_ops on every other capability)
+    by_cap: Tuple[Tuple[PriorityKey, Tuple[str, ...]], ...] = ()
+
+    def paths_for(self, cap: Capability) -> Tuple[str, ...]:
+        if not self.by_cap:
+            return self.paths
+        keyed = dict(self.by_cap)
+        for key in ((cap.major, cap.minor), cap.major, None):
+            if key in keyed:
+                return keyed[key]
+        return ()
+
+
+@dataclass(frozen=True)
+class FamilyRule:
+    """A kernel family: the kernels of one library that a provider launches, found by their mangled names
+    (core/kernelnames.py lists them). Patterns name architecture-specific kernels (an Sm120 mainloop, not
+    a kernel that other cubins compile to an empty body)."""
+
+    name: str
+    library: LibRule
+    pattern: re.Pattern[str]
+    what: str
+    kind: str = "kernel"  # kernel: device kernels by mangled name; symbol: a host symbol (a JIT library's dispatch)
 
 
 @dataclass(frozen=True)
@@ -130,6 +175,16 @@ class Provider:
     fallback: str = ""  # why it is a slow path ("" when it is not)
     cli: str = ""  # the override that selects it
     note: str = ""
+    imports: Tuple[str, ...] = ()  # distributions it imports once chosen: absent, it fails at start-up (no gate)
+    # per capability ("10.3") or major ("10"): the kernels it launches there
+    families: Tuple[Tuple[PriorityKey, Tuple[FamilyRule, ...]], ...] = ()
+
+    def families_for(self, cap: Capability) -> Tuple[FamilyRule, ...]:
+        keyed = dict(self.families)
+        for key in ((cap.major, cap.minor), cap.major):
+            if key in keyed:
+                return keyed[key]
+        return ()
 
 
 @dataclass(frozen=True)
@@ -159,11 +214,36 @@ class Table:
 
 @dataclass(frozen=True)
 class Rules:
-    vllm: str  # the vLLM release the rules are read from
+    version: str  # the engine release the rules are read from
     tables: Tuple[Table, ...]
-    selections: Dict[str, Dict[str, str]]  # capability -> {"kind.variant": what vLLM itself chose}
+    selections: Dict[str, Dict[str, str]]  # capability -> {"kind.variant": what the engine itself chose}
     observed_names: Dict[str, str]  # vLLM's class names -> ours
     path: str = ""
+    families: Tuple[FamilyRule, ...] = ()
+    engine: str = "vllm"
+    serving: Tuple[LibRule, ...] = ()  # loaded at start-up whatever the model
+    coverage: Tuple[str, ...] = ()  # package folders whose per-architecture code the census reports
+
+    @property
+    def vllm(self) -> str:
+        """The release (the name from when only vLLM had rules)."""
+        return self.version
+
+    @property
+    def name(self) -> str:
+        return ENGINES[self.engine][0]
+
+    @property
+    def dist(self) -> str:
+        return ENGINES[self.engine][1]
+
+    @property
+    def check_prefix(self) -> str:
+        """providers.<kind>.<variant> for vLLM (as before SGLang had rules), providers.<engine>.… otherwise."""
+        return "providers." if self.engine == "vllm" else f"providers.{self.engine}."
+
+    def table(self, key: str) -> Optional[Table]:
+        return next((t for t in self.tables if t.key == key), None)
 
 
 # --- reading and validating ---------------------------------------------------
@@ -241,17 +321,49 @@ def _gate(value: Any, at: _At) -> CapRule:
 
 def _library(value: Any, at: _At) -> LibRule:
     d = _object(value, at, ("paths", "judge", "what"))
-    paths = _list(d["paths"], at / "paths", _text)
+    by_cap: Tuple[Tuple[PriorityKey, Tuple[str, ...]], ...] = ()
+    if isinstance(d["paths"], dict):
+        by_cap = tuple((_priority_key(key, at / "paths" / key), _list(v, at / "paths" / key, _text))
+                       for key, v in d["paths"].items())
+        paths = tuple(dict.fromkeys(p for _, ps in by_cap for p in ps))
+        if any(not ps for _, ps in by_cap):
+            raise (at / "paths").error("a capability's paths are empty")
+    else:
+        paths = _list(d["paths"], at / "paths", _text)
     if not paths:
         raise at.error("paths is empty")
-    return LibRule(paths, _enum(Judge, Judge.values())(d["judge"], at / "judge"), _text(d["what"], at / "what"))
+    return LibRule(paths, _enum(Judge, Judge.values())(d["judge"], at / "judge"), _text(d["what"], at / "what"),
+                   by_cap)
 
 
 _PROVIDER_KEYS = ("caps", "libs", "needs", "packages", "gate_files", "has_flashinfer", "trtllm_on", "optional",
-                  "fallback", "cli", "note")
+                  "fallback", "cli", "note", "families", "imports")
 
 
-def _provider(value: Any, at: _At, libraries: Mapping[str, LibRule]) -> Provider:
+def _family(value: Any, at: _At, name: str, libraries: Mapping[str, LibRule]) -> FamilyRule:
+    d = _object(value, at, ("library", "pattern", "what"), ("kind",))
+    lib = _enum(str, tuple(libraries))(d["library"], at / "library")
+    kind = _enum(str, ("kernel", "symbol"))(d.get("kind", "kernel"), at / "kind")
+    try:
+        pattern = re.compile(_text(d["pattern"], at / "pattern"))
+    except re.error as exc:
+        raise (at / "pattern").error(f"not a regular expression: {exc}") from None
+    return FamilyRule(name, libraries[lib], pattern, _text(d["what"], at / "what"), kind)
+
+
+def _provider_families(value: Any, at: _At, families: Mapping[str, FamilyRule]
+                       ) -> Tuple[Tuple[PriorityKey, Tuple[FamilyRule, ...]], ...]:
+    out = []
+    for key, ids in _typed(value, at, dict, "an object").items():
+        if key == "*":
+            raise (at / key).error("families are per capability (\"10.3\") or major (\"12\"), not \"*\"")
+        chosen = _list(ids, at / key, _enum(str, tuple(families)))
+        out.append((_priority_key(key, at / key), tuple(families[i] for i in chosen)))
+    return tuple(out)
+
+
+def _provider(value: Any, at: _At, libraries: Mapping[str, LibRule],
+              families: Optional[Mapping[str, FamilyRule]] = None) -> Provider:
     d = _object(value, at, ("name",), _PROVIDER_KEYS)
     lib_ids = _list(d.get("libs", []), at / "libs", _enum(str, tuple(libraries)))
     return Provider(
@@ -264,7 +376,9 @@ def _provider(value: Any, at: _At, libraries: Mapping[str, LibRule]) -> Provider
         trtllm_on=_gate(d["trtllm_on"], at / "trtllm_on") if "trtllm_on" in d else None,
         optional=_typed(d.get("optional", False), at / "optional", bool, "true or false"),
         fallback=_text(d.get("fallback", ""), at / "fallback"), cli=_text(d.get("cli", ""), at / "cli"),
-        note=_text(d.get("note", ""), at / "note"))
+        note=_text(d.get("note", ""), at / "note"),
+        imports=_list(d.get("imports", []), at / "imports", _text),
+        families=_provider_families(d.get("families", {}), at / "families", families or {}))
 
 
 def _priority_key(text: str, at: _At) -> PriorityKey:
@@ -275,9 +389,10 @@ def _priority_key(text: str, at: _At) -> PriorityKey:
     return _pair(text, at)
 
 
-def _table(value: Any, at: _At, libraries: Mapping[str, LibRule]) -> Table:
+def _table(value: Any, at: _At, libraries: Mapping[str, LibRule],
+           families: Optional[Mapping[str, FamilyRule]] = None) -> Table:
     d = _object(value, at, ("kind", "variant", "source", "case", "priority", "providers"), ("notes",))
-    providers = _list(d["providers"], at / "providers", lambda v, a: _provider(v, a, libraries))
+    providers = _list(d["providers"], at / "providers", lambda v, a: _provider(v, a, libraries, families))
     names = [p.name for p in providers]
     doubled = sorted({n for n in names if names.count(n) > 1})
     if doubled:
@@ -311,23 +426,36 @@ def _names(value: Any, at: _At) -> Dict[str, str]:
     return {k: _text(v, at / "names" / k) for k, v in names.items()}
 
 
+def _serving(value: Any, at: _At, libraries: Mapping[str, LibRule]) -> Tuple[Tuple[LibRule, ...], Tuple[str, ...]]:
+    d = _object(value, at, ("libraries",), ("coverage", "notes"))
+    ids = _list(d["libraries"], at / "libraries", _enum(str, tuple(libraries)))
+    _text(d.get("notes", ""), at / "notes")
+    return tuple(libraries[i] for i in ids), _list(d.get("coverage", []), at / "coverage", _text)
+
+
 def parse(data: Any, file: str = "<rules>") -> Rules:
     """Rules from the decoded JSON of a rule file; RulesError says where it is wrong."""
     at = _At(file)
-    d = _object(data, at, ("schema_version", "vllm", "libraries", "tables", "selections", "observed_names"),
-                ("about",))
+    engine = data.get("engine", "vllm") if isinstance(data, dict) else "vllm"
+    engine = _enum(str, tuple(ENGINES))(engine, at / "engine")
+    d = _object(data, at, ("schema_version", engine, "libraries", "tables", "selections", "observed_names"),
+                ("about", "families", "engine", "serving_path"))
     if d["schema_version"] != SCHEMA_VERSION:
         raise (at / "schema_version").error(f"this probe reads version {SCHEMA_VERSION}, "
                                             f"found {json.dumps(d['schema_version'])}")
     libs = _typed(d["libraries"], at / "libraries", dict, "an object")
     libraries = {k: _library(v, at / "libraries" / k) for k, v in libs.items()}
-    tables = _list(d["tables"], at / "tables", lambda v, a: _table(v, a, libraries))
+    fams = _typed(d.get("families", {}), at / "families", dict, "an object")
+    families = {k: _family(v, at / "families" / k, k, libraries) for k, v in fams.items()}
+    tables = _list(d["tables"], at / "tables", lambda v, a: _table(v, a, libraries, families))
     keys = [t.key for t in tables]
     if len(set(keys)) != len(keys):
         raise (at / "tables").error("a kind.variant appears twice")
-    return Rules(vllm=_text(d["vllm"], at / "vllm"), tables=tables,
+    serving, coverage = _serving(d["serving_path"], at / "serving_path", libraries) if "serving_path" in d else ((), ())
+    return Rules(version=_text(d[engine], at / engine), tables=tables,
                  selections=_selections(d["selections"], at / "selections", tables),
-                 observed_names=_names(d["observed_names"], at / "observed_names"), path=file)
+                 observed_names=_names(d["observed_names"], at / "observed_names"), path=file,
+                 families=tuple(families.values()), engine=engine, serving=serving, coverage=coverage)
 
 
 def _unique_keys(path: str) -> Callable[[List[Tuple[str, Any]]], Dict[str, Any]]:
@@ -353,6 +481,17 @@ def load(path: str) -> Rules:
 
 
 @functools.cache
+def for_engine(engine: str) -> Rules:
+    """The rules this probe applies to an engine, loaded and validated once per process."""
+    return load(ENGINES[engine][2])
+
+
 def default() -> Rules:
-    """The rules this probe applies, loaded and validated once per process."""
-    return load(DEFAULT_FILE)
+    """vLLM's rules (the toolkit's own images serve vLLM)."""
+    return for_engine("vllm")
+
+
+def engines_in(packages: Mapping[str, str]) -> List[Rules]:
+    """The rules of every engine the image has installed (`packages`: normalised distribution names), vLLM
+    first; an image with both is judged by both."""
+    return [for_engine(e) for e, (_, dist, _) in ENGINES.items() if dist in packages]

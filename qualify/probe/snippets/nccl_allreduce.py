@@ -1,8 +1,11 @@
 """Collectives across the GPUs a tensor-parallel server would use, with the image's own NCCL (one process per GPU).
 
-usage: nccl_allreduce.py [WORLD_SIZE [BANDWIDTH_MIB]]
+usage: nccl_allreduce.py [WORLD_SIZE [BANDWIDTH_MIB [ENV_JSON]]]
 WORLD_SIZE 0 (the default) is every visible GPU; another number must be exactly the number visible (the
-deployment's --tensor-parallel-size), else nothing runs. Per rank, seed 000's two-rank test:
+deployment's --tensor-parallel-size), else nothing runs. ENV_JSON is the environment the ranks run under, a
+JSON object of names and values (the probe passes the server's: core/ncclenv.py); it is set before torch is
+imported, so every rank process inherits it, and each rank reports what it saw. Per rank, seed 000's two-rank
+test:
 
 - sum: rank r contributes a tensor filled with r + 1; every rank must end with n(n+1)/2, exactly;
 - reference: rank r contributes seeded normal values (generated on the CPU from seed SEED + r, so every rank
@@ -17,8 +20,8 @@ Tolerance: |x - ref| <= n * u * sum_i |x_i| elementwise, u the unit roundoff (fl
 the textbook bound on a floating-point sum of n terms in any order ((n - 1) u), with a factor n of slack.
 Then a BANDWIDTH_MIB (default 256) float32 all-reduce is timed with CUDA events and reported as nccl-tests
 does: algbw = bytes / time and busbw = algbw * 2(n-1)/n (the per-link figure comparable across GPU counts),
-from the mean time over ranks. NVLink multicast (NVLS) stays off: it can take shared GPUs out of service, and
-the qualification does not need it.
+from the mean time over ranks. NVLink multicast (NVLS) stays off because the environment the probe passes
+says so (core/ncclenv.py): it can take shared GPUs out of service, and the qualification does not need it.
 
 TEST DOUBLE: with BLACKWELL_COLLECTIVES_STANDIN=gloo the same collectives run over gloo between CPU processes
 (no GPU, no NCCL, no bandwidth worth the name), so CI on a machine without GPUs exercises every comparison
@@ -137,7 +140,7 @@ def _reference(torch, dist, rank, world, inputs):
     return out
 
 
-def _worker(rank, world, port, nbytes, queue):
+def _worker(rank, world, port, nbytes, queue, names):
     import torch
     import torch.distributed as dist
 
@@ -156,7 +159,8 @@ def _worker(rank, world, port, nbytes, queue):
         seconds = _bandwidth(torch, dist, world, nbytes)
         queue.put({"rank": rank, "device": "cpu (gloo stand-in)" if _standin() else torch.cuda.get_device_name(rank),
                    "value": x[0].item(), "all_equal": bool((x == expected).all().item()), "expected": expected,
-                   "reference": reference, "seconds_per_allreduce": seconds})
+                   "reference": reference, "seconds_per_allreduce": seconds,
+                   "env": {k: os.environ.get(k) for k in names}})  # what this rank's NCCL read
     finally:
         dist.destroy_process_group()
 
@@ -171,9 +175,10 @@ def _rates(world, nbytes, seconds):
 
 
 def main():
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    given = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    if not isinstance(given, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in given.items()):
+        raise SystemExit("ENV_JSON must be a JSON object of names and string values")
+    os.environ.update(given)  # before torch and NCCL load; the spawned ranks inherit it
     import torch
     import torch.multiprocessing as mp
 
@@ -184,8 +189,7 @@ def main():
     backend = "gloo" if _standin() else "nccl"
     out = {"world_size": world, "visible": visible, "backend": backend, "tolerance": TOLERANCE, "seed": SEED,
            "nccl": "none (gloo stand-in)" if _standin() else ".".join(str(p) for p in torch.cuda.nccl.version()),
-           "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                              "NVSHMEM_DISABLE_NVLS")}}
+           "env": given}
     if world < 2 or visible != world:
         out.update({"ok": False, "skipped": f"{visible} GPU(s) visible, world size {world}: an all-reduce needs at "
                     "least 2, and exactly the GPUs the deployment uses"})
@@ -194,7 +198,7 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, nbytes, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, nbytes, queue, sorted(given))) for r in range(world)]
     for p in procs:
         p.start()
     ranks = [queue.get(timeout=240) for _ in procs]

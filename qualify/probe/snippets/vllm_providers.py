@@ -79,14 +79,14 @@ def section(fn):
                 "traceback": traceback.format_exc(limit=6)[-1500:]}
 
 
-def attention(use_mla: bool):
+def attention(use_mla: bool, kv_cache_dtype: str = "auto"):
     import torch
     from vllm.platforms import current_platform
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     cfg = AttentionSelectorConfig(
         head_size=MLA_HEAD_SIZE if use_mla else ATTN_HEAD_SIZE,
-        dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=None, use_mla=use_mla)
+        dtype=torch.bfloat16, kv_cache_dtype=kv_cache_dtype, block_size=None, use_mla=use_mla)
     cap = current_platform.get_device_capability()
     valid, invalid = current_platform.get_valid_backends(cap, cfg, num_heads=ATTN_NUM_HEADS)
     order = sorted([(c.priority, c.backend.name) for c in valid]
@@ -94,7 +94,7 @@ def attention(use_mla: bool):
     chosen = min(valid, key=lambda c: c.priority).backend.name if valid else None
     out = {"selected": chosen, "order": [name for _, name in order],
            "rejected": {b.name: reasons for b, (_, reasons) in invalid.items()}}
-    if not use_mla:
+    if not use_mla and kv_cache_dtype == "auto":
         out["flash_attn_version"] = _flash_attn_version()
     return out
 
@@ -198,11 +198,149 @@ def linear_w4a16():
     return {"selected": chosen.__name__, "chosen_by_vllm": chosen.__name__}
 
 
+# The quantized MoE paths (issue 50): vLLM's own select_*_moe_backend over a FusedMoEConfig of a typical
+# model (Qwen3-30B-A3B class; gpt-oss-20b for MXFP4), no parallelism; each backend's kernels asked
+# is_supported_config in vLLM's order, so a rejection carries vLLM's reason.
+MOE_SHAPE = {"num_experts": 128, "experts_per_token": 8, "hidden_dim": 2048, "intermediate_size": 768}
+GPT_OSS_SHAPE = {"num_experts": 32, "experts_per_token": 4, "hidden_dim": 2880, "intermediate_size": 2880}
+
+
+class _ModelStandIn:
+    """The little of a ModelConfig vLLM's kernel choices read for a checkpoint (its model type, no
+    quantization_config override): DeepGEMM's FP8 kernels are chosen only for a known model
+    (DeepGemmFp8BlockScaledMMKernel: "Model configuration is required"). A stand-in, not a model."""
+
+    def __init__(self, model_type):
+        self.hf_text_config = SimpleNamespace(model_type=model_type)
+        self.hf_config = self.hf_text_config
+        self.quantization_config = None
+
+
+def _with_model(model_type, fn):
+    from vllm.config import get_current_vllm_config
+
+    cfg = get_current_vllm_config()
+    before = cfg.model_config
+    object.__setattr__(cfg, "model_config", _ModelStandIn(model_type))
+    try:
+        return fn()
+    finally:
+        object.__setattr__(cfg, "model_config", before)
+
+
+def _moe_config(shape, **extra):
+    import torch
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType
+
+    kw = dict(activation=MoEActivation.SILU, routing_method=RoutingMethodType.Renormalize)
+    kw.update(extra)
+    return FusedMoEConfig(num_local_experts=shape["num_experts"], num_logical_experts=shape["num_experts"],
+                          device="cuda", moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
+                          in_dtype=torch.bfloat16, **{k: v for k, v in shape.items()}, **kw)
+
+
+def _moe_rejections(oracle, order, cfg, wkey, akey):
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+
+    rejected = {}
+    for backend in order:
+        try:
+            classes = oracle.backend_to_kernel_cls(backend)
+        except Exception as exc:  # noqa: BLE001 - an import vLLM cannot make here is a rejection
+            rejected[backend.name] = [f"{type(exc).__name__}: {exc}"]
+            continue
+        reasons = []
+        for k_cls in classes:
+            ok, why = k_cls.is_supported_config(k_cls, cfg, wkey, akey, mk.FusedMoEActivationFormat.Standard)
+            if ok:
+                reasons = []
+                break
+            reasons.append(f"{k_cls.__name__}: {why}")
+        if reasons:
+            rejected[backend.name] = reasons
+    return rejected
+
+
+def _moe_answer(selected, order, rejected):
+    backend, k_cls = selected
+    return {"selected": backend.name, "kernel": getattr(k_cls, "__name__", None),
+            "order": [b.name for b in order], "rejected": rejected}
+
+
+def moe_fp8(block: bool):
+    from vllm.model_executor.layers.fused_moe.oracle import fp8 as oracle
+    from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+    cfg = _moe_config(MOE_SHAPE)
+    # per-tensor: a checkpoint's static activation scales (ModelOpt and compressed-tensors FP8 MoE checkpoints;
+    # `--quantization fp8` online is dynamic, and only Triton takes that); block: DeepSeek-style 128x128
+    wkey, akey = (q.kFp8Static128BlockSym, q.kFp8Dynamic128Sym) if block else \
+        (q.kFp8StaticTensorSym, q.kFp8StaticTensorSym)
+    B = oracle.Fp8MoeBackend
+    # select_fp8_moe_backend drops vLLM's own CUTLASS MoE unless a caller allows it (Fp8MoEMethod does not)
+    order = [b for b in oracle._get_priority_backends(cfg, wkey, akey)
+             if b not in (B.VLLM_CUTLASS, B.BATCHED_VLLM_CUTLASS)]
+    return _moe_answer(oracle.select_fp8_moe_backend(cfg, wkey, akey), order,
+                       _moe_rejections(oracle, order, cfg, wkey, akey))
+
+
+def moe_nvfp4():
+    from vllm.model_executor.layers.fused_moe.oracle import nvfp4 as oracle
+    from vllm.model_executor.layers.quantization.utils import quant_utils as q
+    from vllm.model_executor.layers.quantization.utils.humming import prioritize_humming
+
+    cfg = _moe_config(MOE_SHAPE)
+    B = oracle.NvFp4MoeBackend
+    # select_nvfp4_moe_backend's own list (a local there), in its order
+    order = prioritize_humming([B.FLASHINFER_TRTLLM, B.FLASHINFER_CUTEDSL, B.FLASHINFER_CUTEDSL_BATCHED,
+                                B.FLASHINFER_CUTLASS, B.VLLM_CUTLASS, B.MARLIN, B.HUMMING, B.EMULATION])
+    return _moe_answer(oracle.select_nvfp4_moe_backend(cfg, q.kNvfp4Static, q.kNvfp4Dynamic), order,
+                       _moe_rejections(oracle, order, cfg, q.kNvfp4Static, q.kNvfp4Dynamic))
+
+
+def moe_mxfp4():
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.oracle import mxfp4 as oracle
+    from vllm.model_executor.layers.quantization.utils import quant_utils as q
+
+    cfg = _moe_config(GPT_OSS_SHAPE, activation=MoEActivation.SWIGLUOAI, has_bias=True, swiglu_limit=7.0)
+    order = oracle._get_priority_backends_for_gpt_oss()
+    return _moe_answer(oracle.select_mxfp4_moe_backend(cfg), order,
+                       _moe_rejections(oracle, order, cfg, q.kMxfp4Static, None))
+
+
+def linear_fp8_block():
+    import torch
+    from vllm.model_executor import kernels as _  # noqa: F401 - package import order
+    from vllm.model_executor.kernels import linear as L
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape, create_fp8_quant_key
+    from vllm.platforms import current_platform
+
+    # DeepSeek-style checkpoints: 128x128 weight blocks, 1x128 dynamic activation groups (Fp8LinearMethod).
+    cfg = L.FP8ScaledMMLinearLayerConfig(
+        weight_quant_key=create_fp8_quant_key(static=True, group_shape=GroupShape(128, 128)),
+        activation_quant_key=create_fp8_quant_key(static=False, group_shape=GroupShape(1, 128)),
+        weight_shape=LINEAR_SHAPE, input_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    kernels = L._resolve_backend_kernels(L._POSSIBLE_FP8_BLOCK_KERNELS.get(current_platform._enum, []),
+                                         "scaled-mm", quantization="fp8_block_w8a8")
+    out = _kernel_loop(kernels, lambda k: L.is_supported_and_can_implement_kernel(k, cfg, None))
+    out["chosen_by_vllm"] = L.choose_scaled_mm_linear_kernel(
+        cfg, L._POSSIBLE_FP8_BLOCK_KERNELS, quantization="fp8_block_w8a8").__name__
+    return out
+
+
 SECTIONS = (
     ("attention.bf16", lambda: attention(False)),
     ("attention.mla", lambda: attention(True)),
+    ("attention.fp8-kv", lambda: attention(False, "fp8")),
     ("moe.bf16", moe_bf16),
+    ("moe.fp8", lambda: moe_fp8(False)),
+    ("moe.fp8-block", lambda: _with_model("deepseek_v3", lambda: moe_fp8(True))),
+    ("moe.nvfp4", moe_nvfp4),
+    ("moe.mxfp4", lambda: _with_model("gpt_oss", moe_mxfp4)),
     ("linear.fp8", linear_fp8),
+    ("linear.fp8-block", lambda: _with_model("deepseek_v3", linear_fp8_block)),
     ("linear.nvfp4", linear_nvfp4),
     ("linear.w4a16", linear_w4a16),
 )
