@@ -76,6 +76,23 @@ def test_a_wheelhouse_keeps_the_sha256_it_verified_and_a_record_refuses_bad_whee
             image.BuildRecord.parse(json.dumps(good | {"wheels": bad}).encode(), "r.json")
 
 
+def test_a_wheelhouse_of_several_wheels_is_hashed_on_every_core_and_a_bad_one_is_named(tmp_path):
+    # verify hashes the wheels on a thread per core (fsutil.sha256_files): the same digests as one by one,
+    # and a wheel whose bytes the lock does not list is still named, whichever thread hashed it.
+    names = [f"pkg{i}-1.0-py3-none-any.whl" for i in range(6)]
+    blobs = {n: (n * 50_000).encode() for n in names}
+    for n, b in blobs.items():
+        (tmp_path / n).write_bytes(b)
+    lock = tmp_path / "lock.txt"
+    lock.write_text("".join(f"pkg{i}==1.0 --hash=sha256:{hashlib.sha256(blobs[n]).hexdigest()}\n" for i, n in enumerate(names)))
+    digests = wheelhouse.verify(tmp_path, wheelhouse.parse_lock(lock), lock)
+    assert digests == {n: hashlib.sha256(b).hexdigest() for n, b in blobs.items()}
+    assert list(digests) == names  # in the lock's order, as before
+    (tmp_path / names[3]).write_bytes(b"changed")
+    with pytest.raises(LockError, match=f"{names[3]} has sha256 {hashlib.sha256(b'changed').hexdigest()}"):
+        wheelhouse.verify(tmp_path, wheelhouse.parse_lock(lock), lock)
+
+
 def test_sm121_image_is_arm64_and_sm120_amd64(docker_engine, sm120, sm121):
     for record, arch in ((sm120, "amd64"), (sm121, "arm64")):
         out = subprocess.run([docker_engine, "image", "inspect", "--format", "{{.Architecture}}", record.image_reference],

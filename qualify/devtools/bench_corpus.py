@@ -210,15 +210,18 @@ def _wall_ms(argv: List[str], env: Dict[str, str]) -> float:
     return elapsed
 
 
-def startup(library: Path, cuobjdump: Path, runs: int) -> Dict[str, List[float]]:
-    """Wall times (ms) of the bare interpreter, the census of `library` and cuobjdump on it, in turn."""
+def startup(library: Path, cuobjdump: Optional[Path], runs: int) -> Dict[str, List[float]]:
+    """Wall times (ms) of the bare interpreter, the census of `library` and cuobjdump on it (where given),
+    in turn: interleaved, so a change of load hits both sides of a pair."""
     env = inv._env()
     python = [sys.executable]
     commands = {
         "python -c pass": [[*python, "-c", "pass"]],
         "python -m qualify inspect FILE --json": [[*python, "-m", "qualify", "inspect", str(library), "--json"]],
-        "cuobjdump --list-elf FILE, --list-ptx FILE": [[str(cuobjdump), f, str(library)] for f in ("--list-elf", "--list-ptx")],
     }
+    if cuobjdump is not None:
+        commands["cuobjdump --list-elf FILE, --list-ptx FILE"] = [
+            [str(cuobjdump), f, str(library)] for f in ("--list-elf", "--list-ptx")]
     times: Dict[str, List[float]] = {name: [] for name in commands}
     for _ in range(runs):
         for name, argvs in commands.items():
@@ -396,6 +399,23 @@ def _per_file(libraries: List[Path], out: Path, runs: int) -> inv.Measurement:
     return inv.median_measurement(results)
 
 
+def _startup_only(library: Path, runs: int) -> int:
+    if not library.is_file():
+        emit(f"error: {library}: no such file (give a library with a .nv_fatbin, e.g. one of the synthetic corpus)")
+        return 2
+    print(f"{sys.executable} (Python {sys.version.split()[0]}), load average at start: {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs", flush=True)
+    inv.compile_bytecode()
+    for _ in range(2):  # the page cache and bytecode warm, untimed
+        _wall_ms([sys.executable, "-m", "qualify", "inspect", str(library), "--json"], inv._env())
+    times = startup(library, None, runs)
+    for line in startup_lines(library, times):
+        print(line)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    over = statistics.median(c - b for c, b in zip(times["python -m qualify inspect FILE --json"], times["python -c pass"]))
+    return 0 if over <= TARGET_STARTUP_MS else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = inv.make_parser("nox -s bench-inventory --")
     which = parser.add_mutually_exclusive_group()
@@ -403,9 +423,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     which.add_argument("--no-corpus", action="store_true", help="only the large libraries")
     parser.add_argument("--no-wheels", action="store_true",
                         help="leave out the corpus of real PyPI kernel packages (no download): the synthetic one only")
+    which.add_argument("--startup-only", metavar="FILE", type=Path,
+                       help="only the census's start-up on FILE, against `python -c pass` (no cuobjdump: runs on a "
+                            "host without CUDA, such as a quiet GPU host's bare Python)")
+    parser.add_argument("--startup-runs", type=int, default=21, help="interleaved pairs for the start-up (default 21)")
     args = parser.parse_args(argv)
     if args.measure:
         return inv._measure_helper(args.measure)
+    if args.startup_only:
+        return _startup_only(args.startup_only, max(1, args.startup_runs))
     runs, cuobjdump_runs, page_cache = max(1, args.runs), max(1, args.cuobjdump_runs), inv.PageCache(args.page_cache)
     try:
         code = 0

@@ -207,11 +207,13 @@ def verify(dest: Path, pins: List[Pin], lock: Path) -> Dict[str, str]:
     for wheel in dest.glob("*.whl"):
         by_name.setdefault(wheel_name(wheel.name), []).append(wheel)
     for pin in pins:
-        wheels = by_name.get(pin.name, [])
-        if not wheels:
+        if not by_name.get(pin.name):
             raise LockError(f"{lock}: no wheel for {pin.name}=={pin.version} in {dest}")
-        for wheel in wheels:
-            digest = digests[wheel.name] = fsutil.sha256_file(wheel)
+    pinned = {p.name for p in pins}
+    hashed = fsutil.sha256_files(w for name, ws in sorted(by_name.items()) if name in pinned for w in ws)
+    for pin in pins:
+        for wheel in by_name[pin.name]:
+            digest = digests[wheel.name] = hashed[wheel]
             if digest not in pin.hashes:
                 raise LockError(
                     f"{lock}: {wheel.name} has sha256 {digest}, which the lock does not list for {pin.name}",
@@ -256,12 +258,15 @@ def wheel_digests(dest: Path) -> Dict[str, str]:
         recorded = json.loads((dest / DIGESTS_FILE).read_text())
     except (OSError, ValueError):
         recorded = {}
-    out, listing, stale = {}, _listing(dest), False
+    out, listing, stale = {}, _listing(dest), []
     for name, now in listing.items():
         known = recorded.get(name) if isinstance(recorded, dict) else None
-        fresh = isinstance(known, list) and len(known) == 3 and known[:2] == now and isinstance(known[2], str)
-        out[name] = known[2] if fresh else fsutil.sha256_file(dest / name)
-        stale = stale or not fresh
+        if isinstance(known, list) and len(known) == 3 and known[:2] == now and isinstance(known[2], str):
+            out[name] = known[2]
+        else:
+            stale.append(dest / name)
+    out.update((p.name, digest) for p, digest in fsutil.sha256_files(stale).items())
+    out = dict(sorted(out.items()))
     if stale:  # so the next build reads them instead of hashing gigabytes again
         _write_digests(dest, listing, out)
     return out
