@@ -345,7 +345,29 @@ def nvidia_smi_queries_by_hand(root: Path) -> List[str]:
     return out
 
 
+CLIENTS = "host/clients.py"
+_ENGINE_PROGRAMS = {"docker", "podman", "docker-compose", "podman-compose", "docker-registry"}
+
+
+def engine_clients_found_by_hand(root: Path) -> List[str]:
+    """A container engine's program looked up (`which("docker")`, ...) or named by its Debian path outside
+    host/clients.py: a second rule for which client runs (there were three)."""
+    out = []
+    for rel, _, tree in modules(root):
+        if rel == CLIENTS:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] == "which" and node.args
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value in _ENGINE_PROGRAMS):
+                out.append(f"{rel}:{node.lineno}: {node.args[0].value} found by hand: use {CLIENTS}")
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value.startswith("/usr/bin/") and node.value[len("/usr/bin/"):] in _ENGINE_PROGRAMS):
+                out.append(f"{rel}:{node.lineno}: {node.value} named by hand: use {CLIENTS}")
+    return out
+
+
 RULES = {
+    "clients": engine_clients_found_by_hand,
     "nvsmi": nvidia_smi_queries_by_hand,
     "reexport": names_taken_second_hand,
     "subprocess": subprocess_outside_runner,

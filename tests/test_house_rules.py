@@ -29,6 +29,8 @@ def _copy(tmp_path: Path) -> Path:
 
 
 PLANTED = {
+    "clients": ("deploy/planted.py", "import shutil\n\nfrom qualify.host import cmd\n\n\ndef engine():\n"
+                "    return shutil.which('docker') or cmd.which('podman') or '/usr/bin/docker'\n", 3),
     "nvsmi": ("deploy/planted.py", "FIELDS = 'index,name'\n\n\ndef q(smi):\n    return smi(['--query-gpu=index,name', "
               "f'--query-gpu={FIELDS}', '--format=csv'])\n", 2),
     "reexport": ("deploy/planted.py", "from qualify.trust.folder import KeyAnchor, read_release\n", 1),

@@ -6,7 +6,6 @@ to do about it (exit 3, or 2 for a setting that is not one of the choices).
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from qualify.deploy.errors import DeployError
 from qualify.deploy.gpus import DRIVER_FIX, Gpu
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
-from qualify.host import cmd
+from qualify.host import clients, cmd
 
 
 @dataclass(frozen=True)
@@ -139,43 +138,6 @@ def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memor
 # --- engine ------------------------------------------------------------------------
 
 
-def _works(argv: Sequence[str], timeout: float = 60) -> Tuple[bool, str]:
-    proc = cmd.ask(argv, timeout=timeout)
-    return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
-
-
-def docker_clients() -> List[str]:
-    """Each docker client on this host once (a newer one on PATH may lack compose)."""
-    seen: List[str] = []
-    for c in ("docker", "/usr/bin/docker"):
-        p = shutil.which(c)
-        if p and os.path.realpath(p) not in [os.path.realpath(x) for x in seen]:
-            seen.append(p)
-    return seen
-
-
-def _find(kind: str) -> Tuple[Optional[str], str]:
-    error = ""
-    candidates = docker_clients() if kind == "docker" else ([shutil.which("podman")] if shutil.which("podman") else [])
-    for c in candidates:
-        ok, error = _works([c, "info"])
-        if ok:
-            return c, ""
-    return None, error
-
-
-def _compose(kind: str) -> Optional[Tuple[str, ...]]:
-    if kind == "docker":
-        for c in docker_clients():
-            if _works([c, "compose", "version"])[0]:
-                return (c, "compose")
-        if shutil.which("docker-compose") and _works(["docker-compose", "version"])[0]:
-            return ("docker-compose",)
-    elif shutil.which("podman-compose") and _works(["podman-compose", "version"])[0]:
-        return ("podman-compose",)
-    return None
-
-
 def _no_engine(what: str, error: str) -> Stop:
     detail = f": {error.splitlines()[0]}" if error else ""
     if "permission denied" in error:
@@ -190,9 +152,9 @@ def detect_engine(s: Settings) -> EngineChoice:
     kinds = ("docker", "podman") if choice == "auto" else (choice,)
     error = ""
     for kind in kinds:
-        cli, error = _find(kind)
+        cli, error = clients.answering(kind)
         if cli:
-            compose = _compose(kind)
+            compose = clients.compose(kind)
             if compose is None:
                 if kind == "docker":
                     raise Stop(EX_PREFLIGHT, "Docker answers but has no compose: neither 'docker compose' nor "
@@ -209,30 +171,8 @@ def detect_engine(s: Settings) -> EngineChoice:
 # --- GPU runtime ---------------------------------------------------------------------
 
 
-def nvidia_runtime_present(engine: EngineChoice) -> bool:
-    if engine.kind != "docker":
-        return False
-    runtimes = cmd.ask([engine.cli, "info", "--format", "{{json .Runtimes}}"])
-    if runtimes.returncode == 0 and '"nvidia"' in runtimes.stdout:
-        return True
-    return shutil.which("nvidia-container-runtime-hook") is not None
-
-
-def cdi_spec_files(s: Settings) -> List[Path]:
-    out = []
-    for d in s.cdi_spec_dirs:
-        for pattern in ("*.yaml", "*.yml", "*.json"):
-            for f in sorted(Path(d).glob(pattern)):
-                try:
-                    if f.is_file() and "nvidia.com/gpu" in f.read_text(errors="replace")[:1 << 22]:
-                        out.append(f)
-                except OSError:
-                    continue
-    return out
-
-
 def cdi_usable(engine: EngineChoice, s: Settings) -> bool:
-    if not cdi_spec_files(s):
+    if not clients.cdi_spec_files(s.cdi_spec_dirs):
         return False
     if engine.kind == "podman":
         return True
@@ -258,7 +198,7 @@ def _cdi_devices(chosen: Sequence[Gpu], s: Settings) -> str:
 
 def _cdi_device(gpu: Gpu, s: Settings) -> str:
     """The CDI name of our GPU (nvidia-ctk names devices by index and, lately, by UUID)."""
-    if any(gpu.uuid in f.read_text(errors="replace") for f in cdi_spec_files(s)):
+    if any(gpu.uuid in f.read_text(errors="replace") for f in clients.cdi_spec_files(s.cdi_spec_dirs)):
         return gpu.uuid
     if gpu.device.isdigit():
         return gpu.device
@@ -276,7 +216,7 @@ def selinux_enforcing() -> bool:
 def gpu_runtime(engine: EngineChoice, chosen: Sequence[Gpu], s: Settings, ui: Ui, allow_none: bool) -> GpuRuntime:
     kind = s.gpu_runtime.value
     if kind == "auto":
-        if nvidia_runtime_present(engine):
+        if clients.nvidia_runtime_present(engine.kind, engine.cli):
             kind = "nvidia"
         elif cdi_usable(engine, s):
             kind = "cdi"
@@ -285,7 +225,7 @@ def gpu_runtime(engine: EngineChoice, chosen: Sequence[Gpu], s: Settings, ui: Ui
     selinux_off = engine.kind == "podman" and selinux_enforcing()
     extra = ("--security-opt", "label=disable") if selinux_off else ()
     if kind == "nvidia":
-        if not nvidia_runtime_present(engine):
+        if not clients.nvidia_runtime_present(engine.kind, engine.cli):
             raise _no_gpu_runtime(engine, s)
         uuids = ",".join(g.uuid for g in chosen)
         rt = GpuRuntime("nvidia", uuids, ("--gpus", f'"device={uuids}"' if len(chosen) > 1 else f"device={uuids}")

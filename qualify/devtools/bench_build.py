@@ -44,7 +44,7 @@ from qualify.config import targets
 from qualify.core.errors import QualifyError
 from qualify.core.report import Reporter
 from qualify.devtools import bench_disk
-from qualify.host import cacheledger, cmd, paths, provenance, skopeo, tables
+from qualify.host import cacheledger, clients, cmd, paths, provenance, skopeo, tables
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import buildcache, download_progress, hermetic, image, wheelhouse
@@ -139,7 +139,7 @@ def scratch_engine() -> Iterator[str]:
                                  "--iptables=false", "--ip-masq=false", "--storage-driver", "overlay2"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
-        while cmd.call(["/usr/bin/docker", "-H", sock, "info"], check=False, timeout=30).returncode != 0:
+        while cmd.call([clients.DEBIAN_DOCKER, "-H", sock, "info"], check=False, timeout=30).returncode != 0:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise QualifyError(f"the bench's own dockerd did not start: {cmd.tail((run / 'dockerd.log').read_text())}")
             time.sleep(0.5)
@@ -165,7 +165,7 @@ def pull_row(record: image.BuildRecord, size: int) -> Row:
         return Row("pull into a clean engine", None, f"not run: {free / 1e9:.1f} GB free, needs ~{need / 1e9:.0f} GB")
     with scratch_engine() as sock:
         start = time.monotonic()
-        cmd.call(["/usr/bin/docker", "-H", sock, "pull", "-q", record.image_reference], timeout=3600)
+        cmd.call([clients.DEBIAN_DOCKER, "-H", sock, "pull", "-q", record.image_reference], timeout=3600)
         seconds = time.monotonic() - start
     return Row("pull into a clean engine (second dockerd)", seconds, record.image_reference.rsplit("/", 1)[-1][:40])
 

@@ -39,7 +39,7 @@ from qualify.core import killpoint, manifest
 from qualify.core.errors import QualifyError, RegistryError
 from qualify.core.fsutil import file_lock, write_atomic
 from qualify.core.report import Reporter
-from qualify.host import cleanstate, cmd, paths, skopeo, workcontainers, workdirs
+from qualify.host import cleanstate, clients, cmd, paths, skopeo, workcontainers, workdirs
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 
@@ -279,7 +279,7 @@ def _collect_garbage(registry: Registry, data: Path, state_dir: Path, report: Cl
                 while registry.answers(timeout=0.5) and time.monotonic() < deadline:
                     time.sleep(0.2)
                 killpoint.reached("clean:collecting")
-                binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+                binary = clients.registry_binary()
                 proc = cmd.ask([binary, "garbage-collect", str(config)], timeout=1800)
                 if proc.returncode != 0:
                     raise RegistryError(f"registry garbage-collect failed: {proc.stderr.strip()[-300:]}",

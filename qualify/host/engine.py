@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections import deque
@@ -46,7 +45,7 @@ from qualify.config.imageref import ImageRef, digests_for
 from qualify.core import killpoint
 from qualify.core.errors import BaseImageError, BuildError, EngineError
 from qualify.core.report import Reporter, emit
-from qualify.host import buildkit, cmd, workcontainers
+from qualify.host import buildkit, clients, cmd, workcontainers
 from qualify.host.progress import BuildSteps, PushProgress
 
 REPORT = Reporter("build")
@@ -78,20 +77,6 @@ class ImageInfo:
     size: int
 
 
-def _client_binary(name: str) -> str:
-    if name == "docker":
-        # Debian's client matches Debian's engine and carries BuildKit itself;
-        # a newer client without buildx cannot use BuildKit at all.
-        if os.path.exists("/usr/bin/docker"):
-            return "/usr/bin/docker"
-        found = shutil.which("docker")
-    else:
-        found = shutil.which("podman")
-    if not found:
-        raise EngineError(f"{name} is not installed", hint="run scripts/setup-host.sh, or choose --engine docker|podman")
-    return found
-
-
 class Engine:
     """A container engine: docker or podman."""
 
@@ -102,7 +87,7 @@ class Engine:
         if builder is not None and builder not in BUILDERS[name]:
             raise EngineError(f"{name} has no {builder!r} builder", hint=f"use one of {', '.join(BUILDERS[name])}")
         self.name = name
-        self.binary = binary or _client_binary(name)
+        self.binary = binary or clients.build_client(name)
         self.client = DockerClient(client_call=[self.binary], client_type="podman" if name == "podman" else "docker")
         # An explicit builder (e.g. classic, to show what does not reproduce) skips detection.
         self._builder: Optional[str] = builder

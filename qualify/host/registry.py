@@ -23,7 +23,7 @@ from typing import Dict, Iterator, List, Optional, Set
 from qualify.core.errors import EngineError, HostError, RegistryError
 from qualify.core.fsutil import file_lock
 from qualify.core.report import Reporter
-from qualify.host import cmd, paths
+from qualify.host import clients, cmd, paths
 
 REPORT = Reporter("registry")
 
@@ -161,7 +161,7 @@ class Registry:
         """Start our registry (the caller holds its lock: `ensure`, or clean after garbage collection)."""
         if not self.address.startswith("127.0.0.1:"):
             raise RegistryError(f"registry {self.address} does not answer", hint="start it, or unset QUALIFY_REGISTRY")
-        binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+        binary = clients.registry_binary()
         if not os.path.exists(binary):
             raise RegistryError(
                 "Debian's docker-registry is not installed", hint="run scripts/setup-host.sh (apt-get install docker-registry)"

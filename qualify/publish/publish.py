@@ -36,7 +36,7 @@ from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
 from qualify.core.report import Progress, Reporter
-from qualify.host import paths, skopeo, workcontainers
+from qualify.host import clients, paths, skopeo, workcontainers
 from qualify.host.engine import Engine
 from qualify.host.registry import Registry
 from qualify.imagebuild import image, wheelhouse
@@ -85,7 +85,7 @@ class PublishOptions:
     destination: Destination
     release_root: Path  # manifests/
     signer: Signer = field(repr=False)  # the release key's: every attestation and published.json
-    docker: str = "/usr/bin/docker"
+    docker: str = clients.DEBIAN_DOCKER
     build_dir: Path = paths.HERE.build_records
     attest_build: bool = True  # SLSA + SBOM (need the build record and the engine)
     @property

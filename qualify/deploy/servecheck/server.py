@@ -20,7 +20,7 @@ from qualify.core.servingpaths import ServingPaths
 from qualify.deploy import api, heads, modelpaths, ops, preflight, settings
 from qualify.deploy.servecheck.providers import ServingInput
 from qualify.deploy.ui import Ui
-from qualify.host import cmd
+from qualify.host import clients, cmd
 from qualify.release import serving
 from qualify.trust.folder import read_release
 from qualify.trust.verify import KeyAnchor
@@ -98,7 +98,7 @@ def from_url(url: str, model: str, image: Optional[str], target: str, release_di
     """`container`: the server's container on this host (its log and memory), run by docker, else podman."""
     if image is not None and not getattr(try_parse(image), "digest", None):
         raise ConfigError(f"--image {image!r} is not pinned by digest", hint="give repository@sha256:<digest>")
-    engine = (cmd.which("docker") or cmd.which("podman") or "") if container else ""
+    engine = (clients.any_client() or "") if container else ""
     if container and not engine:
         raise ConfigError(f"--container {container}: neither docker nor podman is on PATH")
     return Server(url=url.rstrip("/"), model=model, found_by="url", target=target or UNKNOWN, image=image,
