@@ -163,7 +163,7 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
     elif s.gpu_runtime == "cdi":
         service["devices"] = [f"nvidia.com/gpu={d}" for d in s.devices]
     if s.selinux_label_disable:
-        # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (seed 003).
+        # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (the GB10 compatibility report).
         service["security_opt"] = ["label=disable"]
     service = _literal(service)
     if not s.model_path:  # a local folder is served offline: no token
