@@ -86,14 +86,25 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 def relative_links(name: str) -> Iterator[str]:
     text = re.sub(r"```.*?```", "", docpages.page(name), flags=re.DOTALL)  # code blocks hold no links
     for target in LINK.findall(text):
-        if not re.match(r"[a-z][a-z0-9+.-]*:", target) and not target.startswith("#"):
+        if not re.match(r"[a-z][a-z0-9+.-]*:", target):
             yield target
+
+
+def anchors(path: Path) -> set:
+    """The anchors GitHub gives a markdown page's headings (lower case, punctuation dropped, spaces to hyphens)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
 @pytest.mark.parametrize("name", docpages.guides())
 def test_every_relative_link_leads_to_a_file_that_exists(name):
     base = (REPO / name).parent
-    broken = [t for t in relative_links(name) if not (base / t.split("#", 1)[0]).exists()]
+    broken = []
+    for target in relative_links(name):
+        file, _, anchor = target.partition("#")
+        path = (base / file).resolve() if file else REPO / name
+        if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
+            broken.append(target)
     assert not broken, f"{name}: {broken}"
 
 

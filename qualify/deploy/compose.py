@@ -17,7 +17,7 @@ SERVICE = "vllm"
 # The OpenAI-compatible server, named as a module so the image's ENTRYPOINT does not matter.
 SERVE_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 # Owned by the image's non-root user (images/runtime-user/add-user.sh): a new named volume mounted
-# there takes that owner. A volume an older, root image filled keeps root's files: see the README.
+# there takes that owner. A volume an older, root image filled keeps root's files: see docs/deploy.md.
 CACHE_ROOT = "/var/cache/blackwell"
 HF_HOME = f"{CACHE_ROOT}/huggingface"
 VLLM_CACHE = f"{CACHE_ROOT}/vllm"
