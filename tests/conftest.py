@@ -183,8 +183,8 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_deployment(docker_engine, loopback_registry, tmp_path_factory):
-    """A real vLLM server (the cpu target, the tiny model) made by the README's cpu flow as written:
-    tests/cpu_server.py says how it is made and used. One per session; the README's closing lines (status,
+    """A real vLLM server (the cpu target, the tiny model) made by the cpu flow of docs/deploy.md as written:
+    tests/cpu_server.py says how it is made and used. One per session; that flow's closing lines (status,
     verify --full, stop.sh --purge-cache) run at its end."""
     import cpu_server
 

@@ -7,7 +7,7 @@ Not a test module. The `cpu_deployment` fixture (tests/conftest.py, session scop
         body = api.chat(cpu_deployment.url, cpu_deployment.model, [{"role": "user", "content": "..."}])
         done = cpu_deployment.script("scripts/verify.sh", "--full")
 
-What it does, once per session: the README's cpu flow (section "The cpu target"), line by line as typed, in
+What it does, once per session: the cpu flow users read (docs/deploy.md, "The cpu target"), line by line as typed, in
 a clean clone of this checkout (`readme_deployment`): set-up and `nox -s build-cpu -- --base hermetic`, the
 release key (`qualify sign generate-key`, committed), the release, `qualify tiny-model` (the committed model,
 MODEL_PATH) and the settings line; then `./start.sh` with GPU_RUNTIME=auto on this host, which has no
@@ -36,6 +36,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
+
+import docpages
 
 REPO = Path(__file__).resolve().parent.parent
 PASSWORD = "cpu deployment release key"
@@ -106,12 +108,12 @@ class CpuDeployment:
                               text=True, timeout=60).stdout.split()
 
 
-README_SECTION = "### The cpu target"
+DOC_PAGE, DOC_SECTION = "docs/deploy.md", "## The cpu target"  # the README's until issue 52
 
 
 @dataclass(frozen=True)
 class ReadmeFlow:
-    """The README's cpu flow block, line by line as a newcomer types them (comments dropped)."""
+    """The cpu flow block users read (docs/deploy.md), line by line as a newcomer types them (comments dropped)."""
 
     before: List[str]  # up to ./start.sh: build, key, release, model, settings
     start: str
@@ -124,9 +126,9 @@ class ReadmeFlow:
 
 
 def readme_flow() -> ReadmeFlow:
-    text = (REPO / "README.md").read_text()
-    assert README_SECTION in text, f"the README has no {README_SECTION!r} section"
-    block = text.split(README_SECTION, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    text = docpages.section(DOC_PAGE, DOC_SECTION)
+    assert "```sh\n" in text, f"{DOC_PAGE}, {DOC_SECTION!r}: no sh block"
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [re.split(r"\s{2,}#", line)[0].strip() for line in block.splitlines()]
     lines = [line for line in lines if line and not line.startswith("#")]
     at = lines.index("./start.sh")

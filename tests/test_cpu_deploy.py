@@ -1,7 +1,7 @@
 """./start.sh against a REAL vLLM server: the cpu target (vLLM's CPU build) serving the tiny model.
 
 The deployment is tests/cpu_server.py's, shared by the session (fixture `cpu_deployment`): a clean clone,
-the README's build and release commands, `qualify tiny-model`, then ./start.sh with GPU_RUNTIME=auto on this
+docs/deploy.md's cpu flow (build, release key, release), `qualify tiny-model`, then ./start.sh with GPU_RUNTIME=auto on this
 host, which has no nvidia-smi. Nothing here is a stand-in: the image is the one `nox -s build-cpu` built,
 the server is vLLM's, the manifest is the one qualification wrote and the release signed.
 """

@@ -81,7 +81,7 @@ def test_gb10_sizes_the_unified_pool_from_meminfo_with_the_lower_fraction():
 
 
 def test_gb10_lowers_the_fraction_when_the_host_uses_the_pool():
-    # Seed 003: 0.9 of 119.6 GB asked for while 39.9 GB was free.
+    # The GB10 compatibility report: 0.9 of 119.6 GB asked for while 39.9 GB was free.
     fit = memory.memory_fit(SM121, "[N/A]", meminfo(119.6, 39.9, 39.0))
     assert fit.gpu_memory_utilization == 0.30
     assert any("lowered" in n for n in fit.notes)

@@ -3,7 +3,7 @@
 The "external" images are built the way people commonly build them: `pip install triton` into a venv on the
 same hermetic base, without our wiring (no TRITON_*_PATH, no TORCH_CUDA_ARCH_LIST, no allocator hook), once
 with the Triton our smoke image has (3.8.0) and once with Triton 3.5.0, whose bundled CUDA 12.8 ptxas rejects
-sm_121a (seed 004). Real images, a real engine, the real loopback registry; sm121 runs under qemu.
+sm_121a (the sm_121a field report). Real images, a real engine, the real loopback registry; sm121 runs under qemu.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def test_the_missing_wiring_is_named_with_what_it_breaks_and_the_fix(qualified, 
 
 
 def test_the_old_triton_bundled_ptxas_rejects_sm121a_and_assembles_sm120a(qualified):
-    """Seed 004's failure, named; and the same ptxas is no failure on 12.0 (CUDA 12.8 knows sm_120a): the
+    """The sm_121a field report's failure, named; and the same ptxas is no failure on 12.0 (CUDA 12.8 knows sm_120a): the
     assembly test writes the PTX ISA version that first names the target, not one its ptxas does not know."""
     gb10 = checks(manifest.load(qualified[("sm121", "3.5.0")][1]))
     asm = gb10["triton.ptxas-assembles"]

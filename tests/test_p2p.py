@@ -3,7 +3,7 @@ custom all-reduce judged on the chosen GPUs; the host's IOMMU and PCIe ACS read 
 
 No GPU, IOMMU or PCIe switch here: STAND-INS (tests/multigpu_standins.py, labelled there) give the probe's P2P
 snippet's results and a sysfs tree; the snippet itself runs for real on this GPU-less host (it says so) and on
-a lent H200 (README, Several GPUs)."""
+a lent H200 (docs/multi-gpu.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Promotion by GPU evidence (seed 000's rule), through `qualify/release/promote.py` and the CLI.
+"""Promotion by GPU evidence (the Blackwell support RFC's rule), through `qualify/release/promote.py` and the CLI.
 
 Releases are made by the real release steps; evidence records are made and signed as start.sh makes and
 signs them, by a GPU host enrolled with its own key; what promote writes is read back through the one
@@ -68,7 +68,7 @@ def test_an_infrastructure_outcome_neither_resets_nor_counts(lab):
 
 
 def test_a_run_that_saw_no_gpu_is_kept_as_infrastructure(lab):
-    """Seed 000: infrastructure failures are reported apart from product failures. A run on the target's host
+    """The Blackwell support RFC: infrastructure failures are reported apart from product failures. A run on the target's host
     whose GPU was not visible (gpu-evidence --gpus none, a broken driver) is accepted, neither counts nor resets;
     a run on another GPU is still refused (the parametrised test below)."""
     blind = lab.record(4, ev.Outcome.INFRASTRUCTURE, cap=ev.NO_GPU, gpu=ev.Gpu(ev.NO_GPU, ev.NO_GPU, ev.hashed(""), ""))

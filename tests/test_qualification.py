@@ -158,7 +158,7 @@ def test_missing_allocator_hook_fails(engine, docker_engine, tmp_path):
 
 
 def _ptxas_12_8(tmp_path, platform_tag):
-    """Triton 3.5.0's bundled ptxas (CUDA 12.8): it rejects sm_121a, as seed 004 saw."""
+    """Triton 3.5.0's bundled ptxas (CUDA 12.8): it rejects sm_121a, as the sm_121a field report saw."""
     out = tmp_path / "wheel"
     subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "--quiet", "--no-deps", "--only-binary=:all:",
                     "--platform", platform_tag, "--python-version", "3.11", "--index-url", "https://pypi.org/simple",

@@ -1,4 +1,5 @@
-"""Issue 30, item 1: every `python -m qualify <command>` the README shows works as written, in a clean clone,
+"""Issue 30, item 1: every `python -m qualify <command>` the README and the guides under docs/ show (issue 52 moved
+most of the README there: tests/docpages.py) works as written, in a clean clone,
 with the interpreter a newcomer has (the base Python, without the toolkit's dependencies), once the README's
 set-up has made the toolkit's `.venv`; and before it, the same command says what to run, never a traceback."""
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docpages
 import pytest
 from conftest import clone_checkout
 
@@ -19,8 +21,8 @@ COMMAND = re.compile(r"(?:^|[\s`(])python3? -m qualify ([a-z][a-z-]*)")
 
 
 def readme_commands() -> list:
-    found = sorted(set(COMMAND.findall((REPO / "README.md").read_text())))
-    assert len(found) >= 10, found  # the README shows many; a parse that finds few is broken
+    found = sorted(set(COMMAND.findall(docpages.user_text())))
+    assert len(found) >= 10, found  # the guides show many; a parse that finds few is broken
     return found
 
 
@@ -76,9 +78,10 @@ def test_after_the_set_up_every_readme_command_answers_help(clone):
 
 
 def readme_line(needle: str) -> str:
-    """The README's command line holding `needle`, without its trailing comment."""
-    lines = [ln for ln in (REPO / "README.md").read_text().splitlines() if needle in ln and "-m qualify" in ln]
-    assert lines, f"the README no longer shows a command with {needle!r}"
+    """The command line holding `needle` that users read (README first, then the guides), without its trailing
+    comment."""
+    lines = [ln for ln in docpages.user_lines(needle) if "-m qualify" in ln]
+    assert lines, f"neither the README nor a guide shows a command with {needle!r} any more"
     return lines[0].split("   #", 1)[0].strip()
 
 
@@ -192,4 +195,4 @@ def test_a_host_key_made_as_the_readme_says_gets_no_release_key_advice(tmp_path)
     assert release.returncode == 0 and "RELEASE_KEY_FINGERPRINT=" in release.stdout, release.stderr
 
 
-README_TEXT = (REPO / "README.md").read_text()
+README_TEXT = docpages.user_text()  # the README and the guides

@@ -673,7 +673,7 @@ def test_a_pre_release_is_never_chosen_as_the_newest(tmp_path, keys):
 
 
 def test_a_seeded_host_refuses_a_rollback_on_its_first_deploy(host, docker_engine):
-    """README, Trust: seed the anti-rollback state from a known release before the first deploy."""
+    """docs/trust.md, first use: seed the anti-rollback state from a known release before the first deploy."""
     released(host)
     host.release(statement("sm120", DIGEST_A), tag="v1.1.0")
     host.settings(RELEASE_TAG="v1.1.0", RELEASE_KEY_FINGERPRINT=key_fingerprint(Path(f"{host.key}.pub")))

@@ -3,8 +3,8 @@
 Build and qualify (the smoke images, hermetic base), make the release key and commit it, release, clone the
 tag, verify, publish to a TLS + htpasswd registry on loopback, verify from the registry, `./start.sh --dry-run`
 with the labelled stand-in nvidia-smi (a TEST DOUBLE: this host has no GPU), GPU evidence signed by an
-enrolled host, promote. Every command is the README's, typed in the clone's root with the newcomer's python3
-(which moves into the clone's .venv, made by the set-up's toolkit step), nox where the README says nox.
+enrolled host, promote. Every command is the README's or its guides' (docs/), typed in the clone's root with the
+newcomer's python3 (which moves into the clone's .venv, made by the set-up's toolkit step), nox where they say nox.
 """
 
 from __future__ import annotations
@@ -71,14 +71,14 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
     # Set up: the README's command does this step for the toolkit (scripts/setup-host.sh: toolenv.ensure).
     sh("python", "-c", "from qualify import toolenv; toolenv.ensure()")
 
-    # Build and qualify (README: Set up 1b, Qualify).
+    # Build and qualify (README: Set up 1b; docs/qualify.md).
     sh("python", "-m", "nox", "-s", "build-sm120", "--", "--base", "hermetic", "--profile", "smoke", timeout=1800)
     manifest = clone / "build" / "manifests" / "sm120.json"
     assert manifest.is_file()
     ref = json.loads(manifest.read_text())["predicate"]["image"]["reference"]
     assert "Traceback" not in sh("python", "-m", "qualify", "show", "build/manifests/sm120.json").stderr
 
-    # The release key, committed as generate-key says; then the release (README: Release and verify).
+    # The release key, committed as generate-key says; then the release (README: the release loop; docs/release-and-verify.md).
     made = sh("python", "-m", "qualify", "sign", "generate-key")
     assert "git add cosign.pub" in made.stdout
     fingerprint = made.stdout.split("RELEASE_KEY_FINGERPRINT=", 1)[1].split()[0]
@@ -92,7 +92,7 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
     again = sh("python", "-m", "qualify", "release", "v0.1.0", "--key", "cosign.key", "--no-upload")
     assert "Recovered from an earlier, interrupted run" in again.stdout  # a re-run converges, and says so
 
-    # Clone the tag; verify there (README).
+    # Clone the tag; verify there (docs/release-and-verify.md).
     tagged = tmp_path / "tagged"
     subprocess.run(["git", "clone", "-q", "--branch", "v0.1.0", str(clone), str(tagged)], check=True, timeout=300)
     tsh = Shell(tagged, sh.env)
@@ -101,7 +101,7 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
                    "--image", ref, "--require-pass")
     assert "release v0.1.0 (sequence 1)" in verified.stdout
 
-    # Publish to the TLS + htpasswd registry and verify from it (README: Publish).
+    # Publish to the TLS + htpasswd registry and verify from it (docs/release-and-verify.md, Publish).
     dest = f"{registry.address}/walk"
     sh("python", "-m", "nox", "-s", "publish", "--", "v0.1.0", "--to", dest, timeout=1800)
     published = json.loads((clone / "manifests" / "v0.1.0" / "published.json").read_text())
@@ -122,7 +122,7 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
     assert "release key: " + fingerprint + " (pinned)" in deploy.stderr
     assert "the image is the smoke profile, which holds no vLLM server" in deploy.stderr
 
-    # GPU evidence from an enrolled host, then promote (README: Deploy). This host has no GPU runtime: the
+    # GPU evidence from an enrolled host, then promote (docs/deploy.md, The loop). This host has no GPU runtime: the
     # command says what to install; `--gpus none` rehearses the path, and the record is infrastructure.
     sh("python", "-m", "qualify", "sign", "generate-key", "--output-key-prefix", str(tmp_path / "host"))
     sh("python", "-m", "qualify", "hosts", "add", "lab-host", "--key", str(tmp_path / "host.pub"),
@@ -139,7 +139,7 @@ def test_the_readme_walkthrough_as_written(tmp_path, docker_engine, registry):
     assert "infrastructure" in promoted.stdout
     sh("python", "-m", "qualify", "verify", "manifests/v0.1.0/sm120.json", "--key", "cosign.pub")
 
-    # Independently (README: Release and verify; VERIFYING.md): openssl, jq and sha256sum over the promoted folder,
+    # Independently (docs/release-and-verify.md; VERIFYING.md): openssl, jq and sha256sum over the promoted folder,
     # the probe-manifest evidence's identity among them; publish again after the promote, then the registry too.
     independent = sh("bash", "scripts/verify-independent.sh", "manifests/v0.1.0", "--fingerprint", fingerprint)
     assert "sm120.promotion.json: 1 run(s)" in independent.stdout, independent.stdout[-3000:]

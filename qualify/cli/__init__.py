@@ -37,7 +37,7 @@ COMMANDS = {
     "repro": ("repro_cmd", "build twice and compare image digests"),
     "clean": ("clean_cmd", "remove what the toolkit made on this host (images, registry blobs, state) and nothing else"),
     "deploy": ("deploy_cmd", "the deploy start.sh hands over to, and its steps one at a time"),
-    "promote": ("promote_cmd", "promote a release's targets by GPU evidence (seed 000's rule)"),
+    "promote": ("promote_cmd", "promote a release's targets by GPU evidence (the Blackwell support RFC's rule)"),
     "hosts": ("hosts_cmd", "enroll the hosts whose signed GPU evidence promote counts"),
     "bake": ("bake_cmd", "write or check docker-bake.json; stage and record bake builds"),
     "workflow": ("workflow_cmd", "write or check the GitHub Actions release workflow"),

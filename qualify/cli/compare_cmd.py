@@ -30,7 +30,7 @@ def configure_parser(parser) -> None:
 
 def execute(args) -> int:
     manifests, skipped = formats.beside_their_files(args.manifests)
-    if skipped:  # the README's `build/external/sm120-*.json` matches the bundles beside the manifests too
+    if skipped:  # docs/qualify.md's `build/external/sm120-*.json` matches the bundles beside the manifests too
         emit(f"compare: skipped {len(skipped)} signature or bundle file(s) given beside their manifests: "
              + ", ".join(str(p) for p in skipped))
     result = compare.compare(manifests, args.target)

@@ -1,4 +1,4 @@
-"""`python -m qualify promote TAG --evidence FILE...`: seed 000's promotion rule over GPU evidence.
+"""`python -m qualify promote TAG --evidence FILE...`: the Blackwell support RFC's promotion rule over GPU evidence.
 
 The rule is the release's own (release.json's signed policy), never a targets file: `--file` is refused.
 """

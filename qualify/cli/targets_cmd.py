@@ -19,7 +19,7 @@ def configure_parser(parser) -> None:
     show = sub.add_parser("show", help="everything the loader resolved for one target")
     show.add_argument("target")
     show.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
-    md = sub.add_parser("markdown", help="the README's target table (generated, never edited by hand)")
+    md = sub.add_parser("markdown", help="the target table of docs/build.md (generated, never edited by hand)")
     md.add_argument("--file", type=Path, default=targets.DEFAULT_TARGETS_FILE)
     gpu = sub.add_parser("for-gpu", help="the target for a device capability and CPU (start.sh)")
     gpu.add_argument("--capability", required=True)

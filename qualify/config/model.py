@@ -167,7 +167,7 @@ class TargetsFile:
     schema: int
     hermetic: Hermetic
     targets: Mapping[str, Target] = field(default_factory=dict)
-    # Seed 000: passing runs in a row, without a product failure, before a target is baseline.
+    # The Blackwell support RFC: passing runs in a row, without a product failure, before a target is baseline.
     promotion_passes: int = 7
     build: BuildSettings = DEFAULT_BUILD
     drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # [drivers]: CUDA -> driver floor

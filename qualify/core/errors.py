@@ -108,7 +108,7 @@ def internal_error(exc: BaseException) -> str:
     return f"internal error while reading ({type(exc).__name__}: {exc})"
 
 
-# --- the one exit-code table (the README's "Exit codes" section is generated from it) ---------
+# --- the one exit-code table (docs/deploy.md's "Exit codes" section is generated from it) ------
 
 @record(frozen=True)
 class ExitCode:

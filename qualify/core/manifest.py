@@ -65,7 +65,7 @@ def verdict(checks: Iterable[Mapping[str, Any]]) -> Verdict:
 def support_level(verdict_: str, intended: str, gpu_evidence_on_target: bool, recognised: bool = True) -> SupportLevel:
     """What one probe run can claim. A level above `unverified` needs GPU evidence on the target's own
     architecture, and one run is at most `experimental`: baseline (and optimized) come only from the promotion
-    rule over many runs (`qualify promote`, seed 000), never from the run that qualified the image."""
+    rule over many runs (`qualify promote`, the Blackwell support RFC), never from the run that qualified the image."""
     if verdict_ == Verdict.FAIL or not recognised:
         return SupportLevel.UNSUPPORTED
     if not gpu_evidence_on_target or verdict_ == Verdict.INCOMPLETE:

@@ -54,7 +54,7 @@ def default_jobs() -> int:
     Workers pay only on CPUs that are free: on the 2-core build host, with other jobs keeping its load
     above 2, two workers read the bench's corpus slower than one process (their CPU time grew by half,
     and forking, pickling and waiting came on top), while on an idle host they read it faster
-    (README, Performance; ARCHITECTURE.md, "Where we wrote our own code")."""
+    (docs/performance.md; ARCHITECTURE.md, "Where we wrote our own code")."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

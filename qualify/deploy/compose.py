@@ -17,7 +17,7 @@ SERVICE = "vllm"
 # The OpenAI-compatible server, named as a module so the image's ENTRYPOINT does not matter.
 SERVE_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 # Owned by the image's non-root user (images/runtime-user/add-user.sh): a new named volume mounted
-# there takes that owner. A volume an older, root image filled keeps root's files: see the README.
+# there takes that owner. A volume an older, root image filled keeps root's files: see docs/deploy.md.
 CACHE_ROOT = "/var/cache/blackwell"
 HF_HOME = f"{CACHE_ROOT}/huggingface"
 VLLM_CACHE = f"{CACHE_ROOT}/vllm"
@@ -163,7 +163,7 @@ def compose_document(s: ComposeSpec) -> Dict[str, Any]:
     elif s.gpu_runtime == "cdi":
         service["devices"] = [f"nvidia.com/gpu={d}" for d in s.devices]
     if s.selinux_label_disable:
-        # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (seed 003).
+        # Podman on an SELinux-enforcing host: without it NVML reports 'Insufficient Permissions' (the GB10 compatibility report).
         service["security_opt"] = ["label=disable"]
     service = _literal(service)
     if not s.model_path:  # a local folder is served offline: no token

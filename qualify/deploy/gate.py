@@ -9,7 +9,7 @@ from qualify.core import manifest as mf
 from qualify.core.enums import Profile, SupportLevel
 
 CPU_NO_GPU_CHECKS = "cpu target: no GPU checks apply"
-# Levels whose GPU evidence already comes from enough runs on the target (seed 000's promotion rule).
+# Levels whose GPU evidence already comes from enough runs on the target (the Blackwell support RFC's promotion rule).
 PROVEN_LEVELS = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value)
 
 

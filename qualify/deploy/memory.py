@@ -51,7 +51,7 @@ def memory_fit(runtime, nvml_memory: str, meminfo_text: Optional[str] = None,
     `runtime` is the target's runtime table (targets.Runtime). A discrete GPU
     needs at least `min_gpu_memory_gib`. On a unified-memory GPU NVML reports
     no size; the pool is the host's memory, which the host also uses, so the
-    fraction is lowered when less is free than it would ask for (seed 003:
+    fraction is lowered when less is free than it would ask for (the GB10 compatibility report:
     0.9 of 119.6 GB was refused with 39.9 GB free).
     """
     explicit = fraction is not None

@@ -287,7 +287,7 @@ class Deploy:
             configuration=self.configuration())
 
     def configuration(self) -> gpuconfig.Configuration:
-        """This deployment's row in seed 000's matrix: one GPU, or N joined by a topology."""
+        """This deployment's row in the Blackwell support RFC's matrix: one GPU, or N joined by a topology."""
         p = self.plan
         return gpuconfig.Configuration(len(p.gpus), p.tensor_parallel_size, p.topology.kind) if p.multi_gpu else \
             gpuconfig.SINGLE_GPU
@@ -441,7 +441,7 @@ class Deploy:
         return cid
 
     def record_figures(self, figures: Optional[api.Throughput]) -> None:
-        """The canary's figures join this run's GPU evidence: per-SKU performance, seed 000."""
+        """The canary's figures join this run's GPU evidence: per-SKU performance, the Blackwell support RFC."""
         if figures is None or self.evidence is None:
             return
         path, record = self.evidence

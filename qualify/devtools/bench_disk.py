@@ -3,7 +3,7 @@
 A vLLM run holds, at its peak, the image in the engine's storage, the registry's copy of it and, with
 podman, the push's temporary copies of the layers: containers/image's storage source writes each layer's
 uncompressed tar to a temporary file (TMPDIR, else /var/tmp) before it sends it, several layers at once,
-which is what filled this host after 85 s of the podman push (README). Each need is counted on the file
+which is what filled this host after 85 s of the podman push (docs/performance.md). Each need is counted on the file
 system that holds its folder; where several fall on one file system they add up. A run that does not
 fit stops at once, saying how much it needs, where, and how much is short.
 

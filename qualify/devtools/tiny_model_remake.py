@@ -5,7 +5,7 @@
 Trains with tinymodel/remake.py's pins (set here, before torch is imported), then prints each file's sha256
 beside the committed one. Exit 0 when every file is the same; 1 when any differs (the table says which, and
 which CPU and versions made each), unless `--write`, which makes the new files the committed ones (then
-`nox -s sums` and the README's digest follow: the pre-commit hook does the first, tests/test_tiny_model.py
+`nox -s sums` and the digest in docs/deploy.md follow: the pre-commit hook does the first, tests/test_tiny_model.py
 checks the second). Float32 training differs across CPUs (tinymodel/files.py): a difference on another host
 is expected; a difference on the host that made the committed files is a change of recipe.
 """
@@ -55,7 +55,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.write:
                 write.make(files.MODEL_DIR, say=print, source=made_dir)
                 print(f"wrote the new files into {files.MODEL_DIR}: commit them (the hook updates SHA256SUMS) and "
-                      f"put model.safetensors' sha256 {made.digests['model.safetensors']} in the README")
+                      f"put model.safetensors' sha256 {made.digests['model.safetensors']} in docs/deploy.md")
                 return 0
             if diff:
                 print(f"{len(diff)} file(s) differ from the committed ones (expected on another CPU than the one "

@@ -3,7 +3,7 @@ for the target: importable is not runnable.
 
 Policy (the issue's words): `fail` when a library the serving path needs has
 no runnable code for the target; `warn` for cross-generation PTX JIT only
-(FlashAttention-2 on 12.1, seed 003) and for arch-specific (`a`/`f`) code
+(FlashAttention-2 on 12.1, the GB10 compatibility report) and for arch-specific (`a`/`f`) code
 that does not match; the torch arch list it claims is compared with the
 cubins libtorch really carries.
 

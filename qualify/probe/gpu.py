@@ -17,7 +17,7 @@ from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 from qualify.probe.subproc import run_snippet
 
 NO_ALLOCATOR = "no allocator was set"
-# The GPU checks every run with a GPU must pass to count as a pass (seed 000), whatever a record says
+# The GPU checks every run with a GPU must pass to count as a pass (the Blackwell support RFC), whatever a record says
 # about `required`: `qualify promote` recomputes a run's outcome from these (release/evidence.py).
 # gpu.device only says which GPU it was; gpu.nccl-allreduce needs two GPUs, and is required on top of these in
 # a run of a multi-GPU configuration (release/evidence.py: required_checks).
@@ -152,7 +152,7 @@ def _failed_part(data: Dict[str, Any]) -> str:
 def nccl_allreduce(gpus: Optional[List[Dict[str, str]]], census_rows: List[Dict[str, Any]],
                    needs: Optional[str], world_size: int = 0, floors: Sequence[Any] = (),
                    required: bool = False, env: ncclenv.CollectiveEnv = ncclenv.DEFAULT) -> CheckResult:
-    """Collectives across the visible GPUs with the image's own NCCL (tensor-parallel readiness; seed 000's
+    """Collectives across the visible GPUs with the image's own NCCL (tensor-parallel readiness; the Blackwell support RFC's
     two-rank test): exact sums, a single-GPU reference within a stated tolerance, shard ownership, then the bus
     bandwidth, judged against the floor for the topology seen when the host passes floors. `world_size`: the
     deployment's tensor-parallel size, which must be the number of GPUs visible (0: every visible GPU). `env`:

@@ -50,7 +50,7 @@ _RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(
 
 
 class Outcome(str, enum.Enum):
-    """Seed 000: infrastructure outcomes (not-run, timeouts, no GPU) are kept apart from product failures."""
+    """The Blackwell support RFC: infrastructure outcomes (not-run, timeouts, no GPU) are kept apart from product failures."""
 
     PASS = "pass"
     PRODUCT_FAILURE = "product-failure"
@@ -195,7 +195,7 @@ def _named(checks: Sequence[Mapping[str, Any]]) -> str:
 
 def outcome_of(checks: Sequence[Mapping[str, Any]], seen_capability: str, capability: str,
                required: Sequence[str] = REQUIRED_GPU_CHECKS) -> ProbeOutcome:
-    """Seed 000's outcome of one run, by an allow-list over the GPU checks required (probe/gpu.py:
+    """The Blackwell support RFC's outcome of one run, by an allow-list over the GPU checks required (probe/gpu.py:
     REQUIRED_GPU_CHECKS, and the NCCL check for a run on several GPUs: `required_checks`; promote passes the
     release's signed list), whatever the record says about `required`:
 

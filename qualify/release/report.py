@@ -96,7 +96,7 @@ def _promotion_lines(promotion: Any) -> List[str]:
 
 def sku_figures(p: Mapping[str, Any]) -> Dict[Tuple[str, str], float]:
     """(GPU name, figure) -> the median over the passing evidence the level rests on: a per-SKU baseline
-    (seed 000: performance is watched against each SKU's own figures, not a single number)."""
+    (the Blackwell support RFC: performance is watched against each SKU's own figures, not a single number)."""
     values: Dict[Tuple[str, str], List[float]] = {}
     for e in (p.get("promotion") or {}).get("evidence") or []:
         if isinstance(e, dict) and e.get("outcome") == "pass":

@@ -1,4 +1,4 @@
-"""Promotion rows per GPU configuration (seed 000's matrix: 1 GPU and N GPUs are different rows), and the
+"""Promotion rows per GPU configuration (the Blackwell support RFC's matrix: 1 GPU and N GPUs are different rows), and the
 release's signed all-reduce floor applied again to what a multi-GPU run measured."""
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class ServeOutcome:
 
 
 def outcome_of(checks: Sequence[Mapping[str, Any]], required: Sequence[str]) -> ServeOutcome:
-    """Seed 000's outcome of one matrix run over the checks `required` (an allow-list, whatever a check says
+    """The Blackwell support RFC's outcome of one matrix run over the checks `required` (an allow-list, whatever a check says
     of itself): one that failed is a product failure; every one present and `pass` is a pass; anything else
     (missing, not-run, warn, a status nobody knows) is infrastructure, never a pass. A check listed twice
     counts at its worst."""

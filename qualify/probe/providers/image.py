@@ -2,9 +2,9 @@
 its packages, files and JIT toolchain. Each question is answered by a Finding.
 
 A provider whose library carries no code for the target is not available,
-however well it imports (seed 000: "importable is not available"); one that
+however well it imports (the Blackwell support RFC: "importable is not available"); one that
 runs only by JIT-compiling PTX from an older generation is available with a
-warning (the FA2-from-sm_80 case of seed 003).
+warning (the FA2-from-sm_80 case of the GB10 compatibility report).
 
 toolchain (from `selfsufficiency.toolchain()`; None when not examined):
 {"nvcc": path | None, "nvcc_version": "13.0" | None, "nvcc_targets":

@@ -70,7 +70,7 @@ def matmul():
     got = (a @ b).float()
     ref = a.float() @ b.float()
     rel = ((got - ref).norm() / ref.norm()).item()
-    # Per-SKU figure (seed 000): bf16 TFLOP/s of a larger square matmul, after a warm-up.
+    # Per-SKU figure (the Blackwell support RFC): bf16 TFLOP/s of a larger square matmul, after a warm-up.
     n, reps = 8192, 10
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

@@ -4,7 +4,7 @@ usage: nccl_allreduce.py [WORLD_SIZE [BANDWIDTH_MIB [ENV_JSON]]]
 WORLD_SIZE 0 (the default) is every visible GPU; another number must be exactly the number visible (the
 deployment's --tensor-parallel-size), else nothing runs. ENV_JSON is the environment the ranks run under, a
 JSON object of names and values (the probe passes the server's: core/ncclenv.py); it is set before torch is
-imported, so every rank process inherits it, and each rank reports what it saw. Per rank, seed 000's two-rank
+imported, so every rank process inherits it, and each rank reports what it saw. Per rank, the Blackwell support RFC's two-rank
 test:
 
 - sum: rank r contributes a tensor filled with r + 1; every rank must end with n(n+1)/2, exactly;
