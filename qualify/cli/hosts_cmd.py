@@ -68,9 +68,12 @@ def execute(args) -> int:
     from qualify.release.promote import release_signer
 
     release, key = release_signer(args.release_key)
+    recovered = chain.recover(args.file, key)  # said first: the change below may still fail
+    for note in recovered:
+        print(printable(note))
     done = chain.change(args.file, release, key, add=_host(args) if args.action == "add" else None,
                         remove=args.name if args.action == "remove" else "", new_chain=args.new_chain,
-                        replace=getattr(args, "replace", False))
+                        replace=getattr(args, "replace", False), recovered=chain.finished_a_write(recovered))
     for note in done.notes:
         print(printable(note))
     if done.written:

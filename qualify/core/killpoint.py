@@ -8,9 +8,19 @@ from __future__ import annotations
 import os
 import signal
 
-ENV = "QUALIFY_KILL_AT"
+ENV = "QUALIFY_KILL_AT"  # <name>, or <name>#<n>: the n-th time the point is reached (a point inside a loop)
+SIGNAL_ENV = "QUALIFY_KILL_WITH"  # INT: Ctrl-C (SIGINT, Python's KeyboardInterrupt) instead of SIGKILL
+
+_seen: dict = {}
 
 
 def reached(name: str) -> None:
-    if os.environ.get(ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    want = os.environ.get(ENV)
+    if not want:
+        return
+    point, _, nth = want.partition("#")
+    if point != name:
+        return
+    _seen[name] = _seen.get(name, 0) + 1
+    if _seen[name] == (int(nth) if nth.isdigit() else 1):
+        os.kill(os.getpid(), signal.SIGINT if os.environ.get(SIGNAL_ENV) == "INT" else signal.SIGKILL)

@@ -44,12 +44,27 @@ def _floor(marks: PromoterState, key: TrustedKey):
     return floor
 
 
+def recover(path: Path, key: TrustedKey, state: Optional[Path] = None) -> List[str]:
+    """Finish what a killed `hosts add/remove` staged completely (or remove what it had not), under the hosts
+    file's lock: notes for the user, which the command prints before it goes on (and fails, maybe)."""
+    path = Path(path)
+    with journal.hosts_lock(path), PromoterState(state) as marks:
+        return journal.recover_journals(path.parent, journal.hosts_check(path, key, _floor(marks, key)))
+
+
+def finished_a_write(notes: List[str]) -> bool:
+    return any(n.startswith(journal.FINISHED) for n in notes)
+
+
 def change(path: Path, signer: Signer, key: TrustedKey, add: Optional[rec.EnrolledHost] = None, remove: str = "",
-           new_chain: bool = False, replace: bool = False, state: Optional[Path] = None) -> Changed:
-    """Enroll `add` or withdraw `remove` in the hosts file at `path`, as the next version of its chain."""
+           new_chain: bool = False, replace: bool = False, state: Optional[Path] = None,
+           recovered: bool = False) -> Changed:
+    """Enroll `add` or withdraw `remove` in the hosts file at `path`, as the next version of its chain.
+    `recovered`: the caller has just finished an interrupted write (recover), which may be this very change."""
     path = Path(path)
     with journal.hosts_lock(path), PromoterState(state) as marks:
         notes = journal.recover_journals(path.parent, journal.hosts_check(path, key, _floor(marks, key)))
+        recovered = recovered or finished_a_write(notes)
         mark = marks.key(key.fingerprint).hosts
         if path.exists() or path.is_symlink():
             if new_chain:
@@ -88,8 +103,14 @@ def change(path: Path, signer: Signer, key: TrustedKey, add: Optional[rec.Enroll
                              f"{add.fingerprint or add.identity}); evidence it signed with the old key no longer counts")
             hosts = [h for h in hosts if h.name != add.name] + [add]
         if remove:
+            if current.host(remove) is None and recovered:  # the same command again, after a kill: converged
+                notes.append(f"{remove} is not enrolled in {path} (sequence {current.sequence}): the interrupted "
+                             "write finished above removed it; nothing changed")
+                return Changed(current, False, notes)
             if current.host(remove) is None:
-                raise ConfigError(f"{remove} is not enrolled in {path}")
+                names = ", ".join(h.name for h in current.hosts) or "none"
+                raise ConfigError(f"{remove} is not enrolled in {path} (sequence {current.sequence}; enrolled: {names})",
+                                  hint="check the name with: python -m qualify hosts list --key cosign.pub")
             hosts = [h for h in hosts if h.name != remove]
         new = rec.EnrolledHosts(current.sequence + 1, tuple(hosts), previous_sha256=previous)
         data = new.to_bytes()

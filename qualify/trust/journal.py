@@ -36,11 +36,12 @@ from qualify.signing import formats
 from qualify.signing.signer import Signer
 from qualify.trust import records as rec
 from qualify.trust.folder import read_release
-from qualify.trust.sources import FolderSource
+from qualify.trust.sources import FolderSource, LayeredSource
 from qualify.trust.verify import KeyAnchor, Signed, TrustedKey, sha256, verify_blob, verify_hosts
 
 JOURNAL_PREFIX = ".signed-write-"
 COMPLETE = "COMPLETE"
+FINISHED = "finished an interrupted write"  # how recover_journals' notes start when it applied one
 Check = Callable[[Path], str]  # a COMPLETE journal -> "" when it may be finished, else why not
 
 
@@ -257,7 +258,9 @@ def recover_journals(folder: Path, check: Optional[Check]) -> List[str]:
             notes.append(f"LEFT {journal}: a journal marked complete whose files do not verify, so it was not "
                          f"applied: {problem} (remove it if no promote of yours was interrupted)")
             continue
-        notes.append(f"finished an interrupted write of {', '.join(_finish(journal, folder))}")
+        moved = _finish(journal, folder)
+        notes.append(f"{FINISHED} of {', '.join(moved)}" if moved else
+                     f"{FINISHED} (its files were all in place already; its journal {journal.name} removed)")
     return notes
 
 
@@ -331,13 +334,15 @@ def hosts_check(path: Path, key: TrustedKey, floor: Callable[[rec.EnrolledHosts,
         if set(_names(journal)) - {path.name + s for s in ("", formats.SIGNATURE_SUFFIX, formats.BUNDLE_SUFFIX)}:
             return f"it holds files other than {path.name} and its signatures"
         try:
-            with FolderSource.open(journal, "journal") as top:
-                new = verify_hosts(top, path.name, key)
+            # The journal laid over the folder, as for a release folder: a killed finish has renamed some of
+            # its files (signatures first) already, and those are read where they went.
+            with FolderSource.open(path.parent, "folder") as base, FolderSource.open(journal, "journal") as top:
+                new = verify_hosts(LayeredSource(base, top), path.name, key)
             current = _current(path.parent, path.name)
         except QualifyError as exc:
             return exc.message
-        # The file there may be half-replaced (its signature renamed already), so it is not verified here: it
-        # must be the very bytes the signed new version names as its predecessor (or that version itself).
+        # The file there may be half-replaced (its signature renamed already), so it is not verified on its
+        # own: it must be the very bytes the signed new version names as its predecessor (or that version).
         if current is not None and sha256(current) not in (new.sha256, new.hosts.previous_sha256):
             return (f"its hosts.json (sequence {new.hosts.sequence}) is not the successor of {path} (sha256 "
                     f"{sha256(current)[:12]}..., while it names {(new.hosts.previous_sha256 or 'none')[:12]}...)")
