@@ -124,3 +124,17 @@ def test_sm120_vllm_evidence_reads_every_container_and_names_what_cannot_run():
     assert not p["toolkit"]["source_revision"].endswith("-dirty")
     shown = (REPO / "manifests" / "evidence" / "vllm" / "sm120.txt").read_text()
     assert "None" not in shown.split("libraries (")[1] and "link input" in shown  # archives say what they are
+
+
+def test_sm120_vllm_evidence_of_the_current_probe_keeps_the_offline_claim_with_no_cubin_user_on_12_0():
+    """Issue 51, item 5: runtime.downloads is pass or a failure that withholds the offline claim, never a
+    warning beside it; on 12.0 no provider vLLM 0.33 selects runs FlashInfer's downloaded cubins."""
+    p = manifest.predicate(manifest.load(REPO / "manifests" / "evidence" / "vllm" / "sm120.probe-a7f2cd5.json"))
+    checks = {c["id"]: c for c in p["checks"]}
+    downloads = checks["runtime.downloads"]
+    assert downloads["status"] == "pass" and downloads["evidence"]["offline"] is True
+    assert "no provider" in downloads["reason"]
+    paths = {sp["path"]: sp["verdict"] for sp in p["serving_paths"]}
+    assert len(paths) == 12 and paths["moe.mxfp4"] == "fallback"
+    assert all(v == "present" for k, v in paths.items() if k != "moe.mxfp4")
+    assert p["toolkit"]["source_revision"].startswith("a7f2cd5") and not p["toolkit"]["source_revision"].endswith("-dirty")
