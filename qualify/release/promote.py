@@ -38,7 +38,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.enums import SupportLevel
-from qualify.core.errors import ConfigError, QualifyError
+from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import read_small, strict_json
 from qualify.release import evidence as ev
@@ -47,7 +47,7 @@ from qualify.signing import formats
 from qualify.signing.signer import Signer
 from qualify.trust import gpuconfig, journal
 from qualify.trust import records as rec
-from qualify.trust.folder import read_hosts_file, read_release
+from qualify.trust.folder import hosts_chain_check, lineage, read_hosts_file, read_release
 from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow
 from qualify.trust.highwater import PromoterState, RollbackError, Seen
 from qualify.trust.policy import TargetRule
@@ -283,9 +283,11 @@ def _floor(marks: PromoterState, key: TrustedKey):
 
 
 def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[Path],
-           key: TrustedKey) -> Optional[VerifiedHosts]:
+           key: TrustedKey, history: Optional[Path] = None) -> Optional[VerifiedHosts]:
     """The enrolled hosts, verified and held to the chain: never older than what this host saw (recorded at
-    once, whatever promote decides later) or than what the newest promotion records were checked against."""
+    once, whatever promote decides later) or than what the newest promotion records were checked against, and
+    descending link by link from each (every version between at hand: kept beside it, in `history`, or in
+    git's history of the file)."""
     mark = marks.key(key.fingerprint).hosts
     bound = max((t.promotion.hosts_sequence for t in release.targets if t.promotion), default=0)
     if hosts_file is None or not (hosts_file.exists() or hosts_file.is_symlink()):
@@ -299,7 +301,8 @@ def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[
         vh = read_hosts_file(hosts_file, key)
     except QualifyError as exc:
         raise ConfigError(f"the enrolled hosts cannot be used: {exc.message}", hint=exc.hint) from None
-    marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(hosts_file))
+    marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(hosts_file),
+                        lineage(vh, key, hosts_file, history))
     for t in release.targets:
         p = t.promotion
         if p and (p.hosts_sequence > vh.hosts.sequence or (p.hosts_sequence == vh.hosts.sequence and p.hosts_sha256
@@ -308,12 +311,19 @@ def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[
                                 f"(sha256 {vh.sha256[:12]}...), but promotion {p.sequence} of {t.target} was checked "
                                 f"against sequence {p.hosts_sequence} ({(p.hosts_sha256 or '')[:12]}...): an older file",
                                 hint="restore the newest manifests/hosts.json (git log -- manifests/hosts.json)")
+    seen = [(t.promotion.hosts_sequence, t.promotion.hosts_sha256 or "", f"promotion {t.promotion.sequence} of "
+             f"{t.target}") for t in release.targets if t.promotion and t.promotion.hosts_sha256]
+    try:
+        hosts_chain_check(vh, key, hosts_file, seen, history)
+    except VerificationError as exc:
+        raise RollbackError(f"refusing the enrolled hosts {hosts_file}: {exc.message}", hint=exc.hint) from None
     return vh
 
 
 def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, release_key: TrustedKey,
             hosts_file: Optional[Path], allow_unsigned: bool = False, now: Optional[dt.datetime] = None,
-            progress=lambda m: None, state: Optional[Path] = None) -> List[Promoted]:
+            progress=lambda m: None, state: Optional[Path] = None,
+            hosts_history: Optional[Path] = None) -> List[Promoted]:
     """Apply the release's signed rule to the release in `folder` for every target the evidence names."""
     folder = Path(folder)
     hosts_lock = journal.hosts_lock(hosts_file) if hosts_file else journal.hosts_lock(folder.parent / rec.HOSTS_FILE)
@@ -326,7 +336,7 @@ def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, relea
             raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
         for vt in release.targets:
             marks.observe_release(release_key.fingerprint, _seen(release, vt), f"release folder {folder}")
-        hosts = _hosts(marks, release, hosts_file, release_key)
+        hosts = _hosts(marks, release, hosts_file, release_key, hosts_history)
         now = now or dt.datetime.now(dt.timezone.utc)
         by_target: Dict[str, List[ev.Signed]] = {}
         served: Dict[str, List[serving.SignedServe]] = {}

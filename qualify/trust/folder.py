@@ -24,10 +24,13 @@ from qualify.trust.sources import FolderSource, LayeredSource
 from qualify.trust.verify import (
     TARGETS,
     TOFU,
+    HostsVersion,
     KeyAnchor,
     TrustedKey,
     VerifiedHosts,
     VerifiedRelease,
+    hosts_descend,
+    hosts_lineage,
     sha256,
     verify_hosts,
     verify_release,
@@ -152,3 +155,103 @@ def read_hosts_file(path: Path, key: TrustedKey) -> VerifiedHosts:
 
 def read_hosts(path: Path, key: TrustedKey) -> rec.EnrolledHosts:
     return read_hosts_file(path, key).hosts
+
+
+def kept_hosts_name(name: str, sequence: int) -> str:
+    """Where `qualify hosts` keeps the version it replaced, beside the file: hosts.json -> hosts.<sequence>.json."""
+    stem = name[:-len(".json")] if name.endswith(".json") else name
+    return f"{stem}.{sequence}.json"
+
+
+def _version_from(folder: FolderSource, name: str) -> Optional[HostsVersion]:
+    from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT
+    from qualify.trust.verify import RECORD_LIMIT
+
+    try:
+        sig_name, bundle_name = name + formats.SIGNATURE_SUFFIX, name + formats.BUNDLE_SUFFIX
+        return HostsVersion(f"{folder.where}/{name}", folder.read(name, RECORD_LIMIT, "earlier enrolled-hosts version"),
+                            folder.read(sig_name, SIGNATURE_LIMIT, "signature") if folder.exists(sig_name) else None,
+                            folder.read(bundle_name, BUNDLE_LIMIT, "bundle") if folder.exists(bundle_name) else None)
+    except VerificationError:
+        return None  # not a regular file, too large: not a version at hand
+
+
+def _git_versions(path: Path) -> List[HostsVersion]:
+    """Every version git's history holds of the file at `path` (`git log -- FILE`), read through one
+    `git cat-file --batch` (sources.GitObjects: bounded, never a working-tree file)."""
+    from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT
+    from qualify.host import cmd
+    from qualify.trust.sources import GitObjects
+    from qualify.trust.verify import RECORD_LIMIT
+
+    where = str(path.parent)
+    if not path.parent.is_dir():
+        return []
+    done = cmd.ask(["git", "log", "--format=%H", "--", path.name], cwd=where, timeout=120)
+    prefix = cmd.ask(["git", "rev-parse", "--show-prefix"], cwd=where, timeout=60)
+    if done.returncode != 0 or prefix.returncode != 0:
+        return []  # no git, no repository: nothing there
+    out = []
+    with GitObjects(path.parent) as objects:
+        for rev in done.stdout.split()[:1000]:
+            parts = []
+            for name, limit in ((path.name, RECORD_LIMIT), (path.name + formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT),
+                                (path.name + formats.BUNDLE_SUFFIX, BUNDLE_LIMIT)):
+                try:
+                    got = objects.get(f"{rev}:{prefix.stdout.strip()}{name}", limit, f"git's {name}")
+                except VerificationError:
+                    got = None
+                parts.append(got[1] if got is not None and got[0] == "blob" else None)
+            if parts[0] is not None:
+                out.append(HostsVersion(f"{path} at git revision {rev[:12]}", parts[0], parts[1], parts[2]))
+    return out
+
+
+def hosts_versions(path: Path, history: Optional[Path] = None) -> List[HostsVersion]:
+    """The earlier versions of the enrolled-hosts file at hand, unverified: kept beside it (hosts.<n>.json),
+    in `history` (--hosts-history DIR: each file with its .sig), and in git's history of the file."""
+    path = Path(path)
+    out: List[HostsVersion] = []
+    stem = path.name[:-len(".json")] if path.name.endswith(".json") else path.name
+    for where, pick in ((path.parent, lambda n: n.startswith(stem + ".") and n.endswith(".json")
+                         and n[len(stem) + 1:-len(".json")].isdigit()),
+                        (history, lambda n: n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX))):
+        if where is None or not Path(where).is_dir():
+            continue
+        with FolderSource.open(Path(where), "folder of enrolled-hosts versions") as folder:
+            for name in folder.names():
+                if pick(name):
+                    v = _version_from(folder, name)
+                    if v is not None:
+                        out.append(v)
+    return out + _git_versions(path)
+
+
+def lineage(vh: VerifiedHosts, key: TrustedKey, path: Path, history: Optional[Path] = None):
+    """`down_to -> {sequence: sha256}`: the chain behind the verified hosts file at `path`, link by link, from
+    the versions at hand (hosts_versions); for highwater.PromoterState.observe_hosts."""
+    found: List[HostsVersion] = []
+
+    def versions() -> List[HostsVersion]:
+        if not found:
+            found.extend(hosts_versions(path, history))
+        return found
+
+    def chain(down_to: int) -> Dict[int, str]:
+        return hosts_lineage(vh, key, down_to, versions)
+
+    return chain
+
+
+def hosts_chain_check(vh: VerifiedHosts, key: TrustedKey, path: Path, seen: Iterable[Tuple[int, str, str]],
+                      history: Optional[Path] = None) -> Dict[int, str]:
+    """The hosts file `vh` (read from `path`) checked to descend, link by link, from every (sequence, sha256,
+    who) in `seen` (the versions promotion records were checked against); every version on the way."""
+    found: List[HostsVersion] = []
+
+    def versions() -> List[HostsVersion]:
+        if not found:
+            found.extend(hosts_versions(path, history))
+        return found
+
+    return hosts_descend(vh, key, list(seen), versions)

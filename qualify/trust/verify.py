@@ -29,7 +29,7 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
@@ -468,12 +468,111 @@ class VerifiedHosts:
     hosts: rec.EnrolledHosts
     sha256: str
     path: Path
+    signed: Optional[Signed] = field(default=None, repr=False, compare=False)  # the bytes verified (kept as read)
 
 
 def verify_hosts(source: Source, name: str, key: TrustedKey) -> VerifiedHosts:
     """The enrolled-hosts file `name` of `source`, read once and verified with the release key."""
-    data = signed_bytes(source, name, RECORD_LIMIT, key, "enrolled-hosts file").data
-    return VerifiedHosts(rec.EnrolledHosts.parse(data, join(source, name)), sha256(data), Path(join(source, name)))
+    done = signed_bytes(source, name, RECORD_LIMIT, key, "enrolled-hosts file")
+    return VerifiedHosts(rec.EnrolledHosts.parse(done.data, join(source, name)), sha256(done.data),
+                         Path(join(source, name)), done)
+
+
+@dataclass(frozen=True)
+class HostsVersion:
+    """An earlier version of the enrolled-hosts file as found (kept beside it, in --hosts-history DIR, or in
+    git's history), not yet verified: `verify_hosts_version` decides what it is worth."""
+
+    where: str
+    data: bytes = field(repr=False)
+    signature: Optional[bytes] = field(repr=False)
+    bundle: Optional[bytes] = field(default=None, repr=False)
+
+
+def verify_hosts_version(version: HostsVersion, key: TrustedKey) -> VerifiedHosts:
+    """An earlier hosts version, verified with the release key as the current file is."""
+    if version.signature is None:
+        raise VerificationError(f"signature check failed: {version.where}: an earlier enrolled-hosts version "
+                                "without its .sig", hint="fetch it with its signature (git show REV:manifests/"
+                                "hosts.json.sig)")
+    verify_blob(key, version.data, version.signature, version.bundle, version.where)
+    return VerifiedHosts(rec.EnrolledHosts.parse(version.data, version.where), sha256(version.data),
+                         Path(version.where), Signed(version.data, version.signature, version.bundle))
+
+
+FETCH_HOSTS = ("fetch it: git fetch (git log -- manifests/hosts.json), or keep it beside hosts.json as "
+               "hosts.<sequence>.json with its .sig (qualify hosts keeps each version it replaces), or pass "
+               "--hosts-history DIR holding it")
+
+
+class HostsChainError(VerificationError):
+    """The enrolled-hosts chain from a version that was seen to the one offered is cut, forked or restarted."""
+
+
+def hosts_lineage(current: VerifiedHosts, key: TrustedKey, down_to: int,
+                  versions: Callable[[], Sequence[HostsVersion]],
+                  verified: Optional[Dict[str, VerifiedHosts]] = None) -> Dict[int, str]:
+    """The chain behind `current`, link by link, down to sequence `down_to`: sequence -> sha256, each version
+    above `down_to` verified with the release key, each the one its successor names by sha256 and exactly one
+    sequence lower (the one at `down_to` is the sha256 its successor names: what was seen there is compared
+    with it, its bytes are not needed). A version that is not at hand, a link that names no predecessor
+    (`previous_sha256: null`: a new chain) or a predecessor of another sequence is refused (HostsChainError)
+    with what to fetch. `versions` is asked only when a link is needed (it may read git's history); the
+    versions verified on the way are added to `verified` (by sha256)."""
+    chain = {current.hosts.sequence: current.sha256}
+    cur, found = current, None
+    while cur.hosts.sequence > down_to:
+        seq, prev = cur.hosts.sequence, cur.hosts.previous_sha256
+        if prev is None:
+            raise HostsChainError(
+                f"signature check failed: {cur.path}: enrolled-hosts sequence {seq} names no predecessor "
+                f"(previous_sha256 null: the first of a new chain), so it does not descend from sequence {down_to}, "
+                "which was seen: a new chain would re-enroll whatever it lists",
+                hint="restore the chain (git log -- manifests/hosts.json); a chain started over on purpose "
+                "(qualify hosts --new-chain) is accepted only where it was made")
+        if seq - 1 == down_to:
+            chain[down_to] = prev
+            break
+        if found is None:
+            found = {}
+            for v in versions():
+                found.setdefault(sha256(v.data), v)
+        v = found.get(prev)
+        if v is None:
+            raise HostsChainError(
+                f"signature check failed: {cur.path}: enrolled-hosts sequence {seq} names sequence {seq - 1} "
+                f"(sha256 {prev[:12]}...), which is not at hand: the chain from sequence {down_to}, which was seen, to "
+                f"sequence {current.hosts.sequence} cannot be checked link by link", hint=FETCH_HOSTS)
+        vh = verify_hosts_version(v, key)
+        if vh.hosts.sequence != seq - 1:
+            raise HostsChainError(f"signature check failed: {vh.path}: enrolled-hosts sequence {seq} names it as its "
+                                  f"predecessor, but it is sequence {vh.hosts.sequence}, not {seq - 1}",
+                                  hint="restore the chain (git log -- manifests/hosts.json)")
+        chain[vh.hosts.sequence] = vh.sha256
+        if verified is not None:
+            verified[vh.sha256] = vh
+        cur = vh
+    return chain
+
+
+def hosts_descend(current: VerifiedHosts, key: TrustedKey, seen: Sequence[Tuple[int, str, str]],
+                  versions: Callable[[], Sequence[HostsVersion]]) -> Dict[int, str]:
+    """Refuse `current` unless every version in `seen` ((sequence, sha256, who saw it)) at or below it is on its
+    chain, checked link by link (hosts_lineage); a fork (another version at a sequence seen) is named as one."""
+    below = [(s, sha, who) for s, sha, who in seen if 0 < s <= current.hosts.sequence]
+    if not below:
+        return {current.hosts.sequence: current.sha256}
+    chain = hosts_lineage(current, key, min(s for s, _, _ in below), versions)
+    for s, sha, who in sorted(below, reverse=True):
+        if sha and chain[s] != sha:
+            raise HostsChainError(
+                f"signature check failed: {current.path}: enrolled-hosts sequence {current.hosts.sequence} does not "
+                f"descend from sequence {s} (sha256 {sha[:12]}...), which {who} saw: its chain leads through another "
+                f"sequence {s} (sha256 {chain[s][:12]}...), a fork of the chain (a removed host re-enrolled by a "
+                "second admin's versions?)",
+                hint="restore the newest manifests/hosts.json of the chain that was seen, and make each change "
+                "from it (qualify hosts add|remove)")
+    return chain
 
 
 def removable_by_force(release: Optional[VerifiedRelease]) -> List[str]:
