@@ -47,9 +47,10 @@ from qualify.signing import formats
 from qualify.signing.signer import Signer
 from qualify.trust import gpuconfig, journal
 from qualify.trust import records as rec
-from qualify.trust.folder import hosts_chain_check, lineage, read_hosts_file, read_release
+from qualify.trust.folder import HostsAtHand, hosts_chain_check, lineage, read_hosts_file, read_release
 from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow
 from qualify.trust.highwater import PromoterState, RollbackError, Seen
+from qualify.trust.hostchain import check_accepted_signatures
 from qualify.trust.policy import TargetRule
 from qualify.trust.verify import (
     EVIDENCE,
@@ -229,6 +230,16 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> 
     a GPU run counted with."""
     serve_rule = servecount.rule_for(vt.manifest, rule)
     out = []
+    completes: Dict[str, str] = {}  # serve-check record -> the GPU run it completes (each one run, once)
+    for a in vt.accepted:
+        if a.serving_sha256 and a.serving_sha256 != a.sha256:
+            if a.serving_sha256 in completes:
+                raise ev.EvidenceError(
+                    f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json: serve-check record "
+                    f"{a.serving_sha256[:12]}... completes two GPU runs ({completes[a.serving_sha256][:12]}... and "
+                    f"{a.sha256[:12]}...) in the signed promotion record: one serving test completes one run, once",
+                    hint="restore the release folder from where it was promoted")
+            completes[a.serving_sha256] = a.sha256
     for a in vt.accepted:
         where = f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.sha256}.json"
         if serving.is_serve_record(strict_json(a.data, where, ev.EvidenceError)):
@@ -239,6 +250,13 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> 
         record = ev.from_bytes(a.data, release.tag, where)
         served = serving.parse(a.serving_data, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json") \
             if a.serving_sha256 and a.serving_data is not None else None
+        if served is not None:
+            swhere = f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json"
+            if not servecount.pairs_with(record, served):
+                raise ev.EvidenceError(f"{swhere}: the serve-check record GPU run {a.sha256[:12]}... counted with was "
+                                       "not made against that run (its gpu_evidence names another run id, host, time, "
+                                       "GPU or tensor-parallel size)", hint="restore the release folder from where it "
+                                       "was promoted")
         out.append(replace(_counted(record, a.sha256, a.host, record.identity, rule),
                            serving_sha256=a.serving_sha256, served=served).judged(serve_rule))
     return out, vt.unlisted
@@ -337,6 +355,10 @@ def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, relea
         for vt in release.targets:
             marks.observe_release(release_key.fingerprint, _seen(release, vt), f"release folder {folder}")
         hosts = _hosts(marks, release, hosts_file, release_key, hosts_history)
+        at = HostsAtHand(hosts, release_key, hosts_file or folder.parent / rec.HOSTS_FILE, hosts_history)
+        for vt in release.targets:  # who vouched for what the ledger accepted, as the recipe checks it (step 7)
+            for note in check_accepted_signatures(str(folder), vt, at.at):
+                progress(f"not checked here: {note}")
         now = now or dt.datetime.now(dt.timezone.utc)
         by_target: Dict[str, List[ev.Signed]] = {}
         served: Dict[str, List[serving.SignedServe]] = {}
@@ -420,12 +442,22 @@ def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.Sig
             progress(f"{len(new)} serve-check record(s) not counted: this release's rule is {rule.source}")
         return old + runs, []
     out, taken = [], []
+    # Each record completes one GPU run, once (issue 49): one already counted with a run is never paired again,
+    # and a record completes only a run of the host that signed it (the GPU host signs its own matrix).
+    used = {c.serving_sha256 for c in old if c.serving_sha256}
     for c in old + runs:
-        mine = [s for s in new if servecount.pairs_with(c.record, s.record)]
+        paired = [s for s in new if servecount.pairs_with(c.record, s.record)]
+        for s in paired:
+            if (s.host or "unsigned") != c.host:
+                progress(f"{s.source}: a serve-check record signed by {s.host or 'no enrolled host'}, not by {c.host}, "
+                         "the host of the GPU run it names: not counted (the GPU host signs its own matrix)")
+        mine = [s for s in paired if (s.host or "unsigned") == c.host
+                and (s.sha256 not in used or s.sha256 == c.serving_sha256)]
         pick = servecount.choose([c.served] if c.served else [], [s.record for s in mine], rule)
         chosen = next((s for s in mine if s.record is pick), None)
         if chosen is not None and chosen.sha256 != c.serving_sha256:
             taken.append(chosen)
+            used.add(chosen.sha256)
             c = replace(c, serving_sha256=chosen.sha256, served=chosen.record)
         out.append(c.judged(rule))
     left = servecount.unpaired(new, [c.record for c in out])

@@ -144,10 +144,16 @@ def as_run(record: serving.ServeRecord, rule: ServingRule) -> ev.Evidence:
 
 
 def pairs_with(gpu: ev.Evidence, record: serving.ServeRecord) -> bool:
-    """The record was made against the deployment whose GPU checks gave `gpu`."""
+    """The record was made against the deployment whose GPU checks gave `gpu`, and against that GPU run of it:
+    its GPU (hashed UUID) and tensor-parallel size, as start.sh recorded them (issue 49: two runs sharing run
+    id, time and host, 1 GPU and tp2, are two runs; one serving test completes one). A record written before
+    it named them completes a 1-GPU run only."""
     link = record.gpu_evidence
-    return link is not None and record.subject_digest == gpu.image_digest and link.run_id == gpu.run_id \
-        and link.host_id_sha256 == gpu.host_id_sha256 and link.time == ev.normal_time(gpu.time, "time")
+    if link is None or record.subject_digest != gpu.image_digest or link.run_id != gpu.run_id \
+            or link.host_id_sha256 != gpu.host_id_sha256 or link.time != ev.normal_time(gpu.time, "time"):
+        return False
+    return link.gpu_uuid_sha256 == gpu.gpu.uuid_sha256 and link.tensor_parallel_size == \
+        gpu.configuration.tensor_parallel_size if link.tensor_parallel_size else not gpu.configuration.multi_gpu
 
 
 @dataclass(frozen=True)

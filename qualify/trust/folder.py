@@ -19,6 +19,7 @@ from qualify.core.errors import QualifyError, VerificationError
 from qualify.core.readlimit import open_folder
 from qualify.signing import formats
 from qualify.trust import records as rec
+from qualify.trust.hostchain import check_accepted_signatures, hosts_descend, hosts_lineage
 from qualify.trust.order import SEMVER, tag_problem
 from qualify.trust.sources import FolderSource, LayeredSource
 from qualify.trust.verify import (
@@ -29,10 +30,9 @@ from qualify.trust.verify import (
     TrustedKey,
     VerifiedHosts,
     VerifiedRelease,
-    hosts_descend,
-    hosts_lineage,
     sha256,
     verify_hosts,
+    verify_hosts_version,
     verify_release,
 )
 
@@ -255,3 +255,68 @@ def hosts_chain_check(vh: VerifiedHosts, key: TrustedKey, path: Path, seen: Iter
         return found
 
     return hosts_descend(vh, key, list(seen), versions)
+
+
+class HostsAtHand:
+    """The enrolled-hosts file at `path` and its earlier versions at hand (hosts_versions, read once when first
+    needed): `at(sha256, sequence)` is the version of that sha256, verified with the release key, or None."""
+
+    def __init__(self, current: Optional[VerifiedHosts], key: TrustedKey, path: Path,
+                 history: Optional[Path] = None) -> None:
+        self.current, self.key, self.path, self.history = current, key, Path(path), history
+        self._found: Optional[List[HostsVersion]] = None
+        self._verified: Dict[str, VerifiedHosts] = {}
+
+    def versions(self) -> List[HostsVersion]:
+        if self._found is None:
+            self._found = hosts_versions(self.path, self.history)
+        return self._found
+
+    def at(self, sha: str, sequence: int) -> Optional[VerifiedHosts]:
+        if self.current is not None and self.current.sha256 == sha:
+            found: Optional[VerifiedHosts] = self.current
+        elif sha in self._verified:
+            found = self._verified[sha]
+        else:
+            v = next((v for v in self.versions() if sha256(v.data) == sha), None)
+            if v is None:
+                return None
+            found = self._verified[sha] = verify_hosts_version(v, self.key)
+        if sequence and found.hosts.sequence != sequence:
+            raise VerificationError(f"signature check failed: {found.path}: hosts.json sha256 {sha[:12]}... is "
+                                    f"sequence {found.hosts.sequence}, not {sequence}")
+        return found
+
+
+def check_release_hosts(release: VerifiedRelease, hosts_file: Path, history: Optional[Path] = None) -> List[str]:
+    """VERIFYING.md steps 4, 7 and 8 for a release read through its evidence: the enrolled-hosts file verified,
+    descending link by link from the version each current promotion record was checked against, never older;
+    each accepted run (and the serve-check record it counted with) signed by the host its record names, as
+    enrolled then. Returns what could not be checked here (keyless hosts); raises on the rest."""
+    promoted = [t for t in release.targets if t.promotion]
+    needs = [t for t in promoted if t.promotion.hosts_sequence > 0 or t.promotion.hosts_sha256]
+    vh = None
+    if hosts_file.exists() or hosts_file.is_symlink():
+        vh = read_hosts_file(hosts_file, release.key)
+    elif needs:
+        t = needs[0]
+        raise VerificationError(f"signature check failed: {hosts_file} is missing, but promotion "
+                                f"{t.promotion.sequence} of {t.target} was checked against sequence "
+                                f"{t.promotion.hosts_sequence} of it", hint="restore manifests/hosts.json, or pass --hosts")
+    at = HostsAtHand(vh, release.key, hosts_file, history)
+    if vh is not None:
+        for t in needs:
+            p = t.promotion
+            if p.hosts_sequence > vh.hosts.sequence or (p.hosts_sequence == vh.hosts.sequence
+                                                        and p.hosts_sha256 != vh.sha256):
+                raise VerificationError(
+                    f"signature check failed: {hosts_file}: sequence {vh.hosts.sequence}, older than (or another "
+                    f"version than) sequence {p.hosts_sequence}, which promotion {p.sequence} of {t.target} was "
+                    "checked against (an older file restored)", hint="restore the newest manifests/hosts.json")
+        hosts_descend(vh, release.key, [(t.promotion.hosts_sequence, t.promotion.hosts_sha256 or "",
+                                         f"promotion {t.promotion.sequence} of {t.target}") for t in needs],
+                      at.versions)
+    unchecked: List[str] = []
+    for t in promoted:
+        unchecked += check_accepted_signatures(str(release.path), t, at.at)
+    return unchecked

@@ -196,7 +196,7 @@ class PromoterState:
         """Why the hosts version (`sequence`, `sha`, naming `previous`) is older than, or not a descendant of, the
         one this host saw ("" when it is neither). Above the mark every link down to it is checked: `lineage(m)`
         gives the offered version's chain down to sequence m (sequence -> sha256), verified link by link
-        (verify.hosts_lineage), and raises when a version between is not at hand. `new_chain`: this host itself
+        (hostchain.hosts_lineage), and raises when a version between is not at hand. `new_chain`: this host itself
         starts a new chain above the mark (qualify hosts --new-chain)."""
         mark = self.keys.get(fingerprint, KeyState()).hosts
         if mark is None:
