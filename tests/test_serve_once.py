@@ -149,3 +149,25 @@ def test_a_record_signed_by_another_enrolled_host_never_completes_a_gpu_run(tmp_
     with pytest.raises(VerificationError, match="not signed by lab-5090, the host the promotion record names for "
                                                 "the GPU run it completes"):
         python(lab.folder)
+
+
+def test_a_record_judged_by_another_matrix_than_the_releases_probe_carries_is_refused(tmp_path):
+    """Low: check_binding now holds the record's matrix version and sha256 to the matrix file among the probe
+    sources the release pins (where this checkout's probe is the release's own)."""
+    from evidence_helpers import PROBE
+
+    from qualify.probe import servematrix
+    from qualify.release import servecount
+
+    lab = vllm_lab(tmp_path)
+    matrix = servematrix.load()
+    same = served(lab, 12, target="sm120", matrix_version=matrix.version, matrix_sha256=matrix.sha256)
+    servecount.matrix_binding(same, lab.manifest(), "same", local_probe=lambda: PROBE)
+    for kw in ({"matrix_version": matrix.version + 1}, {"matrix_sha256": "e" * 64}):
+        other = served(lab, 12, target="sm120", **{"matrix_version": matrix.version, "matrix_sha256": matrix.sha256,
+                                                   **kw})
+        with pytest.raises(serving.ServeRecordError, match="it was judged by another matrix"):
+            servecount.matrix_binding(other, lab.manifest(), "other", local_probe=lambda: PROBE)
+    # from a checkout whose probe is not the release's, the matrix cannot be told here
+    servecount.matrix_binding(served(lab, 12, target="sm120", matrix_version=9), lab.manifest(), "elsewhere",
+                              local_probe=lambda: "sha256:" + "0" * 64)
