@@ -77,7 +77,7 @@ sig_der() {  # sig_der B64SIG OUT: decode, or return 1
   printf '%s' "$b64" | openssl base64 -d -A >"$2" 2>/dev/null || return 1
   size=$(wc -c <"$2")
   read -r -a head < <(od -An -tu1 -N2 "$2")
-  ((size >= 2 && ${head[0]} == 48 && ${head[1]} < 128 && ${head[1]} + 2 == size))
+  ((size >= 2 && head[0] == 48 && head[1] < 128 && head[1] + 2 == size))
 }
 
 verify_sig() {
