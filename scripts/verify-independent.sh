@@ -68,10 +68,21 @@ fingerprint_of() { openssl pkey -pubin -in "$1" -outform DER 2>/dev/null | sha25
 hint_of() { openssl pkey -pubin -in "$1" -outform DER 2>/dev/null | openssl dgst -sha256 -binary | openssl base64 -A; }
 
 # verify_sig KEY DATA B64SIG WHAT: an ECDSA P-256 signature over SHA-256 of DATA (cosign sign-blob's format).
+# The signature text must be strict base64 (whitespace aside) of one DER SEQUENCE and nothing after it, as the
+# toolkit reads it (signing/formats.py: decode_signature, then a strict DER parse): openssl would skip the rest.
+sig_der() {  # sig_der B64SIG OUT: decode, or return 1
+  local b64 size head
+  b64=$(printf '%s' "$1" | tr -d ' \n\r\t')
+  [[ -n $b64 && $b64 =~ ^[A-Za-z0-9+/]*={0,2}$ ]] && ((${#b64} % 4 == 0)) || return 1
+  printf '%s' "$b64" | openssl base64 -d -A >"$2" 2>/dev/null || return 1
+  size=$(wc -c <"$2")
+  read -r -a head < <(od -An -tu1 -N2 "$2")
+  ((size >= 2 && head[0] == 48 && head[1] < 128 && head[1] + 2 == size))
+}
+
 verify_sig() {
   local der="$WORK/sig.der"
-  printf '%s' "$3" | tr -d ' \n\r\t' | openssl base64 -d -A >"$der" 2>/dev/null || true
-  [[ -s $der ]] || fail "$4: the signature is not base64"
+  sig_der "$3" "$der" || fail "$4: the signature is not base64 of one DER signature (nothing before or after it)"
   openssl dgst -sha256 -verify "$1" -signature "$der" "$2" >/dev/null 2>&1 ||
     fail "$4: its signature does not verify with $(basename "$1") (the file changed after signing, or another key signed it)"
 }
@@ -79,8 +90,8 @@ verify_sig() {
 # sig_verifies KEY DATA B64SIG: verify_sig's test, without failing (which of several keys signed DATA).
 sig_verifies() {
   local der="$WORK/try.der"
-  printf '%s' "$3" | tr -d ' \n\r\t' | openssl base64 -d -A >"$der" 2>/dev/null || return 1
-  [[ -s $der ]] && openssl dgst -sha256 -verify "$1" -signature "$der" "$2" >/dev/null 2>&1
+  sig_der "$3" "$der" || return 1
+  openssl dgst -sha256 -verify "$1" -signature "$der" "$2" >/dev/null 2>&1
 }
 
 # verify_bundle KEY DATA BUNDLE: a Sigstore bundle v0.3 of DATA: digest, algorithm, key hint, signature.
@@ -89,7 +100,8 @@ verify_bundle() {
   json "$bundle"
   IFS=$US read -r media alg digest hint sig < <(jq -r '[(.mediaType // "" | tostring),
       (.messageSignature.messageDigest.algorithm // "" | tostring), (.messageSignature.messageDigest.digest // "" | tostring),
-      (.verificationMaterial.publicKey.hint // "" | tostring), (.messageSignature.signature // "" | tostring)] | join("\u001f")' "$bundle")
+      (.verificationMaterial.publicKey.hint | if . == null then "\u0001" else tostring end),
+      (.messageSignature.signature // "" | tostring)] | join("\u001f")' "$bundle")
   case $media in
     application/vnd.dev.sigstore.bundle.v0.3+json | "application/vnd.dev.sigstore.bundle+json;version=0."[123]) ;;
     *) fail "$bundle: not a Sigstore bundle (mediaType $media)" ;;
@@ -97,7 +109,8 @@ verify_bundle() {
   [[ $alg == SHA2_256 ]] || fail "$bundle: the message digest is not SHA2_256"
   [[ $digest == "$(openssl dgst -sha256 -binary "$data" | openssl base64 -A)" ]] ||
     fail "$bundle: the bundle of other bytes (its message digest is not $(basename "$data")'s sha256)"
-  [[ -z $hint || $hint == "$(hint_of "$key")" ]] || fail "$bundle: names another key (hint $hint)"
+  # absent: no hint; present, it must be the key's (an empty hint names no key: refused, as the toolkit refuses it)
+  [[ $hint == $'\x01' || $hint == "$(hint_of "$key")" ]] || fail "$bundle: names another key (hint '$hint')"
   verify_sig "$key" "$data" "$sig" "$bundle"
 }
 
@@ -109,16 +122,44 @@ verify_signed() {
   if [[ -e $2.sigstore.json ]]; then verify_bundle "$1" "$2" "$2.sigstore.json"; fi
 }
 
-# canonical FILE: a JSON object written as the toolkit writes signed records (one key per line), no key written
-# twice (the toolkit refuses duplicates, jq keeps the last: as many key lines as distinct keys); prints its schema.
+# canonical FILE: a JSON object in the one form the toolkit writes and reads signed records in (VERIFYING.md,
+# Canonical JSON; trust/records.py: canonical_problem): every line one of `{`, `[`, `}`, `]`, or at most one key
+# and one value (a scalar, `{`, `[`, `{}` or `[]`), with a comma after it or not; two spaces of indent a level;
+# keys sorted; strings with no escape canonical JSON does not write; numbers as Python writes them (no `7.10`,
+# `7e0`, `1E+5`, `-0`); a newline at the end. So no key is written twice (jq would keep the last): as many key
+# lines as distinct keys. Prints its schema.
+CANON_S='"([^"\\[:cntrl:]]|\\["\\nrtbf]|\\u00(0[0-7]|0b|0e|0f|1[0-9a-f]))*"'
+CANON_N='(0|-?[1-9][0-9]*|-?0(?=\.))(\.([0-9]*[1-9]|0))?(e[-+][0-9]{2,})?'
 canonical() {
-  local lines keys schema
+  local lines keys schema bad
   readable "$1"
   IFS=$US read -r keys schema < <(jq -r 'if type == "object" then [([.. | objects | keys | length] | add // 0 | tostring),
       (.schema // "" | tostring)] | join("\u001f") else empty end' "$1" 2>/dev/null) || fail "$1: not a JSON object"
+  bad=$(jq -R -s -r --arg s "$CANON_S" --arg n "$CANON_N" '
+    ("^ *((" + $s + ": )?(" + $s + "|" + $n + "|true|false|null|\\[\\]|\\{\\}|\\[|\\{)|[\\]}]),?$") as $line
+    | split("\n") as $l
+    | if $l[-1] != "" then "it does not end with a newline"
+      else (reduce ($l[:-1] | to_entries[]) as $x ({d: 0, bad: ""};
+        if .bad != "" then .
+        else ($x.value | test("^ *[\\]}]")) as $close | (if $close then .d - 1 else .d end) as $d
+          | if ($x.value | test($line) | not) then .bad = "line \($x.key + 1) is not one key and one value: \($x.value[:80])"
+            elif ($x.value | match("^ *").length) != 2 * $d then .bad = "line \($x.key + 1) is not indented two spaces a level"
+            else .d = $d + (if ($x.value | test("[\\[{]$")) then 1 else 0 end) end end) | .bad) end' "$1")
+  [[ -z $bad ]] || fail "$1: not in the canonical form signed records are written in: $bad"
   lines=$(jq -R -s '[split("\n")[] | select(test("^ *\"([^\"\\\\]|\\\\.)*\": "))] | length' "$1")
   [[ $lines == "$keys" ]] || fail "$1: $lines keys written, $keys distinct: a key is written twice"
+  jq -e '[.. | objects | keys_unsorted == keys] | all' "$1" >/dev/null || fail "$1: not in the canonical form signed records are written in: its keys are not sorted"
   printf '%s' "$schema"
+}
+
+# The keys whose values are integers in the signed records (manifests/*.schema.json, "type": "integer"; the
+# toolkit reads them as whole numbers and refuses 7.0): their numbers must be written without fraction or
+# exponent. tests/test_verify_differential.py checks this list is the schemas' own.
+INTEGER_KEYS='consecutive_passes|gpus|hosts_sequence|policy_version|promotion|required_consecutive_passes|runs|sequence|tensor_parallel_size|version'
+integers() {
+  local bad
+  bad=$(grep -nE "^ *\"($INTEGER_KEYS)\": -?[0-9][0-9.eE+-]*,?\$" "$1" | grep -vE "\": -?[0-9]+,?\$" | head -1 || true)
+  [[ -z $bad ]] || fail "$1: line ${bad%%:*}: an integer written as a number with a fraction or an exponent (${bad#*: }): the toolkit refuses it"
 }
 
 # signed_record FILE SCHEMA...: a record signed with the release key, canonical, of one of the schemas.
@@ -126,6 +167,7 @@ signed_record() {
   local schema
   verify_signed "$KEY" "$1"
   schema=$(canonical "$1")
+  integers "$1"
   [[ " ${*:2} " == *" $schema "* ]] || fail "$1: schema $schema, expected ${*:2}"
 }
 
@@ -182,7 +224,8 @@ def serve_run:
      probe: ($p.toolkit.probe_sha256 | text), host_id_sha256: ($p.host.id_sha256 | text), gpu_capability: "none",
      run_id: ($p.run_id | text), time: ($p.created | utc), configuration: "1 GPU",
      link: ($p.gpu_evidence | if type == "object" then {run_id: (.run_id | text), time: (.time | utc),
-            host_id_sha256: (.host_id_sha256 | text)} else null end),
+            host_id_sha256: (.host_id_sha256 | text), gpu_uuid_sha256: (.gpu_uuid_sha256 | text),
+            tensor_parallel_size: (.tensor_parallel_size // 0)} else null end),
      checks: [$p.checks[]? | objects], declared: ($p.outcome | text),
      required_listed: [$p.checks[]? | objects | select(.required == true) | .id | text]};
 # the outcome of a serve-check run over $required (serving.outcome_of: none required is never a pass)
@@ -338,12 +381,16 @@ keep_version() {  # keep_version FILE SIGFILE [BUNDLE]
   cp "$2" "$WORK/hosts/$s.json.sig"
   if [[ -n ${3:-} && -f $3 ]]; then cp "$3" "$WORK/hosts/$s.json.sigstore.json"; fi
 }
-HOSTS_SHA="" HOSTS_SEQ=0
+HOSTS_SHA="" HOSTS_SEQ=0 HOSTS_STOP="" HOSTS_STOP_AT=0
+declare -A CHAIN_AT=()
 if [[ -e $HOSTS || -L $HOSTS ]]; then
   signed_record "$HOSTS" "$NS/enrolled-hosts/v2" "$NS/enrolled-hosts/v1"
   HOSTS_SHA=$(sha "$HOSTS")
   HOSTS_SEQ=$(j .sequence "$HOSTS")
   keep_version "$HOSTS" "$HOSTS.sig" "$HOSTS.sigstore.json"
+  for f in "$(dirname "$HOSTS")"/"$(basename "$HOSTS" .json)".[0-9]*.json; do
+    if [[ $f =~ \.[0-9]+\.json$ ]]; then keep_version "$f" "$f.sig" "$f.sigstore.json"; fi
+  done
   if [[ -n $HISTORY ]]; then
     for f in "$HISTORY"/*; do [[ $f == *.sig || $f == *.sigstore.json ]] || keep_version "$f" "$f.sig" "$f.sigstore.json"; done
   fi
@@ -356,16 +403,22 @@ if [[ -e $HOSTS || -L $HOSTS ]]; then
       keep_version "$WORK/h.json" "$WORK/h.json.sig" "$WORK/h.json.sigstore.json"
     done < <(git -C "$hdir" log --format=%H -- "$hname" 2>/dev/null)
   fi
-  # the chain back from the current file, as far as versions are at hand
+  # the chain back from the current file, as far as versions are at hand: CHAIN_AT[sequence] is the sha256 of
+  # the version at that sequence on it (the lowest one only named by its successor); HOSTS_STOP says why it ends
+  # (first: a version naming no predecessor; gap: a predecessor not at hand), step 8 holds each promotion to it
+  CHAIN_AT[$HOSTS_SEQ]=$HOSTS_SHA
   cur="$HOSTS" seq=$HOSTS_SEQ
   while :; do
     prev=$(j '.previous_sha256 // empty' "$cur")
     if [[ -z $prev ]]; then
+      HOSTS_STOP=first HOSTS_STOP_AT=$seq
       ok "sequence $seq is the first of its chain"
       break
     fi
     [[ $prev =~ $HEX_RE ]] || fail "$cur: previous_sha256 is not a sha256"
+    CHAIN_AT[$((seq - 1))]=$prev
     if [[ ! -f $WORK/hosts/$prev.json ]]; then
+      HOSTS_STOP=gap HOSTS_STOP_AT=$seq
       note "sequence $seq names sequence $((seq - 1)) (sha256 ${prev:0:12}...), which is not at hand (commit hosts.json, or --hosts-history DIR): the chain is checked from there on"
       break
     fi
@@ -403,40 +456,41 @@ host_key() {
   echo "$hk"
 }
 
-# serve_signed FILE RECORD HOSTS_SHA HOSTS_SEQ UNSIGNED_OK: a serve-check record a GPU run counted with is signed
-# by an enrolled host (promote reads it as it reads GPU evidence: any enrolled host's key; servecount.read_signed),
-# in the hosts version the record was checked against; unsigned only where the record says that was allowed.
+# serve_signed FILE RECORD HOSTS_SHA HOSTS_SEQ UNSIGNED_OK HOST: a serve-check record a GPU run counted with is signed
+# by the host that signed the GPU run (HOST: a record from another host never completes a GPU run; the GPU host signs
+# its own matrix), with its key in the hosts version the record was checked against; unsigned only where the record
+# says that was allowed.
 serve_signed() {
-  local f=$1 r=$2 hv name sig="" keyless=() hk
+  local f=$1 r=$2 name=$6 sig="" hv hk
   if [[ -e $f.sig ]]; then sig=$(cat "$f.sig")
   elif [[ -e $f.sigstore.json ]]; then json "$f.sigstore.json"; sig=$(j '.messageSignature.signature // ""' "$f.sigstore.json")
   fi
-  if [[ -n $3 && -n $sig ]]; then
-    hv=$(host_version "$3" "$4")
-    if [[ -z $hv ]]; then
-      incomplete "$(basename "$f") (serve-check record): its signer is enrolled in hosts.json sha256 ${3:0:12}..., which is not at hand (commit hosts.json, or --hosts-history DIR)"
-      return 0
-    fi
-    while read -r name; do
-      hk=$(host_key "$hv" "$3" "$name")
-      if [[ -z $hk ]]; then keyless+=("$name"); continue; fi
-      if sig_verifies "$hk" "$f" "$sig"; then
-        if [[ -e $f.sig ]]; then verify_sig "$hk" "$f" "$(cat "$f.sig")" "$f (host $name)"; fi
-        if [[ -e $f.sigstore.json ]]; then verify_bundle "$hk" "$f" "$f.sigstore.json"; fi
-        ok "serve-check record $(basename "$f"): signed by enrolled host $name"
-        return 0
-      fi
-    done < <(j '.hosts[].name' "$hv")
+  if [[ $name == unsigned ]]; then
+    [[ $5 == true ]] || fail "$f: the serve-check record of an unsigned run, and $(basename "$r") does not say unsigned evidence was allowed"
+    note "$(basename "$f"): the serve-check record of an unsigned run, counted with --allow-unsigned-evidence (the record says so)"
+    return 0
   fi
-  if [[ $5 == true ]]; then
-    note "$(basename "$f"): a serve-check record no enrolled key verifies, counted with --allow-unsigned-evidence (the record says so)"
-  elif ((${#keyless[@]})); then
-    incomplete "$(basename "$f") (serve-check record): no enrolled key verifies it; hosts enrolled keylessly (${keyless[*]}) need cosign verify-blob"
-  elif [[ -z $sig ]]; then
-    fail "$f: a serve-check record counted in $(basename "$r") with no .sig or .sigstore.json beside it, and the record does not say unsigned evidence was allowed"
-  else
-    fail "$f: a serve-check record counted in $(basename "$r"), which no key enrolled in the hosts version it was checked against verifies"
+  if [[ -z $sig ]]; then
+    [[ $5 == true ]] || fail "$f: a serve-check record counted in $(basename "$r") with no .sig or .sigstore.json beside it, and the record does not say unsigned evidence was allowed"
+    note "$(basename "$f"): an unsigned serve-check record, counted with --allow-unsigned-evidence (the record says so)"
+    return 0
   fi
+  [[ -n $3 ]] || fail "$r: names host $name, but no enrolled-hosts file"
+  hv=$(host_version "$3" "$4")
+  if [[ -z $hv ]]; then
+    incomplete "$(basename "$f") (serve-check record): its signer is enrolled in hosts.json sha256 ${3:0:12}..., which is not at hand (commit hosts.json, or --hosts-history DIR)"
+    return 0
+  fi
+  jq -e --arg h "$name" 'any(.hosts[]; .name == $h)' "$hv" >/dev/null ||
+    fail "$r: counts a run from $name, who is not enrolled in the hosts version it was checked against"
+  hk=$(host_key "$hv" "$3" "$name")
+  if [[ -z $hk ]]; then
+    incomplete "$(basename "$f") (serve-check record): $name is enrolled keylessly: needs cosign verify-blob"
+    return 0
+  fi
+  if [[ -e $f.sig ]]; then verify_sig "$hk" "$f" "$(cat "$f.sig")" "$f (serve-check record, not signed by $name, the host of the GPU run it completes)"; fi
+  if [[ -e $f.sigstore.json ]]; then verify_bundle "$hk" "$f" "$f.sigstore.json"; fi
+  ok "serve-check record $(basename "$f"): signed by $name, the host of the GPU run it completes"
 }
 
 # --- 5 to 8, per target --------------------------------------------------------------------------------------
@@ -530,6 +584,8 @@ for t in "${TARGETS[@]}"; do
     IFS=$US read -r hsha hseq unsigned_ok count < <(jq -r '[(.hosts_sha256 // ""), (.hosts_sequence // 0 | tostring),
         (.unsigned_evidence_allowed | tostring), (.evidence | length | tostring)] | join("\u001f")' "$R")
     jq -e '[.evidence[].identity] | length == (unique | length)' "$R" >/dev/null || fail "$R: the same run is counted twice"
+    twice=$(jq -r '[.evidence[] | .serving_sha256 // empty] | group_by(.) | map(select(length > 1) | .[0]) | .[0] // ""' "$R")
+    [[ -z $twice ]] || fail "$R: serve-check record $twice completes $(jq -r --arg s "$twice" '[.evidence[] | select(.serving_sha256 == $s)] | length' "$R") GPU runs: one serving test completes one run, once"
     extra=$(jq -r '[.evidence[] | keys[] | select(IN("sha256", "identity", "file", "time", "outcome", "reason", "gpu",
         "driver", "host", "figures", "configuration", "serving_sha256") | not)] | unique | join(", ")' "$R")
     [[ -z $extra ]] || fail "$R: its evidence entries hold keys this recipe does not know: $extra"
@@ -614,6 +670,11 @@ for t in "${TARGETS[@]}"; do
             elif .declared != serve_outcome(.required_listed) then "it declares \(.declared), its checks give \(serve_outcome(.required_listed))"
             elif .link == null or .link.run_id != $run.run_id or .link.host_id_sha256 != $run.host_id_sha256
                  or .link.time != $run.time then "it was not made against the deployment of this GPU run (gpu_evidence: run id, host, time)"
+            elif .link.tensor_parallel_size == 0 and $run.configuration != "1 GPU"
+              then "it names no GPU or tensor-parallel size (written before they were recorded): it completes a 1-GPU run only, not one on \($run.configuration)"
+            elif .link.tensor_parallel_size != 0 and (.link.gpu_uuid_sha256 != $run.uuid_sha256
+                 or .link.tensor_parallel_size != ($run.configuration | if . == "1 GPU" then 1 else capture("tp(?<tp>[0-9]+)").tp | tonumber end))
+              then "it was made against another GPU run of this deployment (GPU \(.link.gpu_uuid_sha256), tensor parallel \(.link.tensor_parallel_size)), not this one (GPU \($run.uuid_sha256), \($run.configuration))"
             else "" end' <<<"$SERVE")
           [[ -z $sproblem ]] || fail "$S (serving_sha256 of $s in $(basename "$R")): $sproblem"
         fi
@@ -650,7 +711,7 @@ for t in "${TARGETS[@]}"; do
       printf '%s %s\n' "$ident" "$(jq -r .lifts <<<"$verdict")" >>"$WORK/lifts.$t"
       if [[ $SERVE != null && -z ${SERVED[$ssha]:-} ]]; then
         SERVED[$ssha]=1
-        serve_signed "$S" "$R" "$hsha" "$hseq" "$unsigned_ok"
+        serve_signed "$S" "$R" "$hsha" "$hseq" "$unsigned_ok" "$host"
       fi
       [[ -z ${FIRST[$s]:-} ]] || continue
       FIRST[$s]=$R
@@ -730,6 +791,16 @@ for t in "${TARGETS[@]}"; do
       ((hs <= HOSTS_SEQ)) || fail "$HOSTS: sequence $HOSTS_SEQ, older than sequence $hs, which promotion $(j .sequence "$P") of $t was checked against (an older file restored)"
       ((hs < HOSTS_SEQ)) || [[ $(j .hosts_sha256 "$P") == "$HOSTS_SHA" ]] ||
         fail "$HOSTS: sequence $HOSTS_SEQ, but not the version promotion $(j .sequence "$P") of $t was checked against"
+      # VERIFYING.md step 4: hosts.json descends, link by link, from the version the promotion was checked against
+      hsha=$(j .hosts_sha256 "$P")
+      if [[ -z ${CHAIN_AT[$hs]:-} ]]; then
+        if [[ $HOSTS_STOP == first ]]; then
+          fail "$HOSTS: enrolled-hosts sequence $HOSTS_STOP_AT names no predecessor (previous_sha256 null: the first of a new chain), so sequence $HOSTS_SEQ does not descend from sequence $hs, which promotion $(j .sequence "$P") of $t saw: a new chain would re-enroll whatever it lists"
+        fi
+        fail "$HOSTS: enrolled-hosts sequence $HOSTS_STOP_AT names sequence $((HOSTS_STOP_AT - 1)) (sha256 $(cut -c1-12 <<<"${CHAIN_AT[$((HOSTS_STOP_AT - 1))]}")...), which is not at hand: the chain from sequence $hs, which promotion $(j .sequence "$P") of $t saw, to sequence $HOSTS_SEQ cannot be checked link by link (fetch it: git fetch, or keep it beside hosts.json as hosts.<sequence>.json with its .sig, or --hosts-history DIR)"
+      fi
+      [[ ${CHAIN_AT[$hs]} == "$hsha" ]] ||
+        fail "$HOSTS: enrolled-hosts sequence $HOSTS_SEQ does not descend from sequence $hs (sha256 ${hsha:0:12}...), which promotion $(j .sequence "$P") of $t saw: its chain leads through another sequence $hs (sha256 ${CHAIN_AT[$hs]:0:12}...), a fork of the chain"
       ok "hosts.json sequence $HOSTS_SEQ is not older than the one promotion $(j .sequence "$P") was checked against ($hs)"
     fi
   fi

@@ -93,6 +93,7 @@ CALL_SITES = {
     # other anchors, one function each: host-signed evidence (release/evidence.py: signed_by), DSSE payloads
     # from a registry (publish/dsse.py: verify), and `qualify sign` checking the signature it just wrote
     "release/evidence.py": {"verify_blob", "check_bundle"},
+    "trust/hostchain.py": {"verify_blob", "check_bundle"},  # who vouched for accepted evidence (host keys)
     "publish/dsse.py": {"verify_bytes"},
     "cli/sign_cmd.py": {"verify_blob"},
 }

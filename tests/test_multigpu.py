@@ -30,6 +30,7 @@ from signing_helpers import DIGEST_A
 from qualify.config import targets
 from qualify.core import topology
 from qualify.core.errors import ConfigError
+from qualify.core.fsutil import canonical_json
 from qualify.deploy import allreduce, collectives, compose, heads, settings
 from qualify.probe import gpu, subproc
 from qualify.release import evidence as ev
@@ -408,7 +409,7 @@ def test_signed_floors_are_parsed_strictly(lab, floors, message):
     data = json.loads((lab.folder / "release.json").read_text())
     data["policy"]["allreduce_floors"] = floors
     with pytest.raises(VerificationError, match=message):
-        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+        rec.ReleaseIndex.parse(canonical_json(data), "release.json")
 
 
 def test_the_probe_gets_exactly_the_deployments_gpus():

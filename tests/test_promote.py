@@ -21,6 +21,7 @@ from signing_helpers import DIGEST_A, DIGEST_B, PASSWORD, make_key_pair
 
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, VerificationError
+from qualify.core.fsutil import canonical_json
 from qualify.release import evidence as ev
 from qualify.release import promote, verify
 from qualify.scaleout import merge
@@ -633,20 +634,20 @@ def test_a_policy_this_toolkit_cannot_apply_is_refused_never_ignored(lab, monkey
     checks = data["policy"]["level_checks"]
     data["policy"]["level_checks"] = [{"level": "baseline", "checks": ["serve.canary"]}]  # a check nobody judges
     with pytest.raises(VerificationError, match="names check.s. serve.canary, which this toolkit does not judge"):
-        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+        rec.ReleaseIndex.parse(canonical_json(data), "release.json")
     data["policy"]["level_checks"] = checks
     data["policy"]["allreduce_floors"] = [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 350}]
-    floors = rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json").policy.allreduce_floors
+    floors = rec.ReleaseIndex.parse(canonical_json(data), "release.json").policy.allreduce_floors
     assert [(f.topology, f.gpus, f.min_bus_gbps) for f in floors] == [("nvlink", 2, 350.0)]  # applied (issue 44)
     # A toolkit that did not apply floors would refuse them, never read the release as if they were not there.
     monkeypatch.setattr(policy, "ENFORCED", frozenset({"level_checks"}))
     with pytest.raises(VerificationError, match="sets allreduce_floors, which this toolkit does not apply"):
-        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+        rec.ReleaseIndex.parse(canonical_json(data), "release.json")
     monkeypatch.undo()
     del data["policy"]["allreduce_floors"]
     data["policy"]["version"] = 2
     with pytest.raises(VerificationError, match="policy version 2 is newer than this toolkit knows"):
-        rec.ReleaseIndex.parse(json.dumps(data).encode(), "release.json")
+        rec.ReleaseIndex.parse(canonical_json(data), "release.json")
 
 
 def test_a_release_signed_before_the_policy_keeps_its_implied_rule(lab):

@@ -307,6 +307,10 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
     (done,) = promote.promote(folder, "v1.0.0", runs, sign, key, root / "manifests" / rec.HOSTS_FILE,
                               state=tmp_path / "trust" / "promoter-state.json")
     assert done.sequence == 3
+    # `hosts add` kept the v1 file it replaced beside it (hosts.1.json, issue 49): the chain is at hand.
+    passed(verify(folder, "--key", str(root / "keys" / "cosign.pub")))
+    for kept in (root / "manifests").glob("hosts.1.json*"):
+        kept.unlink()
     # The v1 hosts file that the v2 record was checked against is no longer the file: without it, incomplete.
     missing = verify(folder, "--key", str(root / "keys" / "cosign.pub"))
     assert missing.returncode == 3 and "not at hand" in missing.stdout, missing.stdout[-2000:]

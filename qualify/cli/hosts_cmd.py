@@ -77,6 +77,8 @@ def execute(args) -> int:
     for note in done.notes:
         print(printable(note))
     if done.written:
+        kept = args.file.with_name(folder.kept_hosts_name(args.file.name, done.hosts.sequence - 1))
+        also = f" {kept}*" if done.hosts.previous_sha256 and kept.exists() else ""
         print(f"{args.file}: {len(done.hosts.hosts)} enrolled host(s), sequence {done.hosts.sequence}, signed with "
-              f"{key.fingerprint}; commit it (git add {args.file}*)")
+              f"{key.fingerprint}; commit it (git add {args.file}*{also})")
     return 0

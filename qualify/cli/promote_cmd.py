@@ -30,6 +30,9 @@ def configure_parser(parser) -> None:
     parser.add_argument("--hosts", type=Path, default=None,
                         help=f"the enrolled hosts, signed with the release key (default: MANIFESTS/{HOSTS_FILE}; "
                         "python -m qualify hosts add)")
+    parser.add_argument("--hosts-history", type=Path, default=None, metavar="DIR",
+                        help="earlier versions of the hosts file (each with its .sig), where git's history and the "
+                        "kept hosts.<n>.json beside it do not have them: the chain is checked link by link")
     parser.add_argument("--allow-unsigned-evidence", action="store_true",
                         help="count evidence no enrolled host signed (recorded in the promotion record)")
     parser.add_argument("--file", type=Path, default=None, help=argparse.SUPPRESS)  # refused: see execute
@@ -66,7 +69,8 @@ def execute(args) -> int:
         emit(f"promote: skipped {len(skipped)} signature or bundle file(s) given beside their evidence records "
              "(each record's own are read with it): " + ", ".join(printable(str(p)) for p in skipped))
     done = promote.promote(release_dir, args.tag, evidence, release_signer, public, hosts_file,
-                           args.allow_unsigned_evidence, progress=lambda m: emit(printable(m)))
+                           args.allow_unsigned_evidence, progress=lambda m: emit(printable(m)),
+                           hosts_history=args.hosts_history)
     for p in done:
         print("\n".join(promote.summary_lines(p, args.allow_unsigned_evidence)))
     return 0

@@ -22,6 +22,11 @@ def configure_parser(parser) -> None:
                         "any other reference is resolved with docker")
     parser.add_argument("--require-pass", action="store_true",
                         help="refuse a manifest whose verdict is fail or that has failing checks")
+    parser.add_argument("--hosts", type=Path, default=None,
+                        help="a release folder's enrolled hosts (default: hosts.json beside the release folder)")
+    parser.add_argument("--hosts-history", type=Path, default=None, metavar="DIR",
+                        help="earlier versions of the hosts file (each with its .sig), where git's history and the "
+                        "kept hosts.<n>.json beside it do not have them")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -51,6 +56,7 @@ def execute(args) -> int:
     opts = verify.VerifyOptions(
         manifest=args.manifest, key=args.key, identity=args.identity, issuer=args.issuer,
         signature=args.signature, bundle=args.bundle, image=args.image, require_pass=args.require_pass,
+        hosts=getattr(args, "hosts", None), hosts_history=getattr(args, "hosts_history", None),
     )
     try:
         result = verify.verify(opts)

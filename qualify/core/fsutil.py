@@ -20,6 +20,21 @@ def canonical_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=2, allow_nan=False) + "\n").encode("utf-8")
 
 
+def canonical_problem(data: bytes, doc: Any) -> str:
+    """Why `data` is not the canonical JSON of `doc` ("" when it is): the one accepted form of every signed
+    record, which scripts/verify-independent.sh checks too (VERIFYING.md, Signatures): sorted keys,
+    two-space indent, one key a line, no escape canonical JSON does not write, a newline at the end."""
+    want = canonical_json(doc)
+    if want == data:
+        return ""
+    got_lines, want_lines = data.split(b"\n"), want.split(b"\n")
+    for n, (g, w) in enumerate(zip(got_lines, want_lines), 1):
+        if g != w:
+            got, wanted = g[:80].decode("utf-8", "replace"), w[:80].decode("utf-8", "replace")
+            return f"line {n} is {got!r}, canonical JSON writes {wanted!r}"
+    return f"{len(got_lines)} lines, canonical JSON writes {len(want_lines)}"
+
+
 def write_atomic(path: PathLike, data: Union[bytes, str], mode: int = 0o644) -> Path:
     """Write to a temporary file beside `path`, fsync, then rename over it.
 

@@ -471,14 +471,15 @@ class Deploy:
                "gpu_evidence": self.evidence_link()}
         write_json(self.s.compose_file.with_name(ops.DEPLOYMENT_FILE), doc)
 
-    def evidence_link(self) -> Optional[Dict[str, str]]:
+    def evidence_link(self) -> Optional[Dict[str, Any]]:
         """The GPU evidence this run saved, by its run's identity: serve-check copies it into its record, so that
         promote counts the two together (release/servecount.py)."""
         if self.evidence is None:
             return None
         path, r = self.evidence
         return {"file": path.name, "run_id": r.run_id, "time": r.time, "host_id_sha256": r.host_id_sha256,
-                "outcome": r.outcome.value}
+                "outcome": r.outcome.value, "gpu_uuid_sha256": r.gpu.uuid_sha256,
+                "tensor_parallel_size": r.configuration.tensor_parallel_size}
 
     def summary(self, trust: Trust, url: str) -> str:
         s = self.s

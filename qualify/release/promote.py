@@ -38,7 +38,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from qualify.core import killpoint
 from qualify.core import manifest as mf
 from qualify.core.enums import SupportLevel
-from qualify.core.errors import ConfigError, QualifyError
+from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.core.fsutil import write_atomic
 from qualify.core.readlimit import read_small, strict_json
 from qualify.release import evidence as ev
@@ -47,9 +47,10 @@ from qualify.signing import formats
 from qualify.signing.signer import Signer
 from qualify.trust import gpuconfig, journal
 from qualify.trust import records as rec
-from qualify.trust.folder import read_hosts_file, read_release
+from qualify.trust.folder import HostsAtHand, hosts_chain_check, lineage, read_hosts_file, read_release
 from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow
 from qualify.trust.highwater import PromoterState, RollbackError, Seen
+from qualify.trust.hostchain import check_accepted_signatures
 from qualify.trust.policy import TargetRule
 from qualify.trust.verify import (
     EVIDENCE,
@@ -229,6 +230,16 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> 
     a GPU run counted with."""
     serve_rule = servecount.rule_for(vt.manifest, rule)
     out = []
+    completes: Dict[str, str] = {}  # serve-check record -> the GPU run it completes (each one run, once)
+    for a in vt.accepted:
+        if a.serving_sha256 and a.serving_sha256 != a.sha256:
+            if a.serving_sha256 in completes:
+                raise ev.EvidenceError(
+                    f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json: serve-check record "
+                    f"{a.serving_sha256[:12]}... completes two GPU runs ({completes[a.serving_sha256][:12]}... and "
+                    f"{a.sha256[:12]}...) in the signed promotion record: one serving test completes one run, once",
+                    hint="restore the release folder from where it was promoted")
+            completes[a.serving_sha256] = a.sha256
     for a in vt.accepted:
         where = f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.sha256}.json"
         if serving.is_serve_record(strict_json(a.data, where, ev.EvidenceError)):
@@ -239,6 +250,13 @@ def accepted(release: VerifiedRelease, vt: VerifiedTarget, rule: TargetRule) -> 
         record = ev.from_bytes(a.data, release.tag, where)
         served = serving.parse(a.serving_data, f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json") \
             if a.serving_sha256 and a.serving_data is not None else None
+        if served is not None:
+            swhere = f"{release.path}/{EVIDENCE_DIR}/{vt.target}/{a.serving_sha256}.json"
+            if not servecount.pairs_with(record, served):
+                raise ev.EvidenceError(f"{swhere}: the serve-check record GPU run {a.sha256[:12]}... counted with was "
+                                       "not made against that run (its gpu_evidence names another run id, host, time, "
+                                       "GPU or tensor-parallel size)", hint="restore the release folder from where it "
+                                       "was promoted")
         out.append(replace(_counted(record, a.sha256, a.host, record.identity, rule),
                            serving_sha256=a.serving_sha256, served=served).judged(serve_rule))
     return out, vt.unlisted
@@ -283,9 +301,11 @@ def _floor(marks: PromoterState, key: TrustedKey):
 
 
 def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[Path],
-           key: TrustedKey) -> Optional[VerifiedHosts]:
+           key: TrustedKey, history: Optional[Path] = None) -> Optional[VerifiedHosts]:
     """The enrolled hosts, verified and held to the chain: never older than what this host saw (recorded at
-    once, whatever promote decides later) or than what the newest promotion records were checked against."""
+    once, whatever promote decides later) or than what the newest promotion records were checked against, and
+    descending link by link from each (every version between at hand: kept beside it, in `history`, or in
+    git's history of the file)."""
     mark = marks.key(key.fingerprint).hosts
     bound = max((t.promotion.hosts_sequence for t in release.targets if t.promotion), default=0)
     if hosts_file is None or not (hosts_file.exists() or hosts_file.is_symlink()):
@@ -299,7 +319,8 @@ def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[
         vh = read_hosts_file(hosts_file, key)
     except QualifyError as exc:
         raise ConfigError(f"the enrolled hosts cannot be used: {exc.message}", hint=exc.hint) from None
-    marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(hosts_file))
+    marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(hosts_file),
+                        lineage(vh, key, hosts_file, history))
     for t in release.targets:
         p = t.promotion
         if p and (p.hosts_sequence > vh.hosts.sequence or (p.hosts_sequence == vh.hosts.sequence and p.hosts_sha256
@@ -308,12 +329,19 @@ def _hosts(marks: PromoterState, release: VerifiedRelease, hosts_file: Optional[
                                 f"(sha256 {vh.sha256[:12]}...), but promotion {p.sequence} of {t.target} was checked "
                                 f"against sequence {p.hosts_sequence} ({(p.hosts_sha256 or '')[:12]}...): an older file",
                                 hint="restore the newest manifests/hosts.json (git log -- manifests/hosts.json)")
+    seen = [(t.promotion.hosts_sequence, t.promotion.hosts_sha256 or "", f"promotion {t.promotion.sequence} of "
+             f"{t.target}") for t in release.targets if t.promotion and t.promotion.hosts_sha256]
+    try:
+        hosts_chain_check(vh, key, hosts_file, seen, history)
+    except VerificationError as exc:
+        raise RollbackError(f"refusing the enrolled hosts {hosts_file}: {exc.message}", hint=exc.hint) from None
     return vh
 
 
 def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, release_key: TrustedKey,
             hosts_file: Optional[Path], allow_unsigned: bool = False, now: Optional[dt.datetime] = None,
-            progress=lambda m: None, state: Optional[Path] = None) -> List[Promoted]:
+            progress=lambda m: None, state: Optional[Path] = None,
+            hosts_history: Optional[Path] = None) -> List[Promoted]:
     """Apply the release's signed rule to the release in `folder` for every target the evidence names."""
     folder = Path(folder)
     hosts_lock = journal.hosts_lock(hosts_file) if hosts_file else journal.hosts_lock(folder.parent / rec.HOSTS_FILE)
@@ -326,7 +354,11 @@ def promote(folder: Path, tag: str, files: Sequence[Path], signer: Signer, relea
             raise ConfigError(f"{folder} is release {release.tag}, not {tag}")
         for vt in release.targets:
             marks.observe_release(release_key.fingerprint, _seen(release, vt), f"release folder {folder}")
-        hosts = _hosts(marks, release, hosts_file, release_key)
+        hosts = _hosts(marks, release, hosts_file, release_key, hosts_history)
+        at = HostsAtHand(hosts, release_key, hosts_file or folder.parent / rec.HOSTS_FILE, hosts_history)
+        for vt in release.targets:  # who vouched for what the ledger accepted, as the recipe checks it (step 7)
+            for note in check_accepted_signatures(str(folder), vt, at.at):
+                progress(f"not checked here: {note}")
         now = now or dt.datetime.now(dt.timezone.utc)
         by_target: Dict[str, List[ev.Signed]] = {}
         served: Dict[str, List[serving.SignedServe]] = {}
@@ -410,12 +442,22 @@ def _with_serving(old: List[Counted], runs: List[Counted], new: List[serving.Sig
             progress(f"{len(new)} serve-check record(s) not counted: this release's rule is {rule.source}")
         return old + runs, []
     out, taken = [], []
+    # Each record completes one GPU run, once (issue 49): one already counted with a run is never paired again,
+    # and a record completes only a run of the host that signed it (the GPU host signs its own matrix).
+    used = {c.serving_sha256 for c in old if c.serving_sha256}
     for c in old + runs:
-        mine = [s for s in new if servecount.pairs_with(c.record, s.record)]
+        paired = [s for s in new if servecount.pairs_with(c.record, s.record)]
+        for s in paired:
+            if (s.host or "unsigned") != c.host:
+                progress(f"{s.source}: a serve-check record signed by {s.host or 'no enrolled host'}, not by {c.host}, "
+                         "the host of the GPU run it names: not counted (the GPU host signs its own matrix)")
+        mine = [s for s in paired if (s.host or "unsigned") == c.host
+                and (s.sha256 not in used or s.sha256 == c.serving_sha256)]
         pick = servecount.choose([c.served] if c.served else [], [s.record for s in mine], rule)
         chosen = next((s for s in mine if s.record is pick), None)
         if chosen is not None and chosen.sha256 != c.serving_sha256:
             taken.append(chosen)
+            used.add(chosen.sha256)
             c = replace(c, serving_sha256=chosen.sha256, served=chosen.record)
         out.append(c.judged(rule))
     left = servecount.unpaired(new, [c.record for c in out])

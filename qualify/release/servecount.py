@@ -23,9 +23,10 @@ that identity and that image digest, and with nothing else.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from qualify.core import manifest as mf
 from qualify.core.readlimit import read_small, strict_json
@@ -117,12 +118,34 @@ def check_binding(record: serving.ServeRecord, m: mf.Manifest, release: rec.Rele
             f"{where}: the record was made with a probe (and matrix) whose sources differ: "
             f"{record.probe_sources_digest}, the release's probe is {m.probe_sha256}",
             hint="run serve-check from the release's own checkout (git checkout TAG)")
+    matrix_binding(record, m, where)
     when = record.when
     if when > now + ev.CLOCK_SKEW:
         raise serving.ServeRecordError(f"{where}: the record is dated {record.time}, in the future")
     if when < rec.parse_time(release.time, "release time"):
         raise serving.ServeRecordError(f"{where}: the record is dated {record.time}, before release "
                                        f"{release.tag}'s source ({release.time})")
+
+
+def matrix_binding(record: serving.ServeRecord, m: mf.Manifest, where: str,
+                   local_probe: Optional[Callable[[], str]] = None) -> None:
+    """The record's matrix (version and sha256) is the one the release's probe carries (issue 49). The matrix
+    file sits among the probe sources the manifest's probe_sha256 pins: where this checkout's probe is the
+    release's own, its serve-matrix file is that matrix, and a record naming another is refused; from another
+    checkout it cannot be told here (the probe check above already holds the record to the release's probe)."""
+    from qualify.probe import servematrix
+    from qualify.qualification.container import probe_sources_digest
+
+    here = (local_probe or probe_sources_digest)()
+    if not m.probe_sha256 or here != m.probe_sha256:
+        return
+    matrix = servematrix.load()
+    if (record.matrix_version, record.matrix_sha256) != (matrix.version, matrix.sha256):
+        raise serving.ServeRecordError(
+            f"{where}: the record names matrix version {record.matrix_version} (sha256 {record.matrix_sha256[:12]}...), "
+            f"but the release's probe ({m.probe_sha256[:19]}...) carries {os.path.basename(matrix.path)}, version "
+            f"{matrix.version} (sha256 {matrix.sha256[:12]}...): it was judged by another matrix",
+            hint="run serve-check from the release's own checkout (git checkout TAG)")
 
 
 # --- outcomes ---------------------------------------------------------------------------------------------------
@@ -144,10 +167,16 @@ def as_run(record: serving.ServeRecord, rule: ServingRule) -> ev.Evidence:
 
 
 def pairs_with(gpu: ev.Evidence, record: serving.ServeRecord) -> bool:
-    """The record was made against the deployment whose GPU checks gave `gpu`."""
+    """The record was made against the deployment whose GPU checks gave `gpu`, and against that GPU run of it:
+    its GPU (hashed UUID) and tensor-parallel size, as start.sh recorded them (issue 49: two runs sharing run
+    id, time and host, 1 GPU and tp2, are two runs; one serving test completes one). A record written before
+    it named them completes a 1-GPU run only."""
     link = record.gpu_evidence
-    return link is not None and record.subject_digest == gpu.image_digest and link.run_id == gpu.run_id \
-        and link.host_id_sha256 == gpu.host_id_sha256 and link.time == ev.normal_time(gpu.time, "time")
+    if link is None or record.subject_digest != gpu.image_digest or link.run_id != gpu.run_id \
+            or link.host_id_sha256 != gpu.host_id_sha256 or link.time != ev.normal_time(gpu.time, "time"):
+        return False
+    return link.gpu_uuid_sha256 == gpu.gpu.uuid_sha256 and link.tensor_parallel_size == \
+        gpu.configuration.tensor_parallel_size if link.tensor_parallel_size else not gpu.configuration.multi_gpu
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,16 @@ class GpuLink:
     host_id_sha256: str
     outcome: str
     file: str = ""
+    # Issue 49: which GPU run of that deployment (two runs may share run id, time and host: 1 GPU and tp2): the
+    # hashed UUID of its (first) GPU and its tensor-parallel size ("" and 0 in records written before).
+    gpu_uuid_sha256: str = ""
+    tensor_parallel_size: int = 0
 
     def as_json(self) -> Dict[str, Any]:
         return {"run_id": self.run_id, "time": self.time, "host_id_sha256": self.host_id_sha256,
-                "outcome": self.outcome, **({"file": self.file} if self.file else {})}
+                "outcome": self.outcome, **({"file": self.file} if self.file else {}),
+                **({"gpu_uuid_sha256": self.gpu_uuid_sha256} if self.gpu_uuid_sha256 else {}),
+                **({"tensor_parallel_size": self.tensor_parallel_size} if self.tensor_parallel_size else {})}
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,8 @@ def parse(data: bytes, where: str) -> ServeRecord:
         probe_sources_digest=p["toolkit"]["probe_sha256"], matrix_version=p["matrix"]["version"],
         matrix_sha256=p["matrix"]["sha256"], server=p["server"],
         gpu_evidence=GpuLink(link["run_id"], ev.normal_time(link["time"], f"{where}: gpu_evidence.time"),
-                             link["host_id_sha256"], link["outcome"], link.get("file", "")) if link else None,
+                             link["host_id_sha256"], link["outcome"], link.get("file", ""),
+                             link.get("gpu_uuid_sha256", ""), link.get("tensor_parallel_size", 0)) if link else None,
         checks=tuple(p["checks"]), figures={str(k): float(v) for k, v in p["figures"].items()},
         outcome=ev.Outcome(p["outcome"]), reason=p["reason"])
     computed = declared_outcome(record.checks)

@@ -29,7 +29,8 @@ from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.signing import formats
 from qualify.trust import folder as release_folder
 from qualify.trust.folder import read_release
-from qualify.trust.verify import KeyAnchor, TrustedKey, check_bundle, verify_blob
+from qualify.trust.records import HOSTS_FILE
+from qualify.trust.verify import EVIDENCE, KeyAnchor, TrustedKey, check_bundle, verify_blob
 
 ImageResolver = Callable[[str], str]
 
@@ -76,6 +77,8 @@ class VerifyOptions:
     bundle: Optional[Path] = None
     image: Optional[str] = None
     require_pass: bool = False
+    hosts: Optional[Path] = None  # a release folder's enrolled hosts (default: its parent's hosts.json)
+    hosts_history: Optional[Path] = None  # earlier versions of it, where git and hosts.<n>.json do not have them
 
     def validate(self) -> None:
         if self.key is None and not (self.identity and self.issuer):
@@ -217,8 +220,24 @@ def _from_release(opts: VerifyOptions) -> tuple:
     if not name.endswith(".json") or not mf.TARGET_NAME.fullmatch(name[:-len(".json")]):
         raise VerificationError(f"{opts.manifest} is in the release folder {opts.manifest.parent} but is no target's "
                                 "manifest (<target>.json): a release's other files are verified through it")
-    release = read_release(opts.manifest.parent, KeyAnchor(trusted=key))
+    release = read_release(opts.manifest.parent, KeyAnchor(trusted=key), through=EVIDENCE)
     target = release.target(name[:-len(".json")])
+    # as the recipe does (VERIFYING.md steps 4, 7, 8): the hosts chain, and who signed each accepted run
+    unchecked = release_folder.check_release_hosts(
+        release, opts.hosts or opts.manifest.parent.parent / HOSTS_FILE, opts.hosts_history)
+    from qualify.core.errors import QualifyError
+    from qualify.release import promote
+
+    for t in release.targets:  # each accepted run parsed and bound as promote reads it (serving: one run, once)
+        if t.promotion:
+            try:
+                promote.accepted(release, t, release.rule(t.target))
+            except QualifyError as exc:
+                raise VerificationError(f"signature check failed: {exc.message}", hint=exc.hint) from None
+    if unchecked:
+        raise VerificationError(f"signature check failed: not everything could be checked here: {unchecked[0]}"
+                                + (f" (and {len(unchecked) - 1} more)" if len(unchecked) > 1 else ""),
+                                hint="verify keyless evidence with cosign verify-blob")
     how = f"key {key.fingerprint}; release {release.tag} (sequence {release.index.sequence}" + (
         f", promotion {target.promotion_sequence}" if target.promotion else "") + ")"
     return target.manifest, how, release, target

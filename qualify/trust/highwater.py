@@ -191,22 +191,51 @@ class PromoterState:
 
     # --- the enrolled-hosts chain -----------------------------------------------------------------
 
-    def hosts_problem(self, fingerprint: str, sequence: int, sha: str, previous: Optional[str]) -> str:
+    def hosts_problem(self, fingerprint: str, sequence: int, sha: str, previous: Optional[str],
+                      lineage: Optional[Callable[[int], Mapping[int, str]]] = None, new_chain: bool = False) -> str:
+        """Why the hosts version (`sequence`, `sha`, naming `previous`) is older than, or not a descendant of, the
+        one this host saw ("" when it is neither). Above the mark every link down to it is checked: `lineage(m)`
+        gives the offered version's chain down to sequence m (sequence -> sha256), verified link by link
+        (hostchain.hosts_lineage), and raises when a version between is not at hand. `new_chain`: this host itself
+        starts a new chain above the mark (qualify hosts --new-chain)."""
         mark = self.keys.get(fingerprint, KeyState()).hosts
         if mark is None:
             return ""
         if sequence < mark.sequence:
             return (f"it is sequence {sequence}, but this host has seen sequence {mark.sequence} of the enrolled "
                     f"hosts for release key {fingerprint}: an older file (a removed host re-enrolled?)")
-        if sequence == mark.sequence and sha != mark.sha256:
-            return f"it is another file at sequence {sequence} than the one this host saw (a fork of the chain)"
-        if sequence == mark.sequence + 1 and previous is not None and previous != mark.sha256:
-            return f"it names a predecessor other than the sequence {mark.sequence} this host saw (a fork of the chain)"
+        if sequence == mark.sequence:
+            return f"it is another file at sequence {sequence} than the one this host saw (a fork of the chain)" \
+                if sha != mark.sha256 else ""
+        if new_chain:
+            return ""
+        if sequence == mark.sequence + 1:
+            if previous is None:
+                return (f"sequence {sequence} names no predecessor (previous_sha256 null: a new chain), but this host "
+                        f"saw sequence {mark.sequence}: a new chain would re-enroll whatever it lists")
+            if previous != mark.sha256:
+                return (f"it names a predecessor other than the sequence {mark.sequence} this host saw (a fork of the "
+                        "chain)")
+            return ""
+        if lineage is None:
+            return (f"it is sequence {sequence}, this host saw sequence {mark.sequence}: the versions between cannot "
+                    "be checked here")
+        chain = lineage(mark.sequence)
+        if chain.get(mark.sequence) != mark.sha256:
+            return (f"sequence {sequence} does not descend from sequence {mark.sequence} (sha256 "
+                    f"{mark.sha256[:12]}...) that this host saw: its chain leads through another sequence "
+                    f"{mark.sequence} (sha256 {(chain.get(mark.sequence) or '?')[:12]}...), a fork of the chain "
+                    "(a removed host re-enrolled by a second admin's versions?)")
         return ""
 
-    def observe_hosts(self, fingerprint: str, sequence: int, sha: str, previous: Optional[str], where: str) -> None:
-        """Remember a verified hosts file (raising the mark), or refuse it as older than one seen (the mark stays)."""
-        why = self.hosts_problem(fingerprint, sequence, sha, previous)
+    def observe_hosts(self, fingerprint: str, sequence: int, sha: str, previous: Optional[str], where: str,
+                      lineage: Optional[Callable[[int], Mapping[int, str]]] = None, new_chain: bool = False) -> None:
+        """Remember a verified hosts file (raising the mark), or refuse it as older than one seen, or as not
+        descending from it link by link (the mark stays)."""
+        try:
+            why = self.hosts_problem(fingerprint, sequence, sha, previous, lineage, new_chain)
+        except VerificationError as exc:  # a version between the mark and the one offered is not at hand
+            raise RollbackError(f"refusing the enrolled hosts {where}: {exc.message}", hint=exc.hint) from None
         if why:
             raise RollbackError(f"refusing the enrolled hosts {where}: {why}",
                                 hint="restore the newest manifests/hosts.json (git log -- manifests/hosts.json)")

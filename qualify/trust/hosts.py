@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import List, Optional
 
 from qualify.core.errors import ConfigError
+from qualify.core.fsutil import write_atomic
+from qualify.signing import formats
 from qualify.signing.signer import Signer
 from qualify.trust import journal
 from qualify.trust import records as rec
-from qualify.trust.folder import read_hosts_file
+from qualify.trust.folder import kept_hosts_name, lineage, read_hosts_file
 from qualify.trust.highwater import PromoterState
 from qualify.trust.verify import TrustedKey, sha256
 
@@ -56,9 +58,28 @@ def finished_a_write(notes: List[str]) -> bool:
     return any(n.startswith(journal.FINISHED) for n in notes)
 
 
+def _keep(path: Path, vh) -> None:
+    """The version about to be replaced, kept beside the file as hosts.<sequence>.json with the signatures it was
+    verified with (as promote keeps each promotion record it replaces): every link of the chain stays at hand
+    for a verifier, even where git does not have it. A kill after this leaves a copy of the current version
+    (an ancestor at hand, harmless)."""
+    kept = path.parent / kept_hosts_name(path.name, vh.hosts.sequence)
+    if kept.exists() or kept.is_symlink():
+        if not kept.is_symlink() and kept.is_file() and kept.read_bytes() == vh.signed.data:
+            return
+        raise ConfigError(f"{kept} is kept as sequence {vh.hosts.sequence} of the chain, but it is not {path} "
+                          f"(sequence {vh.hosts.sequence}, sha256 {vh.sha256[:12]}...): two versions of one sequence "
+                          "(a fork of the chain)", hint=f"look at both; keep the one the chain was made from, and "
+                          f"move {kept} away")
+    write_atomic(kept, vh.signed.data)
+    write_atomic(formats.signature_path(kept), vh.signed.signature)
+    if vh.signed.bundle is not None:
+        write_atomic(formats.bundle_path(kept), vh.signed.bundle)
+
+
 def change(path: Path, signer: Signer, key: TrustedKey, add: Optional[rec.EnrolledHost] = None, remove: str = "",
            new_chain: bool = False, replace: bool = False, state: Optional[Path] = None,
-           recovered: bool = False) -> Changed:
+           recovered: bool = False, history: Optional[Path] = None) -> Changed:
     """Enroll `add` or withdraw `remove` in the hosts file at `path`, as the next version of its chain.
     `recovered`: the caller has just finished an interrupted write (recover), which may be this very change."""
     path = Path(path)
@@ -66,12 +87,14 @@ def change(path: Path, signer: Signer, key: TrustedKey, add: Optional[rec.Enroll
         notes = journal.recover_journals(path.parent, journal.hosts_check(path, key, _floor(marks, key)))
         recovered = recovered or finished_a_write(notes)
         mark = marks.key(key.fingerprint).hosts
+        vh = None
         if path.exists() or path.is_symlink():
             if new_chain:
                 raise ConfigError(f"--new-chain: {path} exists; a new chain starts only when the file is lost",
                                   hint="drop --new-chain")
             vh = read_hosts_file(path, key)
-            marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(path))
+            marks.observe_hosts(key.fingerprint, vh.hosts.sequence, vh.sha256, vh.hosts.previous_sha256, str(path),
+                                lineage(vh, key, path, history))
             current, previous = vh.hosts, vh.sha256
         elif new_chain:
             base = mark.sequence if mark else 0
@@ -114,6 +137,9 @@ def change(path: Path, signer: Signer, key: TrustedKey, add: Optional[rec.Enroll
             hosts = [h for h in hosts if h.name != remove]
         new = rec.EnrolledHosts(current.sequence + 1, tuple(hosts), previous_sha256=previous)
         data = new.to_bytes()
+        if vh is not None:
+            _keep(path, vh)
         journal.write_signed_files(path.parent, [(path.name, data)], signer, key, replaces={path.name: previous})
-        marks.observe_hosts(key.fingerprint, new.sequence, sha256(data), new.previous_sha256, str(path))
+        marks.observe_hosts(key.fingerprint, new.sequence, sha256(data), new.previous_sha256, str(path),
+                            new_chain=new_chain)
         return Changed(new, True, notes)

@@ -1,10 +1,8 @@
 """The signed records of a release folder, as typed values: what their JSON holds and how it is parsed.
 
-Each record is canonical JSON (sorted keys, so its bytes and its signature depend only on its content),
-signed with the release key in cosign's blob formats (`.sig`, `.sigstore.json`). Parsing is strict:
-unknown keys, wrong types, names that are not file or target names, times that are not RFC 3339 UTC
-are refused with the file and the key named. `folder.py` reads and writes them; ARCHITECTURE.md lists
-them with what each proves.
+Each record is canonical JSON, signed with the release key in cosign's blob formats; bytes in any other form
+are refused (issue 49: both verifiers read one form). Parsing is strict: unknown keys, wrong types, names that
+are not file or target names, times not RFC 3339 UTC are refused, naming the file and the key.
 
 - `release.json` (ReleaseIndex): the tag, its version, the release's sequence number and predecessor,
   a deterministic time (the source commit's), the targets with their manifest sha256, and the sha256 of
@@ -13,8 +11,7 @@ them with what each proves.
 - `<target>.promotion.json` (PromotionRecord): the newest promotion or demotion of one target, with a
   sequence one higher than the record before it, whose sha256 it names; every record it replaced is kept
   beside it as `<target>.promotion.<sequence>.json` (the ledger: a hash chain, never overwritten).
-- `published.json` (Publication): where `nox -s publish` put the release's images, bound to the
-  release by the sha256 of its `release.json`.
+- `published.json` (Publication): where `nox -s publish` put the images, bound to `release.json`'s sha256.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.core.fsutil import canonical_json
+from qualify.core.fsutil import canonical_json, canonical_problem
 from qualify.core.readlimit import strict_json
 from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow, row_field, row_of, rows_field, rows_of
 from qualify.trust.order import ReleaseOrder, Version, tag_problem
@@ -132,6 +129,10 @@ class Fields:
 
 def _load(data: bytes, where: str, schema: str, error: Type[QualifyError], legacy: str = "") -> Fields:
     doc = Fields(strict_json(data, where, error), where, error)
+    why = canonical_problem(data, doc.doc)
+    if why:
+        raise error(f"{where}: not in the canonical form signed records are written in (sorted keys, two-space "
+                    f"indent, one key a line, a newline at the end): {why}", hint="restore the file the toolkit wrote")
     if doc.doc.get("schema") not in (schema, legacy or schema):
         raise error(f"{where}: not a {schema} record (schema {str(doc.doc.get('schema'))[:80]!r})",
                     hint="made by an older toolkit? re-make it with this one")
@@ -266,7 +267,7 @@ class ReleaseIndex:
                          for w in f.items("withheld"))
         if f.flag("allow_partial") != bool(withheld):
             raise error(f"{where}: allow_partial does not match the withheld targets")
-        policy = f.optional_obj("policy")
+        policy = f.obj("policy") if "policy" in f.doc else None  # null is refused: absent is the implied rule
         return cls(
             policy=ReleasePolicy.parse(policy, [t.target for t in targets]) if policy else None,
             tag=tag, sequence=f.integer("sequence", 1), time=f.text("time"),

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
+from qualify.core.fsutil import canonical_problem
 from qualify.core.readlimit import BUNDLE_LIMIT, KEY_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
@@ -191,6 +193,13 @@ class AcceptedFile:
     # The serve-check record the run counted with (issue 39), kept beside it and sha-checked the same way.
     serving_sha256: Optional[str] = None
     serving_data: Optional[bytes] = field(default=None, repr=False)
+    # Issue 49: the host's signature files kept beside each (None where absent), and the record that first
+    # accepted it (oldest first): the hosts version it was checked against and whether unsigned was allowed.
+    signature: Optional[bytes] = field(default=None, repr=False)
+    bundle: Optional[bytes] = field(default=None, repr=False)
+    serving_signature: Optional[bytes] = field(default=None, repr=False)
+    serving_bundle: Optional[bytes] = field(default=None, repr=False)
+    first: Optional[rec.PromotionRecord] = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,7 @@ class VerifiedTarget:
     # folder it does not list (dropped in by hand, or kept by a promote killed before it signed).
     accepted: Tuple[AcceptedFile, ...] = ()
     unlisted: Tuple[str, ...] = ()
+    ledger: Tuple[rec.PromotionRecord, ...] = field(default=(), repr=False)  # every record read, oldest first
 
     @property
     def target(self) -> str:
@@ -284,10 +294,13 @@ class _Reader:
         self.signed: Dict[str, Signed] = {}
 
 
-def _chain(r: _Reader, kept: Dict[int, str], promotion: rec.PromotionRecord,
-           promotion_sha: str, where: str) -> Tuple[Tuple[int, str], ...]:
-    """The ledger behind the current record: each kept record read once, signed, named by its successor."""
+def _chain(r: _Reader, kept: Dict[int, str], promotion: rec.PromotionRecord, promotion_sha: str, where: str,
+           records: Optional[List[rec.PromotionRecord]] = None) -> Tuple[Tuple[int, str], ...]:
+    """The ledger behind the current record: each kept record read once, signed, named by its successor (each
+    added to `records`, newest first)."""
     chain, successor = [(promotion.sequence, promotion_sha)], promotion
+    records = records if records is not None else []
+    records.append(promotion)
     while not successor.legacy and successor.sequence > 1:
         sequence = successor.sequence - 1
         name = kept.pop(sequence, None)
@@ -304,6 +317,7 @@ def _chain(r: _Reader, kept: Dict[int, str], promotion: rec.PromotionRecord,
                         "names (sha256, sequence, release or target differ): the ledger was rewritten",
                         hint="restore the release folder from where it was promoted")
         chain.append((sequence, sha256(data)))
+        records.append(record)
         successor = record
     if kept:
         newest = max(kept)
@@ -326,6 +340,7 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
     source = r.source
     where = join(source, entry.manifest_file)
     promotion, promotion_sha, chain, promotion_bytes = None, None, (), b""
+    ledger: List[rec.PromotionRecord] = []
     promotion_name = rec.promotion_file(entry.target)
     kept = {int(m.group(2)): n for n in names if (m := rec.HISTORY.fullmatch(n)) and m.group(1) == entry.target}
     if source.exists(promotion_name):
@@ -336,7 +351,7 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
             raise _fail(join(source, promotion_name),
                         f"a promotion of {promotion.target} in release {promotion.release}, not of {entry.target} in "
                         f"this release {index.tag} (release.json sha256 {index_sha[:12]}...)")
-        chain = _chain(r, kept, promotion, promotion_sha, join(source, promotion_name))
+        chain = _chain(r, kept, promotion, promotion_sha, join(source, promotion_name), ledger)
     elif kept:
         raise _fail(join(source, promotion_name), f"missing, but {len(kept)} replaced promotion record(s) of "
                     f"{entry.target} are kept ({kept[max(kept)]}...): the current record was removed",
@@ -355,6 +370,9 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
     verify_blob(r.key, data, sig, bundle, where)
     r.signed[entry.manifest_file] = Signed(data, sig, bundle)
     manifest = mf.Manifest.parse(data, where)
+    why = canonical_problem(data, json.loads(data))
+    if why:
+        raise _fail(where, f"not in the canonical form signed records are written in: {why}")
     said = (manifest.target, manifest.digest, manifest.capability, manifest.platform)
     if said != (entry.target, entry.digest, entry.capability, entry.platform):
         raise _fail(where, f"describes target {manifest.target} {manifest.digest} ({manifest.capability}, "
@@ -362,7 +380,8 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
                     f"{entry.platform})")
     if promotion and manifest.support_level != promotion.level:
         raise _fail(where, f"says level {manifest.support_level}, its promotion record {promotion.level}")
-    return VerifiedTarget(entry, manifest, data, promotion, promotion_sha, promotion_bytes, chain)
+    return VerifiedTarget(entry, manifest, data, promotion, promotion_sha, promotion_bytes, chain,
+                          ledger=tuple(reversed(ledger)))
 
 
 def _publication(r: _Reader, release: rec.ReleaseIndex, index_sha: str,
@@ -416,9 +435,24 @@ def _evidence(source: Source, vt: VerifiedTarget) -> VerifiedTarget:
                                             "accepted (sha256 differs)", hint=hint)
             return data
 
+        def beside(sha: Optional[str], suffix: str, limit: int) -> Optional[bytes]:
+            name = f"{sha}.json{suffix}"
+            if not sha or not store.exists(name):
+                return None
+            try:
+                return store.read(name, limit, "signature of accepted evidence")
+            except VerificationError as exc:
+                raise AcceptedEvidenceError(exc.message, hint=exc.hint) from None
+
         for e in listed:
-            accepted.append(AcceptedFile(e.sha256, e.host, kept(e.sha256), e.identity, e.serving_sha256,
-                                         kept(e.serving_sha256) if e.serving_sha256 else None))
+            first = next((p for p in vt.ledger if any(x.sha256 == e.sha256 for x in p.evidence)), vt.promotion)
+            accepted.append(AcceptedFile(
+                e.sha256, e.host, kept(e.sha256), e.identity, e.serving_sha256,
+                kept(e.serving_sha256) if e.serving_sha256 else None,
+                beside(e.sha256, formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT), beside(e.sha256, formats.BUNDLE_SUFFIX,
+                                                                                    BUNDLE_LIMIT),
+                beside(e.serving_sha256, formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT),
+                beside(e.serving_sha256, formats.BUNDLE_SUFFIX, BUNDLE_LIMIT), first))
         names = {f"{e.sha256}.json" for e in listed} | {f"{e.serving_sha256}.json" for e in listed if e.serving_sha256}
         unlisted = tuple(n for n in store.names() if n.endswith(".json") and not n.endswith(formats.BUNDLE_SUFFIX)
                          and n not in names)
@@ -427,7 +461,7 @@ def _evidence(source: Source, vt: VerifiedTarget) -> VerifiedTarget:
             if hasattr(opened, "close"):
                 opened.close()
     return VerifiedTarget(vt.entry, vt.manifest, vt.manifest_bytes, vt.promotion, vt.promotion_sha256,
-                          vt.promotion_bytes, vt.chain, tuple(accepted), unlisted)
+                          vt.promotion_bytes, vt.chain, tuple(accepted), unlisted, vt.ledger)
 
 
 def verify_release(source: Source, anchor: KeyAnchor = TOFU, through: str = TARGETS) -> VerifiedRelease:
@@ -435,9 +469,9 @@ def verify_release(source: Source, anchor: KeyAnchor = TOFU, through: str = TARG
     EVIDENCE); VerificationError says what does not verify."""
     if through not in (INDEX, TARGETS, EVIDENCE):
         raise ValueError(f"through={through!r}")
-    key = anchor.accept(source.read(rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key",
-                                    missing_hint="restore the release folder from the release tag"),
-                        join(source, rec.PUBLIC_KEY_FILE))
+    pem = source.read(rec.PUBLIC_KEY_FILE, KEY_LIMIT, "release key",
+                      missing_hint="restore the release folder from the release tag")
+    key = anchor.accept(pem, join(source, rec.PUBLIC_KEY_FILE))
     r = _Reader(source, key)
     data = _signed(r, rec.INDEX_FILE, RECORD_LIMIT, "release index")
     where = join(source, rec.INDEX_FILE)
@@ -445,8 +479,12 @@ def verify_release(source: Source, anchor: KeyAnchor = TOFU, through: str = TARG
     if index.tag != source.name:
         raise _fail(where, f"is the index of release {index.tag}, but the folder is named {source.name!r}: a signed "
                     "release is valid only under its own tag", hint=f"use manifests/{index.tag}/, or restore it")
-    if index.key_fingerprint != key.fingerprint or index.file_sha256(rec.PUBLIC_KEY_FILE) != sha256(key.pem):
+    if index.key_fingerprint != key.fingerprint:
         raise _fail(where, f"names release key {index.key_fingerprint}, not the folder's {key.fingerprint}")
+    if index.file_sha256(rec.PUBLIC_KEY_FILE) != sha256(pem):  # the folder's own bytes, never the caller's copy
+        raise _fail(where, f"files[cosign.pub] is {str(index.file_sha256(rec.PUBLIC_KEY_FILE))[:12]}..., but the "
+                    f"folder's {rec.PUBLIC_KEY_FILE} has sha256 {sha256(pem)[:12]}... (the same key re-encoded, or "
+                    "another file)")
     index_sha = sha256(data)
     if through == INDEX:
         return VerifiedRelease(Path(source.where), index, index_sha, key, (), None, INDEX, dict(r.signed))
@@ -468,12 +506,36 @@ class VerifiedHosts:
     hosts: rec.EnrolledHosts
     sha256: str
     path: Path
+    signed: Optional[Signed] = field(default=None, repr=False, compare=False)  # the bytes verified (kept as read)
 
 
 def verify_hosts(source: Source, name: str, key: TrustedKey) -> VerifiedHosts:
     """The enrolled-hosts file `name` of `source`, read once and verified with the release key."""
-    data = signed_bytes(source, name, RECORD_LIMIT, key, "enrolled-hosts file").data
-    return VerifiedHosts(rec.EnrolledHosts.parse(data, join(source, name)), sha256(data), Path(join(source, name)))
+    done = signed_bytes(source, name, RECORD_LIMIT, key, "enrolled-hosts file")
+    return VerifiedHosts(rec.EnrolledHosts.parse(done.data, join(source, name)), sha256(done.data),
+                         Path(join(source, name)), done)
+
+
+@dataclass(frozen=True)
+class HostsVersion:
+    """An earlier version of the enrolled-hosts file as found (kept beside it, in --hosts-history DIR, or in
+    git's history), not yet verified: `verify_hosts_version` decides what it is worth."""
+
+    where: str
+    data: bytes = field(repr=False)
+    signature: Optional[bytes] = field(repr=False)
+    bundle: Optional[bytes] = field(default=None, repr=False)
+
+
+def verify_hosts_version(version: HostsVersion, key: TrustedKey) -> VerifiedHosts:
+    """An earlier hosts version, verified with the release key as the current file is."""
+    if version.signature is None:
+        raise VerificationError(f"signature check failed: {version.where}: an earlier enrolled-hosts version "
+                                "without its .sig", hint="fetch it with its signature (git show REV:manifests/"
+                                "hosts.json.sig)")
+    verify_blob(key, version.data, version.signature, version.bundle, version.where)
+    return VerifiedHosts(rec.EnrolledHosts.parse(version.data, version.where), sha256(version.data),
+                         Path(version.where), Signed(version.data, version.signature, version.bundle))
 
 
 def removable_by_force(release: Optional[VerifiedRelease]) -> List[str]:

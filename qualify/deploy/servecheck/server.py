@@ -64,8 +64,11 @@ def _gpu_link(record: Mapping[str, Any]) -> Optional[serving.GpuLink]:
     if not isinstance(link, dict) or not all(isinstance(link.get(k), str) for k in
                                              ("run_id", "time", "host_id_sha256", "outcome")):
         return None
+    tp = link.get("tensor_parallel_size")
+    uuid = link.get("gpu_uuid_sha256")
     return serving.GpuLink(link["run_id"], link["time"], link["host_id_sha256"], link["outcome"],
-                           str(link.get("file") or ""))
+                           str(link.get("file") or ""), uuid if isinstance(uuid, str) else "",
+                           tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 0)
 
 
 def from_settings(env_file: Path, ui: Ui, server_log: Optional[Path] = None) -> Server:
