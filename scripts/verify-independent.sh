@@ -183,7 +183,7 @@ def utc: capture("^(?<d>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt](?<t>[0-9]{2}:[0-9]{2}:[0
        else ((.z[1:3] | tonumber) * 3600 + (.z[4:6] | tonumber) * 60) * (if .z[0:1] == "+" then 1 else -1 end) end)
   | todate;
 def text: if . == null then "" elif type == "string" then . else tostring end;
-# seed 000 by an allow-list over the required checks (release/evidence.py: outcome_of); input: the checks
+# the Blackwell support RFC by an allow-list over the required checks (release/evidence.py: outcome_of); input: the checks
 def outcome($required; $seen; $capability):
   [.[] | objects | select((.id // "" | text) as $i | any($required[]; . == $i))] as $listed
   | if any($listed[]; .status == "fail") then "product-failure"
@@ -759,7 +759,7 @@ for t in "${TARGETS[@]}"; do
   LIFTS=$(jq -R -s 'split("\n") | map(select(length > 0) | split(" ") | {key: .[0], value: (.[1] == "true")}) | from_entries' \
     "$WORK/lifts.$t")
   for R in "${CHAIN[@]}"; do
-    # the 1-GPU row is the target's level; each multi-GPU configuration a row of its own, from unverified (seed 000)
+    # the 1-GPU row is the target's level; each multi-GPU configuration a row of its own, from unverified (the Blackwell support RFC)
     expect=$(jq -c --argjson rule "$RULE" --arg released "$(jq -r .support_level <<<"$ENTRY")" --argjson lifts "$LIFTS" "$JQ_LIB"'
       [.evidence[] | select((.configuration // "1 GPU") == "1 GPU")] | standing($rule.n; $rule.intended; $released; $lifts)' "$R")
     rows=$(jq -c --argjson rule "$RULE" --argjson lifts "$LIFTS" "$JQ_LIB"'

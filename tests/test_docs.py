@@ -19,28 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 250
 INTERNAL_NAME = re.compile(r"seed[ _-]?00\d", re.IGNORECASE)
 
-# Excluded until the trust branch (issue 52's trust part, another worktree) merges: it rewrites these files'
-# citations itself. The lead removes this exclusion after that merge.
-NOT_YET = {
-    "VERIFYING.md",
-    "qualify/release/promote.py",
-    "qualify/release/servecount.py",
-    "scripts/verify-independent.sh",
-}
-NOT_YET_FOLDERS = ("qualify/trust/",)
-
-
-def _not_yet(rel: str) -> bool:
-    return rel in NOT_YET or rel.startswith(NOT_YET_FOLDERS)
-
-
 def user_facing_files() -> List[Path]:
     """What users read: the README, docs/ (the generated reference too), ARCHITECTURE.md, the evidence README,
     the schemas, the targets file; and the toolkit's sources, whose strings are its help and its messages."""
-    found = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "manifests" / "evidence" / "README.md",
+    found = [REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "VERIFYING.md", REPO / "manifests" / "evidence" / "README.md",
              REPO / "images" / "targets.toml", *sorted((REPO / "docs").rglob("*.md")),
              *sorted((REPO / "manifests").glob("*.json")), *sorted((REPO / "qualify").rglob("*.py"))]
-    return [p for p in found if not _not_yet(str(p.relative_to(REPO)))]
+    return found
 
 
 def python_strings(text: str) -> Iterator[Tuple[int, str]]:

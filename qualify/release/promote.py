@@ -1,4 +1,4 @@
-"""Promotion by evidence (seed 000): a target becomes baseline after its required GPU checks pass
+"""Promotion by evidence (the Blackwell support RFC): a target becomes baseline after its required GPU checks pass
 in N consecutive runs on its own architecture without a product failure.
 
 Everything starts from verified state and signed policy. The release is read through the one reader with
@@ -129,11 +129,11 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, rule: TargetRule, release
                                f"{capability}, which release {release.tag} signs for {record.target}",
                                hint="hand in evidence from a deploy of this target")
     # A run that saw no GPU on the target's host is an infrastructure failure, reported apart from product
-    # failures (seed 000): it is kept, and neither counts nor resets. A run on another GPU proves nothing.
+    # failures (the Blackwell support RFC): it is kept, and neither counts nor resets. A run on another GPU proves nothing.
     if record.gpu.capability not in (capability, ev.NO_GPU):
         raise ev.EvidenceError(f"{where}: the evidence was taken on {record.gpu.name} with capability "
                                f"{record.gpu.capability}, not the target's capability {capability}",
-                               hint="only a GPU of the target's own architecture proves it (seed 000)")
+                               hint="only a GPU of the target's own architecture proves it (the Blackwell support RFC)")
     if m.probe_sha256 and record.probe_sources_digest != m.probe_sha256:
         raise ev.EvidenceError(f"{where}: the evidence comes from a probe whose sources differ: "
                                f"{record.probe_sources_digest}, the release's probe is {m.probe_sha256}",
@@ -149,7 +149,7 @@ def check_binding(record: ev.Evidence, m: mf.Manifest, rule: TargetRule, release
 
 
 def standing(counted: Iterable[Counted], rule: TargetRule, released_level: str) -> Standing:
-    """Seed 000's rule over the runs in time order, from the level the target was released at: N passes in a
+    """The Blackwell support RFC's rule over the runs in time order, from the level the target was released at: N passes in a
     row make it baseline (when its intended level allows); a pass lifts an unverified target to experimental;
     a product failure resets the run and always lowers the level (baseline to experimental, experimental to
     unverified, the lowest evidence can give); infrastructure outcomes neither count nor reset."""
@@ -179,7 +179,7 @@ def standing(counted: Iterable[Counted], rule: TargetRule, released_level: str) 
 
 def configuration_rows(counted: Sequence[Counted], rule: TargetRule, released_level: str
                        ) -> Tuple[List[Counted], Tuple[Counted, ...], Tuple[ConfigurationRow, ...]]:
-    """Seed 000's rows: the 1-GPU runs (the target's level, from `released_level`) and one row per multi-GPU
+    """The Blackwell support RFC's rows: the 1-GPU runs (the target's level, from `released_level`) and one row per multi-GPU
     configuration, each standing on its own runs from unverified; also every run, oldest first. A multi-GPU
     run's outcome was already judged by the release's signed all-reduce floors (`_judged`)."""
     grouped = rows.by_configuration(counted)
@@ -540,7 +540,7 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
              f"{len(s.counted)} records, {p.new} new{_of_them_serving(p)}){'; ' + s.note if s.note else ''}"]
     if p.rule is not None:
         lines.append(f"  rule: {p.rule.describe()}")
-    if p.configurations:  # seed 000's matrix: each multi-GPU configuration is a row of its own
+    if p.configurations:  # the Blackwell support RFC's matrix: each multi-GPU configuration is a row of its own
         lines[0] = lines[0].replace(f"{p.target}: ", f"{p.target} ({SINGLE_GPU.key}): ", 1)
     for r in p.configurations:
         lines.append(f"{p.target} ({r.configuration.key}): {r.level} ({r.consecutive_passes} of "
@@ -548,7 +548,7 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
                      + (f"; {r.note}" if r.note else ""))
     if p.serving is not None and (p.serving.counts_serving or p.serving.alone):
         lines.append(f"  serving: {p.serving.source}")
-    for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (seed 000)
+    for c in p.added[:10]:  # what each new run was: a pass, a product failure, or infrastructure (the Blackwell support RFC)
         why = c.record.reason if c.reason is None else c.reason
         lines.append(f"  new: {c.record.time} {c.host} on {c.record.gpu.name}: {c.outcome.value}"
                      + (f" ({why})" if why else ""))

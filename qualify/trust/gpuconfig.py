@@ -1,5 +1,5 @@
 """A run's GPU configuration: one GPU, or several serving one model with tensor parallelism, and how they are
-joined. Seed 000 keeps a row per configuration, so evidence from one GPU and from N GPUs count apart
+joined. The Blackwell support RFC keeps a row per configuration, so evidence from one GPU and from N GPUs count apart
 (release/rows.py, `promote`); a run on several GPUs must also pass the NCCL collectives (`required_checks`).
 """
 
@@ -16,7 +16,7 @@ from qualify.probe.gpu import ALLREDUCE_CHECK, REQUIRED_GPU_CHECKS
 
 @dataclass(frozen=True)
 class Configuration:
-    """How many GPUs a run used and how they were joined: seed 000 keeps a row per configuration, so a run on
+    """How many GPUs a run used and how they were joined: the Blackwell support RFC keeps a row per configuration, so a run on
     one GPU and a tensor-parallel run on several count apart (`promote`). A record without one is one GPU."""
 
     gpus: int = 1
@@ -67,7 +67,7 @@ ROW_KEY = re.compile(r"[0-9]{1,4} GPUs tp[0-9]{1,4} [a-z][a-z-]{0,31}")  # Confi
 
 def required_checks(configuration: Configuration, base: Sequence[str] = REQUIRED_GPU_CHECKS) -> Tuple[str, ...]:
     """The GPU checks a run of `configuration` must pass to count: the single-GPU ones, and for several GPUs the
-    NCCL collectives (seed 000's two-rank test) as well."""
+    NCCL collectives (the Blackwell support RFC's two-rank test) as well."""
     return tuple(base) + ((ALLREDUCE_CHECK,) if configuration.multi_gpu and ALLREDUCE_CHECK not in base else ())
 
 

@@ -22,7 +22,7 @@ rule were not there. A new meaning for an existing field needs a new `version`; 
 it does not know.
 
 A release signed before this section existed keeps the rule it was made under (`implied`): seven
-consecutive passes (seed 000; every earlier targets file said 7), the four required GPU checks, and the
+consecutive passes (the Blackwell support RFC; every earlier targets file said 7), the four required GPU checks, and the
 intended level its signed manifest recorded (else experimental: never baseline on a guess).
 """
 
@@ -42,7 +42,7 @@ from qualify.trust import ptxfloors
 Fields = Any  # records.Fields, passed in by records.py (which imports this module: no import back)
 VERSION = 1
 KNOWN_VERSIONS = (1,)
-IMPLIED_PASSES = 7  # seed 000: what every release before the signed policy was promoted under
+IMPLIED_PASSES = 7  # the Blackwell support RFC: what every release before the signed policy was promoted under
 INTENDED = (SupportLevel.BASELINE.value, SupportLevel.OPTIMIZED.value, SupportLevel.EXPERIMENTAL.value)
 CHECK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -348,7 +348,7 @@ class PromotionRecord:
     hosts_sequence: int = 0  # and its sequence (0: no hosts file)
     policy_version: int = 0  # the release.json policy applied (0: the implied rule of an older release)
     legacy: bool = False  # read from a promotion/v2 record (before the ledger: its predecessors were overwritten)
-    configurations: Tuple[ConfigurationRow, ...] = ()  # multi-GPU rows; `level` is the 1-GPU row's (seed 000)
+    configurations: Tuple[ConfigurationRow, ...] = ()  # multi-GPU rows; `level` is the 1-GPU row's (the Blackwell support RFC)
 
     def as_json(self) -> Dict[str, Any]:
         return {"schema": PROMOTION_SCHEMA, "release": self.release, "release_sha256": self.release_sha256,
