@@ -140,6 +140,17 @@ def judge_library(img: Image, lib: LibRule) -> Finding:
 # --- run-time sources ---------------------------------------------------------
 
 
+def _nvcc_compiles_for(img: Image, tc) -> Finding:
+    """The last step of both JIT checks: the toolchain's nvcc has SASS targets for the image's capability.
+    Compiling at first use is runtime.jit-nvcc's concern; here it only has to be possible."""
+    targets = tc.get("nvcc_targets")
+    version = tc.get("nvcc_version") or ""
+    if targets is not None and not any(
+            t.capability == img.cap for t in _targets(targets) if t.kind is arch.CodeKind.SASS):
+        return Finding(False, f"nvcc {version} cannot compile for {img.cap}".replace("  ", " "))
+    return Finding(True, f"JIT-compiled with nvcc {version} at first use".replace("  ", " "))
+
+
 def _toolchain_compiles(img: Image) -> Finding:
     tc = img.toolchain
     if tc is None:
@@ -148,12 +159,7 @@ def _toolchain_compiles(img: Image) -> Finding:
     if not tc.get("nvcc") or not tc.get("ninja"):
         missing = [n for n in ("nvcc", "ninja") if not tc.get(n)]
         return Finding(False, f"no {' or '.join(missing)} for JIT compilation")
-    targets = tc.get("nvcc_targets")
-    if targets is not None and not any(
-            t.capability == img.cap for t in _targets(targets) if t.kind is arch.CodeKind.SASS):
-        return Finding(False, f"nvcc {tc.get('nvcc_version') or ''} cannot compile for {img.cap}".replace("  ", " "))
-    # Compiling at first use is runtime.jit-nvcc's concern; here it only has to be possible.
-    return Finding(True, f"JIT-compiled with nvcc {tc.get('nvcc_version') or ''} at first use".replace("  ", " "))
+    return _nvcc_compiles_for(img, tc)
 
 
 def _flashinfer_jit(img: Image) -> Finding:
@@ -211,11 +217,7 @@ def _nvcc(img: Image) -> Finding:
         return Finding(True, "needs nvcc at first use (JIT toolchain not examined)", "JIT toolchain not examined")
     if not tc.get("nvcc"):
         return Finding(False, "no nvcc for its JIT compilation at first use")
-    targets = tc.get("nvcc_targets")
-    if targets is not None and not any(
-            t.capability == img.cap for t in _targets(targets) if t.kind is arch.CodeKind.SASS):
-        return Finding(False, f"nvcc {tc.get('nvcc_version') or ''} cannot compile for {img.cap}".replace("  ", " "))
-    return Finding(True, f"JIT-compiled with nvcc {tc.get('nvcc_version') or ''} at first use".replace("  ", " "))
+    return _nvcc_compiles_for(img, tc)
 
 
 def _sglang_jit(img: Image) -> Finding:
