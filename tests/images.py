@@ -119,12 +119,17 @@ def external(target: str, triton_version: str, tmp_dir, registry: str) -> str:
             f"--find-links /tmp/wheels triton=={triton_version}\n"
             "ENV PATH=/opt/venv/bin:$PATH\n")
         tag = f"{registry}/qualify-test/external-triton-{triton_version.replace('.', '')}:{target}-{CHECKOUT}"
-        platform = targets.load().get(target).platform
-        subprocess.run(["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
-                       capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=1800)
-        subprocess.run(["/usr/bin/docker", "push", tag], check=True, capture_output=True, timeout=900)
+        _build_and_push(ctx, tag, target)
         _CACHE[key] = tag
     return _CACHE[key]
+
+
+def _build_and_push(ctx, tag: str, target: str) -> None:
+    """Build `ctx` for the target's platform with BuildKit (its bind mounts) and push it to the loopback registry."""
+    platform = targets.load().get(target).platform
+    subprocess.run(["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
+                   capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=1800)
+    subprocess.run(["/usr/bin/docker", "push", tag], check=True, capture_output=True, timeout=900)
 
 
 def python38_files(ctx) -> dict:
@@ -184,9 +189,6 @@ def sglang(target: str, tmp_dir, registry: str) -> str:
             "--no-cache-dir --disable-pip-version-check /tmp/wheels/*.whl \\\n"
             f" && rm {site}/sgl_kernel/flash_ops.abi3.so\n")
         tag = f"{registry}/qualify-test/external-sglang:{target}-{CHECKOUT}"
-        platform = targets.load().get(target).platform
-        subprocess.run(["/usr/bin/docker", "build", "-q", "--platform", platform, "-t", tag, str(ctx)], check=True,
-                       capture_output=True, env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, timeout=1800)
-        subprocess.run(["/usr/bin/docker", "push", tag], check=True, capture_output=True, timeout=900)
+        _build_and_push(ctx, tag, target)
         _CACHE[key] = tag
     return _CACHE[key]
