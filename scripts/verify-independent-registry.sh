@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2154
 # Step 11 of scripts/verify-independent.sh (VERIFYING.md): the registry. Sourced by it with --registry: it uses
 # its functions (fail, ok, note, sha, j, need) and what the steps before verified (KEY, TAG, RSHA, INDEX, FOLDER,
-# PUB, CURRENT_SEQ, CURRENT_MANIFEST_SHA, WORK, LIMIT). Not a command of its own.
+# PUB, CURRENT_SEQ, CURRENT_MANIFEST_SHA, CURRENT_LEVEL, WORK, LIMIT). Not a command of its own.
 
 step 11 "the registry: images by digest, the version tags, the DSSE attestations beside each image"
 if [[ -z $FETCH ]]; then FETCH=$(command -v skopeo >/dev/null 2>&1 && echo skopeo || echo curl); fi
@@ -120,13 +120,15 @@ for img in "${IMAGES[@]}"; do
   ok "$t: release statement $TAG (sequence $(jq -r .sequence <<<"$stmt"), promotion $cur) names the qualification statement in layer $q, which is $t.json renamed for $name"
   # Which is current: a publish after promote replaces the older level's statements (and says which). Any other
   # signed statement of ours still at the tag is one a consumer reading the attestations by type also gets.
-  stale=$(jq -s -r --arg q "$QUALIFICATION" --arg ns "$NS/release-statement/" --arg ql "$q" --argjson s "$stmt" '
-    [.[] | select((.type == $q and .layer != $ql) or ((.type | startswith($ns)) and .predicate != $s))
+  # A copy of the named qualification statement (the same bytes: from release/v3 promote never rewrites the
+  # manifest, so every publish of a release signs the same one) says nothing more and is not stale.
+  stale=$(jq -s -r --arg q "$QUALIFICATION" --arg ns "$NS/release-statement/" --arg qs "$(jq -r .statement_sha256 <<<"$stmt")" --argjson s "$stmt" '
+    [.[] | select((.type == $q and .sha256 != $qs) or ((.type | startswith($ns)) and .predicate != $s))
      | if .type == $q then "layer \(.layer): qualification statement (level \(.level))"
        else "layer \(.layer): release statement \(.predicate.tag // "?") (sequence \(.predicate.sequence // "?"), promotion \(.predicate.promotion // "?"))" end]
     | join("; ")' "$WORK/verified.jsonl")
   [[ -z $stale ]] || fail "$name:$att: also holds signed statements the current ones supersede ($stale): a consumer reading them by type sees more than the current level; publish again (nox -s publish -- $TAG --to ...)"
-  ok "$t: no superseded statement of ours is left at $att: the current level ($(j .predicate.support_level "$FOLDER/$t.json")) is the only one"
+  ok "$t: no superseded statement of ours is left at $att: the current level (${CURRENT_LEVEL[$t]}) is the only one"
 done
 while read -r ref; do
   [[ -n $ref ]] || continue

@@ -155,7 +155,7 @@ canonical() {
 # The keys whose values are integers in the signed records (manifests/*.schema.json, "type": "integer"; the
 # toolkit reads them as whole numbers and refuses 7.0): their numbers must be written without fraction or
 # exponent. tests/test_verify_differential.py checks this list is the schemas' own.
-INTEGER_KEYS='consecutive_passes|gpus|hosts_sequence|policy_version|promotion|required_consecutive_passes|runs|sequence|tensor_parallel_size|version'
+INTEGER_KEYS='consecutive_passes|gpus|host_reserve_gib|hosts_sequence|kv_cache_gib|min_gpu_memory_gib|policy_version|promotion|required_consecutive_passes|runs|sequence|server_memory_gib|tensor_parallel_size|uid|version'
 integers() {
   local bad
   bad=$(grep -nE "^ *\"($INTEGER_KEYS)\": -?[0-9][0-9.eE+-]*,?\$" "$1" | grep -vE "\": -?[0-9]+,?\$" | head -1 || true)
@@ -285,8 +285,10 @@ fi
 # --- 2. release.json ----------------------------------------------------------------------------------------
 INDEX="$FOLDER/release.json"
 step 2 "release.json: signature, bundle, tag, key, targets"
-signed_record "$INDEX" "$NS/release/v2"
+signed_record "$INDEX" "$NS/release/v3" "$NS/release/v2"
 RSHA=$(sha "$INDEX")
+# release/v3: promote never rewrites a manifest (one hash rule: release.json's); release/v2: it did (step 6)
+REWRITES=$([[ $(j .schema "$INDEX") == "$NS/release/v2" ]] && echo 1 || echo 0)
 [[ $(j .tag "$INDEX") == "$TAG" ]] || fail "$INDEX: the index of release $(j .tag "$INDEX"), but the folder is named $TAG"
 jq -e --arg tag "$TAG" '
   ($tag | test("^v?(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)\\.(0|[1-9][0-9]*)(-((0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)(\\.(0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*))*))?$")) as $semver
@@ -332,6 +334,25 @@ if jq -e 'has("policy")' "$INDEX" >/dev/null; then
                  and (.driver | test("^[0-9]{3,4}(\\.[0-9]{1,3}){0,2}$")))
              and ([.policy.ptx_jit[].isa] | length == (unique | length)))' "$INDEX" >/dev/null ||
     fail "$INDEX: policy.ptx_jit: each row an isa (once), a cuda and a driver version"
+  # issue 52's deploy facts (what start.sh matches the host to and checks its driver and memory by, instead of a
+  # targets file): each released target once, besides them only cpu targets; a GPU target with a CUDA and a floor
+  jq -e '(.policy | has("deploy") | not)
+         or ((.policy.deploy | keys) == ["drivers", "targets"]
+             and ([.policy.deploy.targets[].target] | length == (unique | length))
+             and ([.targets[].target] - [.policy.deploy.targets[].target] | length == 0)
+             and ([.targets[].target] as $r | all(.policy.deploy.targets[]; IN(.target; $r[]) or .accelerator == "cpu"))
+             and all(.policy.deploy.targets[]; (.platform | IN("linux/amd64", "linux/arm64"))
+                 and (.runtime.gpu_memory_utilization | type == "number" and . > 0 and . < 1)
+                 and (.user.uid | type == "number" and . >= 0)
+                 and (if .accelerator == "cpu" then .capability == "cpu" and .cuda == "" and .driver_floor == ""
+                      else .accelerator == "cuda" and (.capability | test("^[0-9]{1,2}\\.[0-9]{1,2}$"))
+                           and (.cuda | test("^[0-9]{1,2}\\.[0-9]{1,2}$"))
+                           and (.driver_floor | test("^[0-9]{3,4}(\\.[0-9]{1,3}){0,2}$")) end))
+             and ([.policy.deploy.drivers[].cuda] | length == (unique | length)))' "$INDEX" >/dev/null ||
+    fail "$INDEX: policy.deploy: each released target once (others only cpu targets), each GPU target a capability, CUDA and driver floor, a fraction between 0 and 1, each CUDA once in drivers"
+  if jq -e '.policy | has("deploy")' "$INDEX" >/dev/null; then
+    ok "deploy facts (start.sh's targets): $(j '[.policy.deploy.targets[] | "\(.target) \(.capability) \(.platform)"] | join("; ")' "$INDEX")"
+  fi
   POLICY_VERSION=1
   ok "version 1: $(j .policy.promotion.consecutive_passes "$INDEX") consecutive passes of $(j '.policy.promotion.required_gpu_checks | join(", ")' "$INDEX")"
   if jq -e '.policy.level_checks | length > 0' "$INDEX" >/dev/null; then
@@ -494,7 +515,7 @@ serve_signed() {
 }
 
 # --- 5 to 8, per target --------------------------------------------------------------------------------------
-declare -A CURRENT_SEQ CURRENT_MANIFEST_SHA SUPERSEDED
+declare -A CURRENT_SEQ CURRENT_MANIFEST_SHA CURRENT_LEVEL SUPERSEDED
 for t in "${TARGETS[@]}"; do
   ENTRY=$(jq -c --arg t "$t" '.targets[] | select(.target == $t)' "$INDEX")
   DIGEST=$(jq -r .image.digest <<<"$ENTRY")
@@ -536,20 +557,29 @@ for t in "${TARGETS[@]}"; do
       [[ -n ${VISITED[$n]:-} ]] || fail "$FOLDER/$t.promotion.$n.json is kept as a replaced record, but the ledger from promotion $(j .sequence "$P") does not lead to it (old files copied back over a demotion?)"
     done
     CURRENT_SEQ[$t]=$(j .sequence "$P")
-    EXPECTED=$(j .manifest_sha256 "$P")
-    SUPERSEDED[$t]=1
+    CURRENT_LEVEL[$t]=$(j .level "$P")
+    if ((REWRITES)); then  # release/v2: the promote rewrote the manifest, and the current record names it
+      EXPECTED=$(j .manifest_sha256 "$P")
+      SUPERSEDED[$t]=1
+    else
+      EXPECTED=$(jq -r .manifest_sha256 <<<"$ENTRY")
+      [[ $(j .manifest_sha256 "$P") == "$EXPECTED" ]] ||
+        fail "$P: names manifest $(j .manifest_sha256 "$P" | cut -c1-12)..., not the released one release.json names ($(cut -c1-12 <<<"$EXPECTED")...): from release/v3 a promote never rewrites the manifest"
+    fi
   else
     ((${#KEPT[@]} == 0)) || fail "$P is missing, but ${#KEPT[@]} replaced promotion record(s) of $t are kept: the current record was removed"
     CURRENT_SEQ[$t]=0
+    CURRENT_LEVEL[$t]=$(jq -r .support_level <<<"$ENTRY")
     EXPECTED=$(jq -r .manifest_sha256 <<<"$ENTRY")
     ok "not promoted: release.json's manifest_sha256 counts"
   fi
 
   # --- 6. the manifest, and which hash counts ---------------------------------------------------------------
   M="$FOLDER/$t.json"
-  step 6 "$t: the manifest $t.json (the sha256 that counts: $([[ -e $P ]] && echo "the promotion record's" || echo "release.json's"))"
+  BY=$([[ -n ${SUPERSEDED[$t]:-} ]] && echo "the promotion record" || echo "release.json")
+  step 6 "$t: the manifest $t.json (the sha256 that counts: $BY's)"
   [[ $(sha "$M") == "$EXPECTED" ]] ||
-    fail "$M: sha256 $(sha "$M" | cut -c1-12)..., but $([[ -e $P ]] && echo "the promotion record" || echo "release.json") names $(cut -c1-12 <<<"$EXPECTED")... (a manifest of another release or an older promotion)"
+    fail "$M: sha256 $(sha "$M" | cut -c1-12)..., but $BY names $(cut -c1-12 <<<"$EXPECTED")... (a manifest of another release or an older promotion$( ((REWRITES)) || echo ", or one rewritten after release: from release/v3 the level is the promotion record's"))"
   verify_signed "$KEY" "$M"
   canonical "$M" >/dev/null
   jq -e --arg st "$STATEMENT" --arg pt "$QUALIFICATION" --argjson e "$ENTRY" '
@@ -560,13 +590,13 @@ for t in "${TARGETS[@]}"; do
     and .predicate.target.platform == $e.platform' "$M" >/dev/null ||
     fail "$M: does not describe what release.json names ($t, $DIGEST, capability $(jq -r .capability <<<"$ENTRY"), $(jq -r .platform <<<"$ENTRY"))"
   LEVEL=$(j .predicate.support_level "$M")
-  if [[ -e $P ]]; then
+  if [[ -n ${SUPERSEDED[$t]:-} ]]; then
     [[ $LEVEL == "$(j .level "$P")" ]] || fail "$M: says level $LEVEL, its promotion record $(j .level "$P")"
   else
     [[ $LEVEL == "$(jq -r .support_level <<<"$ENTRY")" ]] || fail "$M: says level $LEVEL, release.json $(jq -r .support_level <<<"$ENTRY")"
   fi
   CURRENT_MANIFEST_SHA[$t]=$EXPECTED
-  ok "sha256 $EXPECTED, signed; $DIGEST; level $LEVEL"
+  ok "sha256 $EXPECTED, signed; $DIGEST; level ${CURRENT_LEVEL[$t]}$([[ -e $P ]] && echo " (promotion $(j .sequence "$P"))")"
 
   ((${#CHAIN[@]})) || continue
   # --- 7. the evidence each record accepted --------------------------------------------------------------
@@ -808,12 +838,12 @@ for t in "${TARGETS[@]}"; do
 done
 
 # --- 9. release.json's files ------------------------------------------------------------------------------
-step 9 "release.json's files: each still the bytes the release wrote (a promoted target's manifest excepted)"
+step 9 "release.json's files: each still the bytes the release wrote (in a release/v2 folder a promoted target's manifest excepted)"
 while IFS=$'\t' read -r name want; do
   base=${name%.sigstore.json}
   base=${base%.sig}
   if [[ $base == *.json && -n ${SUPERSEDED[${base%.json}]:-} ]]; then
-    note "$name: rewritten by promote (the promotion record names the manifest now)"
+    note "$name: rewritten by promote (release/v2: the promotion record names the manifest now)"
     continue
   fi
   [[ $name =~ ^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$ ]] || fail "$INDEX: files names $name, which is not a file name"

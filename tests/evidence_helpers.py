@@ -5,6 +5,7 @@ it), and evidence records made and signed as start.sh makes and signs them (rele
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -20,7 +21,7 @@ from qualify.signing import signer
 from qualify.trust import folder
 from qualify.trust import hosts as hosts_chain
 from qualify.trust import records as rec
-from qualify.trust.verify import KeyAnchor, TrustedKey
+from qualify.trust.verify import CurrentLevel, KeyAnchor, TrustedKey
 
 TF = targets.load()
 PROBE = "sha256:" + "c" * 64
@@ -135,3 +136,19 @@ class Lab:
 
     def manifest(self) -> mf.Manifest:
         return folder.read_release(self.folder, KeyAnchor(trusted=self.key)).target("sm120").manifest
+
+    def as_release_v2(self) -> None:
+        """The release as a toolkit before issue 52 signed it (release/v2), before any promote: promote then
+        rewrites its manifest, as it did for such folders."""
+        from qualify.core.fsutil import canonical_json
+        from qualify.signing import formats
+
+        path = self.folder / rec.INDEX_FILE
+        doc = json.loads(path.read_text())
+        doc["schema"] = rec.RELEASE_SCHEMA_V2
+        path.write_bytes(canonical_json(doc))
+        signer.write_signature(self.sign, path, formats.signature_path(path), formats.bundle_path(path))
+
+    def current(self) -> CurrentLevel:
+        """sm120's level now, as every reader takes it: the signed promotion record's, else release.json's."""
+        return folder.read_release(self.folder, KeyAnchor(trusted=self.key)).target("sm120").current

@@ -92,7 +92,7 @@ def test_promote_counts_the_record_and_the_deploy_shows_the_matrix_standing(cpu_
     release = folder.read_release(d.clone / "manifests" / TAG)
     (counted,) = release.target("cpu").promotion.evidence
     assert counted.outcome == "pass" and counted.serving_sha256 and counted.host == "ci-host"
-    assert release.target("cpu").manifest.support_level == "experimental"
+    assert release.target("cpu").current.level == "experimental"  # the promotion record's (issue 52)
     dry = d.script("start.sh", "--dry-run")
     assert dry.returncode == 0, dry.stdout + dry.stderr[-4000:]
     assert "serving matrix: 1 run(s) counted by promotion 1 (signed), 1 passing" in dry.stderr, dry.stderr[-4000:]

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from deploy_host import RTX5090
-from signing_helpers import DIGEST_A, statement
+from deploy_host import PASSWORD, RTX5090
+from signing_helpers import DIGEST_A, DIGEST_B, make_release, statement
 
 from qualify.core import manifest as mf
 from qualify.deploy import api, compose, gate
@@ -79,10 +79,13 @@ def test_deploy_target_cpu_forces_it_on_a_gpu_host(host, docker_engine):
 
 
 def test_deploy_target_must_be_the_gpus_own_or_a_cpu_target(host):
-    cpu_release(host, DEPLOY_TARGET="sm100")
+    """The targets DEPLOY_TARGET may name are those a verified release signs (issue 52): here sm100 and sm120."""
+    host.settings(DEPLOY_TARGET="sm100")
+    make_release(host.repo, "v1.0.0", [statement("sm100", DIGEST_A, capability="10.0"), statement("sm120", DIGEST_B)],
+                 Path(f"{host.key}.key"), PASSWORD)
     done = host.run("start.sh", "--dry-run", gpus=RTX5090)
     assert done.returncode == 3 and "DEPLOY_TARGET=sm100" in done.stderr and "the sm120 target" in done.stderr
-    cpu_release(host, DEPLOY_TARGET="tpu9")
+    host.settings(DEPLOY_TARGET="tpu9")
     done = host.run("start.sh", "--dry-run", gpus=RTX5090)
     assert done.returncode == 2 and "DEPLOY_TARGET=tpu9" in done.stderr and "not a target" in done.stderr
 

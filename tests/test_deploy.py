@@ -22,6 +22,7 @@ from signing_helpers import DIGEST_A, DIGEST_B, make_key_pair, make_release, sta
 
 from qualify.config import targets
 from qualify.core import manifest as mf
+from qualify.core import nvsmi
 from qualify.core.errors import VerificationError
 from qualify.deploy import api, choice, compose, errors, gate, memory, netcheck
 from qualify.trust.verify import KeyAnchor, TrustedKey
@@ -53,7 +54,13 @@ def meminfo(total_gib: float, available_gib: float, free_gib: float) -> str:
 @pytest.mark.parametrize("text,mib", [("32607 MiB", 32607.0), ("32607", 32607.0), ("[N/A]", None),
                                       ("[Not Supported]", None), ("Not Supported", None)])
 def test_nvml_memory_text(text, mib):
-    assert memory.parse_nvml_mib(text) == mib
+    assert nvsmi.mib(text) == mib
+
+
+@pytest.mark.parametrize("bus_id,sysfs", [("00000000:18:00.0", "0000:18:00.0"), ("00000001:AF:00.0", "0001:af:00.0"),
+                                          ("0000:18:00.0", "0000:18:00.0"), ("zz:18:00.0", "zz:18:00.0")])
+def test_nvidia_smi_bus_ids_as_sysfs_names_them(bus_id, sysfs):
+    assert nvsmi.pci_name(bus_id) == sysfs
 
 
 def test_discrete_gpu_uses_the_targets_fraction():
@@ -229,6 +236,22 @@ def test_a_manifest_for_another_target_capability_or_platform_is_refused():
 ])
 def test_gate_decision(kw, action):
     assert gate.gate_decision(_manifest(statement("sm120", DIGEST_A, **kw))).action == action
+
+
+def test_the_gate_takes_the_level_from_the_promotion_record_not_the_released_manifest():
+    """Issue 52: a release/v3 manifest keeps its released level; the verified target's current level (its signed
+    promotion record's) decides, and a baseline only a release signed, without a promotion record, still probes."""
+    from qualify.trust.verify import CurrentLevel
+
+    released = _manifest(statement("sm120", DIGEST_A, level="experimental"))
+    promoted = gate.gate_decision(released, current=CurrentLevel("baseline", 2))
+    assert promoted.action == "deploy" and "support level baseline" in promoted.reason
+    assert gate.gate_decision(released, current=CurrentLevel("experimental")).action == "probe"
+    assert gate.gate_decision(released, current=CurrentLevel("baseline")).action == "probe"  # not by evidence
+    demoted = _manifest(statement("sm120", DIGEST_A, level="baseline"))  # a release/v2 manifest's level is ignored
+    assert gate.gate_decision(demoted, current=CurrentLevel("experimental", 3)).action == "probe"
+    failing = _manifest(statement("sm120", DIGEST_A, level="unsupported", statuses={"triton-compile": "fail"}))
+    assert gate.gate_decision(failing, current=CurrentLevel("baseline", 2)).action == "refuse"  # the verdict still
 
 
 def test_gate_refusal_names_the_failing_checks():

@@ -78,7 +78,7 @@ def test_a_killed_hosts_change_converges_on_the_same_command_and_promote_works_a
     promoted = cli("promote", TAG, "--manifests", str(lab.manifests), "--key", str(lab.release_key),
                    "--evidence", *map(str, paths))
     assert promoted.returncode == 0, promoted.stderr
-    assert folder.read_release(lab.folder).target("sm120").manifest.support_level == "baseline"
+    assert folder.read_release(lab.folder).target("sm120").current.level == "baseline"
 
 
 def test_a_planted_complete_journal_that_does_not_verify_is_left_and_said(lab, tmp_path):

@@ -292,7 +292,10 @@ def test_a_multi_gpu_record_carries_its_configuration_and_needs_the_nccl_check(l
         ev.parse(json.dumps(bad).encode(), "bad.json")
 
 
-def test_promote_keeps_one_gpu_and_n_gpus_in_different_rows(lab):
+@pytest.mark.parametrize("release_format", [3, 2])
+def test_promote_keeps_one_gpu_and_n_gpus_in_different_rows(lab, release_format):
+    if release_format == 2:  # a release/v2 folder (issue 52): promote writes the rows into its manifest too
+        lab.as_release_v2()
     done = lab.run([lab.record(i) for i in range(1, 7)] + [multi_record(lab, i) for i in range(7, 10)])
     assert done.standing.level == "experimental" and done.standing.consecutive_passes == 6  # multi runs do not count
     (row,) = done.configurations
@@ -303,6 +306,10 @@ def test_promote_keeps_one_gpu_and_n_gpus_in_different_rows(lab):
     assert promotion.configurations == done.configurations
     assert sorted(e.configuration for e in promotion.evidence) == ["1 GPU"] * 6 + ["2 GPUs tp2 nvlink"] * 3
     predicate = release.target("sm120").manifest.predicate
+    if release_format == 3:  # the manifest stays as released: the rows are the signed promotion record's only
+        assert "promotion" not in predicate and predicate["support_level"] == "unverified"
+        assert lab.run([lab.record(7)]).standing.level == "baseline"  # the seventh 1-GPU pass
+        return
     assert predicate["promotion"]["configurations"][0]["configuration"] == "2 GPUs tp2 nvlink"
     import jsonschema
 

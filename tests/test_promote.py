@@ -23,12 +23,12 @@ from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, VerificationError
 from qualify.core.fsutil import canonical_json
 from qualify.release import evidence as ev
-from qualify.release import promote, verify
+from qualify.release import promote, standing, verify
 from qualify.scaleout import merge
 from qualify.signing import formats, signer
 from qualify.trust import folder, journal
 from qualify.trust import records as rec
-from qualify.trust.verify import TrustedKey, sha256
+from qualify.trust.verify import CurrentLevel, TrustedKey, sha256
 
 N = TF.promotion_passes
 
@@ -49,15 +49,52 @@ def test_the_promotion_count_lives_in_the_targets_file():
 
 
 def test_six_passes_stay_experimental_the_seventh_promotes(lab):
+    released = sha256((lab.folder / "sm120.json").read_bytes())
     six = lab.run([lab.record(i) for i in range(1, 7)])
     assert (six.standing.level, six.standing.consecutive_passes, six.sequence) == ("experimental", 6, 1)
-    assert lab.manifest().support_level == "experimental"
+    assert lab.current() == CurrentLevel("experimental", 1)
     seventh = lab.run([lab.record(7)])  # the first six are the ones the signed promotion record accepted
     assert (seventh.standing.level, seventh.standing.consecutive_passes, seventh.new, seventh.sequence) == \
         ("baseline", 7, 1, 2)
-    m = lab.manifest()
-    assert m.support_level == "baseline" and m.statement["predicate"]["promotion"]["released_level"] == "unverified"
-    assert len(m.statement["predicate"]["promotion"]["evidence"]) == 7
+    assert lab.current() == CurrentLevel("baseline", 2)
+    vt = folder.read_release(lab.folder).target("sm120")
+    assert vt.promotion.released_level == "unverified" and len(vt.promotion.evidence) == 7
+    # issue 52: the level lives in the signed promotion record only; the manifest is the released bytes
+    assert sha256((lab.folder / "sm120.json").read_bytes()) == released == vt.entry.manifest_sha256 == \
+        vt.promotion.manifest_sha256
+    assert vt.manifest.support_level == "unverified" and "promotion" not in vt.manifest.predicate
+    assert "sm120.json unchanged, as released" in "\n".join(promote.summary_lines(seventh, False))
+
+
+def test_a_promoted_manifest_rewritten_after_all_is_refused(lab, tmp_path):
+    """From release/v3 there is one hash rule: the manifest is the bytes release.json names. A manifest rewritten
+    and re-signed with the release key, as a release/v2 promote would have written it, does not verify."""
+    lab.run([lab.record(i) for i in range(1, 8)])
+    stmt = json.loads((lab.folder / "sm120.json").read_text())
+    stmt["predicate"]["support_level"] = "baseline"
+    path = lab.folder / "sm120.json"
+    path.write_bytes(mf.dumps(stmt))
+    signed = lab.sign.sign_blob(path.read_bytes())
+    formats.signature_path(path).write_bytes(signed.sig_file)
+    formats.bundle_path(path).write_bytes(signed.bundle)
+    with pytest.raises(VerificationError, match="not the manifest release.json names .* or one rewritten after release"):
+        folder.read_release(lab.folder)
+
+
+def test_a_release_v2_folder_is_promoted_as_before_its_manifest_rewritten_and_it_verifies(lab):
+    """Issue 52: a folder released before (release/v2) keeps its rule, so verifiers of that time still read it:
+    promote rewrites its manifest with the level, the current promotion record names the new bytes."""
+    lab.as_release_v2()
+    released = sha256((lab.folder / "sm120.json").read_bytes())
+    done = lab.run([lab.record(i) for i in range(1, 8)])
+    vt = folder.read_release(lab.folder).target("sm120")
+    assert vt.current == CurrentLevel("baseline", 1) and vt.manifest.support_level == "baseline"
+    assert vt.manifest_sha256 == vt.promotion.manifest_sha256 != released == vt.entry.manifest_sha256
+    assert vt.manifest.predicate["promotion"]["released_level"] == "unverified"
+    assert "a release/v2 folder" in "\n".join(promote.summary_lines(done, False))
+    again = lab.run([lab.record(8, ev.Outcome.PRODUCT_FAILURE)])  # and again: the ledger moves on as before
+    assert again.sequence == 2 and lab.current() == CurrentLevel("experimental", 2) == \
+        CurrentLevel(lab.manifest().support_level, 2)
 
 
 def test_an_infrastructure_outcome_neither_resets_nor_counts(lab):
@@ -100,7 +137,7 @@ def test_evidence_for_another_image_gpu_probe_or_release_is_refused_naming_which
     with pytest.raises(ev.EvidenceError) as caught:
         lab.promote(paths)
     assert message in str(caught.value) and str(paths[0]) in str(caught.value)
-    assert lab.manifest().support_level == "unverified"  # nothing half-written
+    assert lab.current() == CurrentLevel("unverified")  # nothing half-written
     assert not (lab.folder / "sm120.promotion.json").exists()
 
 
@@ -403,10 +440,24 @@ def test_show_and_diff_give_levels_with_their_evidence_and_per_sku_figures(lab):
     from qualify.release import report
 
     lab.run([lab.record(i) for i in range(1, 8)])
-    old = json.loads((lab.folder / "sm120.json").read_text())
-    shown = report.show(old, width=200)
+    path = lab.folder / "sm120.json"
+    stmt = json.loads(path.read_text())
+    current = standing.standing_of(path, mf.Manifest.from_statement(stmt, str(path)))
+    shown = report.show(stmt, 200, current)  # the level and evidence: the signed promotion record's
+    assert "support level baseline" in shown
     assert "level      baseline by evidence: 7 of 7 consecutive passes (released as unverified)" in shown
     assert shown.count("  evidence 20") == 7 and "bf16_matmul_tflops 207" in shown
+    assert "support level unverified" in report.show(stmt, 200)  # the manifest alone: the released level
+    from qualify.release import compare
+
+    assert compare.Column.read(path).support_level == "baseline"  # compare reads the verified current level too
+    copy = lab.root / "elsewhere" / "sm120.json"  # outside a release folder nothing vouches for a promotion
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)
+    assert compare.Column.read(copy).support_level == "unverified"
+    done = qualify_cli("verify", str(path), "--key", str(lab.folder / "cosign.pub"), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["support_level"] == "baseline", done.stderr
+    old = report.as_current(stmt, current)
     # The next release's evidence on the same SKU is slower: diff names the figure and the change.
     new = json.loads(json.dumps(old))
     for e in new["predicate"]["promotion"]["evidence"]:
@@ -427,14 +478,14 @@ def test_a_promote_killed_midway_never_leaves_a_trusted_half_and_the_next_one_fi
     killed = qualify_cli(*argv, QUALIFY_KILL_AT=step)
     assert killed.returncode == -9, killed.stderr
     try:
-        m = folder.read_release(lab.folder).target("sm120").manifest  # the old state, whole ...
-        assert m.support_level == "unverified" and step == "signed-write:staged"
+        # the old state, whole (renamed-one too: the first thing renamed is a signature file beside no record) ...
+        assert folder.read_release(lab.folder).target("sm120").current == CurrentLevel("unverified")
     except VerificationError as exc:  # ... or a refusal, never a half-written state taken as true
         assert step == "signed-write:renamed-one" and "signature check failed" in exc.message
     done = qualify_cli(*argv)
     assert done.returncode == 0, done.stderr
     assert "sm120: baseline" in done.stdout
-    assert folder.read_release(lab.folder).target("sm120").manifest.support_level == "baseline"
+    assert folder.read_release(lab.folder).target("sm120").current == CurrentLevel("baseline", 1)
     assert not list(lab.folder.glob(journal.JOURNAL_PREFIX + "*"))
 
 
@@ -480,7 +531,7 @@ def test_a_restored_promotion_never_undoes_a_demotion_and_routine_promotes_canno
         folder.read_release(lab.folder)
     for p in lab.folder.glob("sm120.promotion.1.json*"):
         p.unlink()
-    assert folder.read_release(lab.folder).target("sm120").manifest.support_level == "baseline"
+    assert folder.read_release(lab.folder).target("sm120").current == CurrentLevel("baseline", 1)
     for n in (9, 10):
         with pytest.raises(RollbackError, match="promotion 1, but promotion 2 was seen before: older "
                                                 "promotion files were restored"):

@@ -610,10 +610,14 @@ def test_publish_after_promote_supersedes_the_older_level_and_leaves_a_newer_rel
     # Published from where the build record is not (attest_build=False): provenance and SBOM are carried over.
     assert "carried over (this publish made none): SLSA provenance" in said and "CycloneDX SBOM" in said, said
     assert set(second.predicate_types) == set(first.predicate_types)
-    assert any(s.startswith("qualification statement (level unverified") for s in second.superseded)
+    # release/v3: promote leaves the manifest's bytes alone, so the qualification statement is the one published
+    # before (kept, not superseded); the promotion-0 release statement is what the promotion replaces.
+    assert not any(s.startswith("qualification statement") for s in second.superseded), second.superseded
     assert "release statement v1.0.0 (sequence 1, promotion 0)" in second.superseded
     result = attestation_verify.verify_image(by_tag, lab.release_pub)
-    assert (result.manifest.support_level, result.release.promotion, result.release_statements) == ("experimental", 1, 1)
+    # issue 52: the published qualification statement is the released manifest (unverified); the promotion is
+    # the release statement's sequence, its level in the folder's signed promotion record
+    assert (result.manifest.support_level, result.release.promotion, result.release_statements) == ("unverified", 1, 1)
     assert [t for _, t in _layers(creds, "promoted/sm120", smoke.digest)] == [
         mf.PREDICATE_TYPE, records.RELEASE_STATEMENT_TYPE, "https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom",
         "https://example.com/scan/v1"]

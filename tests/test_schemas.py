@@ -26,7 +26,8 @@ SCHEMAS = REPO / "manifests"
 LEGACY = REPO / "tests" / "data" / "legacy-release" / "manifests"
 CHECK_JSONSCHEMA = Path(sys.executable).parent / "check-jsonschema"
 FORMATS = {  # schema file: the format URI our code writes (or reads, for the older ones)
-    "release": rec.RELEASE_SCHEMA, "promotion": rec.PROMOTION_SCHEMA, "promotion-v2": rec.PROMOTION_SCHEMA_V2,
+    "release": rec.RELEASE_SCHEMA, "release-v2": rec.RELEASE_SCHEMA_V2,
+    "promotion": rec.PROMOTION_SCHEMA, "promotion-v2": rec.PROMOTION_SCHEMA_V2,
     "publication": rec.PUBLICATION_SCHEMA, "enrolled-hosts": rec.HOSTS_SCHEMA, "enrolled-hosts-v1": rec.HOSTS_SCHEMA_V1,
 }
 
@@ -135,12 +136,13 @@ def test_records_of_the_toolkit_before_the_ledger_validate_against_their_own_sch
     folder = LEGACY / "v1.0.0"
     assert_valid("promotion-v2", folder / "sm120.promotion.json")
     assert_valid("enrolled-hosts-v1", LEGACY / rec.HOSTS_FILE)
-    assert_valid("release", folder / rec.INDEX_FILE)
+    assert_valid("release-v2", folder / rec.INDEX_FILE)
     assert_valid("evidence", *sorted(p for p in (folder / "evidence" / "sm120").glob("*.json")
                                      if not p.name.endswith(".sigstore.json")))
     # ...and not against the current ones: a reader tells the versions apart by the schema they name.
     assert check_jsonschema("promotion", folder / "sm120.promotion.json").returncode == 1
     assert check_jsonschema("enrolled-hosts", LEGACY / rec.HOSTS_FILE).returncode == 1
+    assert check_jsonschema("release", folder / rec.INDEX_FILE).returncode == 1  # release/v2: promote rewrote manifests
 
 
 OPEN = ("checks/*/evidence",)  # free-form by design: a check's own evidence

@@ -44,10 +44,9 @@ from deploy_host import (
     Host,
     containers_of,
     key_fingerprint,
-    qualify,
     released,
 )
-from signing_helpers import DIGEST_A, DIGEST_B, make_release, runtime_with, statement
+from signing_helpers import DIGEST_A, DIGEST_B, runtime_with, statement
 
 from qualify.config import targets
 from qualify.core import manifest as mf
@@ -82,7 +81,8 @@ def test_settings_file_is_read_not_executed(host):
 
 def test_without_a_gpu_the_first_run_chooses_the_cpu_target_and_stops_before_pulling(tmp_path):
     """This machine has no NVIDIA GPU: the real PATH, no stand-in. GPU_RUNTIME=auto (the default) then means the
-    cpu target, said so; this checkout has no cpu release, so the deploy stops before anything is pulled.
+    cpu target, said so, when a verified release signs one (issue 52: the cpu targets are the release's facts);
+    this checkout has no release, so the deploy stops before anything is pulled.
     (With GPU_RUNTIME named, "no NVIDIA GPU found" stands: tests/test_cpu_target.py.)"""
     if shutil.which("nvidia-smi"):
         pytest.skip("this host has nvidia-smi; the test is about a host without one")
@@ -95,7 +95,8 @@ def test_without_a_gpu_the_first_run_chooses_the_cpu_target_and_stops_before_pul
     elapsed = time.monotonic() - started
     assert done.returncode in (3, 4), done.stderr
     assert elapsed < 30
-    assert "target: cpu: this host has no nvidia-smi on PATH (no NVIDIA driver) and GPU_RUNTIME=auto" in done.stderr
+    assert ("target: cpu: this host has no nvidia-smi on PATH (no NVIDIA driver) and GPU_RUNTIME=auto" in done.stderr
+            or "trust gate: no verified release under" in done.stderr), done.stderr
     assert "fix:" in done.stderr
     assert "pulling" not in done.stderr and "starting compose" not in done.stderr  # stopped before anything started
 
@@ -116,19 +117,21 @@ def test_gpu_device_that_is_not_there(host):
 
 
 def test_hopper_is_rejected_with_the_supported_targets(host):
-    host.settings()
+    """The supported targets are those the newest verified release signs (issue 52), not the targets file's."""
+    released(host)
     done = host.run("start.sh", gpus=H200)
-    assert done.returncode == 3
+    assert done.returncode == 3, done.stderr
     assert "unsupported GPU: NVIDIA H200 (compute capability 9.0)" in done.stderr
-    for name in targets.load().targets:
-        assert name in done.stderr
+    assert "supported: sm120 (12.0, linux/amd64)" in done.stderr
+    assert "DEPLOY_TARGET=cpu" in done.stderr  # the cpu target the release signs
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the mismatch is GB10 (arm64) on an amd64 host")
 def test_gb10_on_an_amd64_host_is_a_platform_mismatch(host):
     host.settings()
+    host.release(statement("sm121", DIGEST_A))
     done = host.run("start.sh", gpus=GB10)
-    assert done.returncode == 3
+    assert done.returncode == 3, done.stderr
     assert "platform mismatch: NVIDIA GB10 (compute capability 12.1) on this x86_64 host" in done.stderr
     assert "sm121 (linux/arm64)" in done.stderr
 
@@ -186,7 +189,8 @@ def test_an_r580_driver_runs_cuda_13_and_is_checked_again_against_the_verified_m
     released(host)
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", gpus=RTX5090 + f"|{floor}")
     assert done.returncode == 0, done.stderr
-    assert f"driver: {floor} runs CUDA 13.0 (sm120 images, per the targets file; needs {floor} or newer)" in done.stderr
+    assert f"driver: {floor} runs CUDA 13.0 (sm120 images, per release v1.0.0's signed policy; needs {floor} or " \
+        "newer)" in done.stderr
     assert f"driver: {floor} runs CUDA 13.0 (the image, per its verified manifest; needs {floor} or newer)" in done.stderr
 
 
@@ -329,14 +333,21 @@ def test_a_smoke_profile_release_is_refused_it_cannot_serve(host, docker_engine)
 
 
 def test_no_release_for_the_target(host, docker_engine):
+    """Issue 52: with no verified release nothing says what this GPU's target is, its driver floor or memory
+    (never the checkout's targets file), so --allow-unqualified with IMAGE cannot deploy either."""
     host.settings()
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
-    assert done.returncode == 4 and "no released manifest for sm120" in done.stderr
+    assert done.returncode == 4 and "trust gate: no verified release under" in done.stderr, done.stderr
     host.settings(IMAGE=f"127.0.0.1:5000/own/sm120@{DIGEST_B}")
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
-    assert done.returncode == 0, done.stderr
-    assert "reason: no released manifest for sm120" in done.stderr
-    assert json.loads(done.stdout)["services"]["vllm"]["image"] == f"127.0.0.1:5000/own/sm120@{DIGEST_B}"
+    assert done.returncode == 4, done.stderr
+    assert "--allow-unqualified does not stand in for them" in done.stderr and "target: sm120" not in done.stderr
+    # a release of another target only: this GPU's is not among the targets it signs
+    host.settings()
+    host.release(statement("sm121", DIGEST_A))
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime")
+    assert done.returncode == 3 and "supported: sm121 (12.1, linux/arm64) (as release v1.0.0 signs them)" in \
+        done.stderr, done.stderr
 
 
 # --- deploy, end to end with real compose and the stand-in server -----------------------------------
@@ -570,38 +581,18 @@ def test_a_publication_that_does_not_verify_or_names_another_image_is_refused(ho
     assert said in done.stderr and not host.compose_file.exists()
 
 
-def test_without_a_release_folder_the_registry_attestation_is_the_trust_anchor(host, docker_engine, loopback_registry,
-                                                                                tmp_path):
-    """A deploy host with no checkout of the release: IMAGE (by digest) and the release's public key; the
-    qualification Statement comes from the signed attestation `nox -s publish` put beside the image."""
-    import images
-    from qualify.publish import publish
-    from qualify.signing import signer
-
-    built = images.smoke("sm120")
-    stmt = statement("sm120", built.digest, reference=built.image_reference, level="baseline")
-    stmt["subject"][0]["name"] = built.image_reference.split("@", 1)[0]  # where publish copies it from
-    root = make_release(tmp_path / "release-repo", "v9.9.9", [stmt], Path(f"{host.key}.key"), PASSWORD).parent
-    dest = publish.Destination.parse(f"{loopback_registry.address}/qualify-test-published")
-    record = publish.publish(publish.PublishOptions(tag="v9.9.9", destination=dest, release_root=root,
-                                                    signer=signer.key_signer("builtin", Path(f"{host.key}.key"),
-                                                                             PASSWORD.encode())),
-                             progress=lambda _m: None).record
-    image = record.images[0].reference
+def test_without_a_release_folder_the_registry_attestation_alone_is_refused(host, docker_engine, tmp_path):
+    """A deploy host with no release folder, only IMAGE (by digest) and the release's public key: the
+    attestation `nox -s publish` put beside the image signs no deploy facts (issue 52: the GPU's target, its
+    driver floor and memory come only from a verified release's policy), so it is refused, with the way on."""
     empty = tmp_path / "no-manifests"
     empty.mkdir()
-    host.settings(MANIFESTS_DIR=empty, IMAGE=image, RELEASE_PUBLIC_KEY=f"{host.key}.pub")
-    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "verifying" in done.stderr and "attestation: " in done.stderr and ".att" in done.stderr
-    assert "trust gate: passed: support level baseline, verdict pass" in done.stderr
-    assert json.loads(done.stdout)["services"]["vllm"]["image"] == image
-    # Another key does not vouch for it, and that cannot be overridden.
-    other = tmp_path / "other"
-    qualify("sign", "generate-key", "--output-key-prefix", str(other))
-    host.settings(MANIFESTS_DIR=empty, IMAGE=image, RELEASE_PUBLIC_KEY=f"{other}.pub")
-    refused = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified", timeout=300)
-    assert refused.returncode == 4 and "its attestation in the registry does not verify" in refused.stderr
+    host.settings(MANIFESTS_DIR=empty, IMAGE=f"127.0.0.1:5000/qualify/sm120@{DIGEST_A}",
+                  RELEASE_PUBLIC_KEY=f"{host.key}.pub")
+    done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
+    assert done.returncode == 4, done.stderr
+    assert "the registry's attestation alone (IMAGE and RELEASE_PUBLIC_KEY) signs no deploy facts" in done.stderr
+    assert "RELEASE_TAG fetches it from the GitHub release" in done.stderr
 
 
 def test_a_release_tag_the_checkout_lacks_is_fetched_from_its_github_release_and_verified(host, docker_engine,

@@ -22,12 +22,14 @@ import pytest
 from evidence_helpers import Lab
 from signing_helpers import PASSWORD, make_key_pair
 
+from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError
+from qualify.core.fsutil import canonical_json
 from qualify.release import verify as pyverify
 from qualify.signing import formats, signer
 from qualify.trust import hosts as chain
 from qualify.trust import records as rec
-from qualify.trust.verify import TrustedKey
+from qualify.trust.verify import TrustedKey, sha256
 
 pytestmark = pytest.mark.slow  # 70-odd folders through both verifiers: minutes
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +46,16 @@ def base(tmp_path_factory) -> Lab:
     lab.run([lab.record(1), lab.record(2)])
     lab.enroll(("lab-b", b_pub))
     lab.run([lab.record(3), lab.record(4)])
+    return lab
+
+
+@pytest.fixture(scope="module")
+def base_v2(tmp_path_factory) -> Lab:
+    """A release/v2 folder, promoted twice: its manifest rewritten by each promote, as before issue 52."""
+    lab = Lab(tmp_path_factory.mktemp("differential-v2"))
+    lab.as_release_v2()
+    lab.run([lab.record(1), lab.record(2)])
+    lab.run([lab.record(3)])
     return lab
 
 
@@ -227,6 +239,44 @@ def _extend(lab: Lab, work: Path) -> None:
                  state=work / "marks-3")
 
 
+# --- the manifest's hash (issue 52: one rule per release format) ---------------------------------------------------
+
+
+def _rewrite_manifest(lab: Lab, folder: Path, record_too: bool) -> None:
+    """The manifest rewritten with the promoted level and re-signed, as a release/v2 promote wrote it; with
+    `record_too` the current promotion record names the new bytes (re-signed): still refused from release/v3."""
+    path = folder / "sm120.json"
+    stmt = json.loads(path.read_text())
+    record = json.loads((folder / "sm120.promotion.json").read_text())
+    stmt["predicate"]["support_level"] = record["level"]
+    rewrite(lab, path, mf.dumps(stmt).decode())
+    if record_too:
+        record["manifest_sha256"] = sha256(path.read_bytes())
+        rewrite(lab, folder / "sm120.promotion.json", canonical_json(record).decode())
+
+
+def _restore_released_manifest(lab: Lab, folder: Path) -> None:
+    """A release/v2 folder's manifest put back as released (its own valid signature): the promotion record names
+    the rewritten one, so it is refused."""
+    stmt = json.loads((folder / "sm120.json").read_text())
+    stmt["predicate"]["support_level"] = json.loads((folder / "sm120.promotion.json").read_text())["released_level"]
+    stmt["predicate"].pop("promotion", None)
+    rewrite(lab, folder / "sm120.json", mf.dumps(stmt).decode())
+
+
+def hash_rule_cases(lab: Lab, v2: bool) -> List[Tuple[str, Callable[[Path, Path], None], bool]]:
+    if v2:
+        return [("v2:unchanged", lambda w, f: None, True),
+                ("v2:released-manifest-restored", lambda w, f: _restore_released_manifest(lab, f), False),
+                ("v2:release.json-as-v3", lambda w, f: rewrite(lab, f / rec.INDEX_FILE, (f / rec.INDEX_FILE).read_text()
+                                                               .replace(rec.RELEASE_SCHEMA_V2, rec.RELEASE_SCHEMA)),
+                 False)]
+    return [("v3:manifest-rewritten-with-the-level", lambda w, f: _rewrite_manifest(lab, f, False), False),
+            ("v3:manifest-rewritten-and-named-by-the-record", lambda w, f: _rewrite_manifest(lab, f, True), False),
+            ("v3:release.json-as-v2", lambda w, f: rewrite(lab, f / rec.INDEX_FILE, (f / rec.INDEX_FILE).read_text()
+                                                           .replace(rec.RELEASE_SCHEMA, rec.RELEASE_SCHEMA_V2)), False)]
+
+
 # --- the corpus --------------------------------------------------------------------------------------------------
 
 
@@ -278,7 +328,7 @@ def corpus(lab: Lab) -> List[Tuple[str, Callable[[Path, Path], None], bool]]:
         ("hosts:kept-version-removed", lambda w, f: [p.unlink() for p in (w / "repo" / "manifests").glob("hosts.1.*")]
          and _extend(lab, w), False),
     ]
-    return out
+    return out + hash_rule_cases(lab, v2=False)
 
 
 def test_the_shell_recipe_names_the_schemas_integer_keys():
@@ -300,7 +350,7 @@ def test_the_shell_recipe_names_the_schemas_integer_keys():
             for x in node:
                 walk(x, key)
 
-    for schema in ("release", "promotion", "promotion-v2", "enrolled-hosts", "enrolled-hosts-v1", "publication",
+    for schema in ("release", "release-v2", "promotion", "promotion-v2", "enrolled-hosts", "enrolled-hosts-v1", "publication",
                    "release-statement"):
         walk(json.loads((REPO / "manifests" / f"{schema}.schema.json").read_text()), "")
     listed = re.search(r"^INTEGER_KEYS='([^']*)'$", SCRIPT.read_text(), re.M).group(1).split("|")
@@ -309,6 +359,19 @@ def test_the_shell_recipe_names_the_schemas_integer_keys():
 
 def test_both_verifiers_agree_on_every_mutated_folder(base, tmp_path):
     cases = corpus(base)
+    _agree(base, cases, tmp_path)
+    assert len(cases) >= 60
+
+
+def test_both_verifiers_agree_on_a_release_v2_folder_whose_promotes_rewrote_the_manifest(base_v2, tmp_path):
+    """Issue 52: a folder made before keeps verifying by its own rule (the current promotion record names the
+    rewritten manifest); the released manifest put back, or the format changed, is refused by both."""
+    assert json.loads((base_v2.folder / rec.INDEX_FILE).read_text())["schema"] == rec.RELEASE_SCHEMA_V2
+    assert "promotion" in json.loads((base_v2.folder / "sm120.json").read_text())["predicate"]  # rewritten
+    _agree(base_v2, hash_rule_cases(base_v2, v2=True), tmp_path)
+
+
+def _agree(base: Lab, cases, tmp_path: Path) -> None:
     results, disagree, wrong = [], [], []
     for i, (name, mutate, ok) in enumerate(cases):
         work = tmp_path / f"case-{i}"
@@ -328,4 +391,3 @@ def test_both_verifiers_agree_on_every_mutated_folder(base, tmp_path):
           f"{sum(1 for _, p, _ in results if not p)} refused by both")
     assert not disagree, "\n".join(disagree)
     assert not wrong, "\n".join(wrong)
-    assert len(cases) >= 60

@@ -6,6 +6,7 @@ file. It is shellcheck-clean (nox -s lint runs shellcheck over scripts/)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -71,7 +72,7 @@ def test_a_real_release_verifies_step_by_step(release_chain):
     assert "promotion 3 and every record before it, back to promotion 1" in said
     assert "sequence 2 names sequence 1" in said  # the hosts chain, its first version from git's history
     assert "sm120.promotion.json: 7 run(s)" in said and "baseline, 7 of 7 consecutive passes" in said
-    assert "the sha256 that counts: the promotion record's" in said
+    assert "the sha256 that counts: release.json's" in said  # release/v3: promote never rewrote the manifest
     fingerprint = re.search(r"fingerprint (sha256:[0-9a-f]{64})", said).group(1)
     assert fingerprint in release_chain.log[0]  # what `qualify sign generate-key` announced
     passed(release_chain.verify(None, "--fingerprint", fingerprint))
@@ -126,7 +127,7 @@ def _published_json(folder: Path) -> None:
 
 @pytest.mark.parametrize("tamper, step, words", [
     (_release_json, 2, ("release.json: its signature does not verify",)),
-    (_manifest, 6, ("sm120.json: sha256", "the promotion record names")),
+    (_manifest, 6, ("sm120.json: sha256", "release.json names", "rewritten after release")),
     (_promotion_record, 5, ("sm120.promotion.json: its signature does not verify",)),
     (_kept_record, 5, ("sm120.promotion.1.json: its signature does not verify",)),
     (_hosts_file, 4, ("hosts.json: its signature does not verify",)),
@@ -141,15 +142,30 @@ def test_a_tampered_file_fails_naming_it(release_chain, tmp_path, tamper, step, 
     failed(chain.verify(None, "--key", str(chain.pub)), step, *words)
 
 
-def test_the_manifest_as_released_no_longer_counts_after_a_promote(release_chain, tmp_path):
-    """Which hash counts: after a promote it is the promotion record's manifest_sha256. The released manifest,
-    restored from the release commit with its own valid signature, is refused."""
+def test_the_manifest_is_the_released_one_after_promotes_and_a_rewritten_one_fails(release_chain, tmp_path):
+    """Issue 52, one hash rule: promote never rewrites the manifest, so after three promotes it is still the bytes of
+    the release commit, whose sha256 release.json names. Rewritten with the current level and re-signed with the
+    release key, and named by a re-signed promotion record, it is refused."""
+    from release_chain import PASSWORD
+
+    from qualify.signing import formats, signer
+
     chain = release_chain.copy(tmp_path)
-    for name in ("sm120.json", "sm120.json.sig", "sm120.json.sigstore.json"):
-        (chain.folder / name).write_text(chain.git("show", f"{TAG}:manifests/{TAG}/{name}"))
-    said = failed(chain.verify(None, "--key", str(chain.pub)), 6, "sm120.json", "the promotion record names")
+    for name in ("sm120.json", "sm120.json.sig"):
+        assert (chain.folder / name).read_text() == chain.git("show", f"{TAG}:manifests/{TAG}/{name}")
+    sign = signer.key_signer("builtin", chain.repo / "cosign.key", PASSWORD.encode())
+    level = json.loads((chain.folder / "sm120.promotion.json").read_text())["level"]
+    edit_json(chain.folder / "sm120.json", lambda d: d["predicate"].update(support_level=level))
+    for name in ("sm120.json", "sm120.promotion.json"):
+        if name == "sm120.promotion.json":
+            edit_json(chain.folder / name, lambda d: d.update(manifest_sha256=hashlib.sha256(
+                (chain.folder / "sm120.json").read_bytes()).hexdigest()))
+        path = chain.folder / name
+        signer.write_signature(sign, path, formats.signature_path(path), formats.bundle_path(path))
+    said = failed(chain.verify(None, "--key", str(chain.pub)), 5, "sm120.promotion.json: names manifest",
+                  "from release/v3 a promote never rewrites the manifest")
     released = json.loads((chain.folder / "release.json").read_text())["targets"][0]["manifest_sha256"]
-    assert released[:12] in said  # it is the released one, whose sha256 release.json names
+    assert released[:12] in said
 
 
 def test_a_cut_or_rolled_back_ledger_fails(release_chain, tmp_path):
@@ -245,8 +261,11 @@ def test_the_registry_must_hold_the_folders_promotion_and_a_signed_release_state
     assert "no superseded statement of ours is left" in said and "the current level (baseline)" in said
     current = layers()
     push(current + older)  # the promotion-3 statements back beside promotion 4's
-    failed(chain.verify(None, "--registry", env=env), 11, "also holds signed statements the current ones supersede",
-           "release statement v1.0.0 (sequence 1, promotion 3)", "qualification statement (level baseline)")
+    out = failed(chain.verify(None, "--registry", env=env), 11,
+                 "also holds signed statements the current ones supersede", "release statement v1.0.0 (sequence 1, promotion 3)")
+    # release/v3: promote leaves the manifest's bytes as qualification wrote them, so the older publish signed the
+    # same qualification statement as this one: a copy of the current statement is not stale.
+    assert "qualification statement (level" not in out, out
     push([(d, t) for d, t in current if t != rec.RELEASE_STATEMENT_TYPE])
     assert [t for _, t in layers()][0] == mf.PREDICATE_TYPE
     failed(chain.verify(None, "--registry", env=env), 11, "no signed release statement of release v1.0.0")
@@ -317,3 +336,7 @@ def test_a_release_of_the_toolkit_before_the_ledger_verifies_and_a_promote_on_to
     said = passed(verify(folder, "--key", str(root / "keys" / "cosign.pub"), "--hosts-history", str(root / "history")))
     assert "the ledger starts at sm120.promotion.2.json (promotion/v2" in said
     assert "sequence 2 names sequence 1" in said and "sm120.promotion.json: 5 run(s)" in said
+    # issue 52: a release/v2 folder keeps its rule: today's promote rewrote its manifest, the record names it
+    assert "the sha256 that counts: the promotion record's" in said and "rewritten by promote (release/v2" in said
+    vt = read_release(folder).target("sm120")
+    assert vt.manifest_sha256 == vt.promotion.manifest_sha256 != vt.entry.manifest_sha256

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qualify.core import manifest
 from qualify.release import report
+from qualify.release.standing import standing_of
 
 
 def configure_parser(parser) -> None:
@@ -20,8 +21,15 @@ def configure_parser(parser) -> None:
                         "package, library, check), name, before, after")
 
 
+def _current(path: Path):
+    """The manifest at `path` as it stands now: in a release folder, with its verified current level and
+    promotion record (release/v3 manifests keep the released level)."""
+    stmt = manifest.load(path)
+    return report.as_current(stmt, standing_of(path, manifest.Manifest.from_statement(stmt, str(path))))
+
+
 def execute(args) -> int:
-    found = report.changes(manifest.load(args.old), manifest.load(args.new))
+    found = report.changes(_current(args.old), _current(args.new))
     if args.json:
         print(json.dumps({"old": str(args.old), "new": str(args.new), "differ": bool(found),
                           "changes": [c.as_dict() for c in found]}, indent=2, sort_keys=True))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from qualify.core import manifest
 from qualify.release import report
+from qualify.release.standing import standing_of
 
 
 def configure_parser(parser) -> None:
@@ -20,9 +21,10 @@ def configure_parser(parser) -> None:
 
 def execute(args) -> int:
     stmt = manifest.load(args.manifest)
-    if args.json:
+    if args.json:  # the manifest as it is: its own support_level (a promotion's is in the promotion record)
         print(json.dumps(manifest.predicate(stmt), indent=2, sort_keys=True))
     else:
         width = args.width or shutil.get_terminal_size((report.DEFAULT_WIDTH, 24)).columns
-        print(report.show(stmt, width))
+        print(report.show(stmt, width, standing_of(args.manifest, manifest.Manifest.from_statement(
+            stmt, str(args.manifest)))))
     return 0

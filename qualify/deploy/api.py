@@ -9,6 +9,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
+from qualify.core.readlimit import strict_json
 from qualify.core.serving import CANARY_ANSWER, CANARY_PROMPT, LONG_PROMPT, TOOL_PROMPT, WEATHER_TOOL
 from qualify.deploy.errors import DeployError
 
@@ -38,8 +39,8 @@ def http_json(url: str, payload: Optional[Mapping[str, Any]] = None, timeout: fl
         return 0, str(getattr(exc, "reason", exc))
     text = body.decode("utf-8", errors="replace")
     try:
-        return status, json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
+        return status, strict_json(text, url, DeployError) if text.strip() else None
+    except DeployError:
         return status, text
 
 
@@ -111,19 +112,17 @@ def tool_call(base_url: str, model: str) -> ApiCheck:
     if not calls:
         return ApiCheck(False, f"no tool call in the answer: {str(_message(body))[:300]}")
     function = calls[0].get("function") or {}
+    raw = function.get("arguments")
     try:
-        arguments = json.loads(function.get("arguments") or "")
-    except json.JSONDecodeError:
+        arguments = strict_json(raw if isinstance(raw, str) else "", "tool call arguments", DeployError)
+    except DeployError:
         return ApiCheck(False, f"tool call arguments are not JSON: {function.get('arguments')!r}")
     ok = function.get("name") == "get_weather" and "paris" in str(arguments.get("city", "")).lower()
     return ApiCheck(ok, f"tool call {function.get('name')}({json.dumps(arguments)})")
 
 
 def load_json_text(text: str, what: str) -> Mapping[str, Any]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DeployError(f"{what}: not JSON: {exc}") from None
+    doc = strict_json(text, what, DeployError)
     if not isinstance(doc, dict):
         raise DeployError(f"{what}: not a JSON object")
     return doc
@@ -164,8 +163,8 @@ def stream_events(resp) -> Any:
         if data == b"[DONE]":
             return
         try:
-            yield json.loads(data)
-        except json.JSONDecodeError:
+            yield strict_json(data, "a server-sent event", DeployError)
+        except DeployError:
             continue
 
 

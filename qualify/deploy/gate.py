@@ -1,12 +1,15 @@
-"""The trust gate's decision: from a verified manifest, then from the GPU checks run on this host."""
+"""The trust gate's decision: from a verified manifest and its current level, then from the GPU checks run on
+this host."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Optional
 
 from qualify.core import manifest as mf
 from qualify.core.enums import Profile, SupportLevel
+from qualify.trust.verify import CurrentLevel
 
 CPU_NO_GPU_CHECKS = "cpu target: no GPU checks apply"
 # Levels whose GPU evidence already comes from enough runs on the target (the Blackwell support RFC's promotion rule).
@@ -25,15 +28,20 @@ class Decision:
     reason: str
 
 
-def gate_decision(m: mf.Manifest, promoted: bool = True) -> Decision:
+def gate_decision(m: mf.Manifest, promoted: bool = True, current: Optional[CurrentLevel] = None) -> Decision:
     """What the deploy does with a manifest whose signature, release and digest verified.
 
-    Only a level promoted by evidence (baseline, optimized, with a signed promotion record: `promoted`)
+    The level is `current`'s, the verified target's (`VerifiedTarget.current`: its signed promotion record's
+    where one exists, else release.json's; from release/v3 the manifest keeps the released level). Without it
+    (the registry's attestation) the manifest's own level, with `promoted` saying whether a promotion record
+    reached it. Only a level promoted by evidence (baseline, optimized, with a signed promotion record)
     deploys without the GPU checks running here first; experimental and unverified probe, and so does a
     baseline that a release signed without the promotion rule (an older toolkit's one-run baseline); a
     manifest that `verify --require-pass` would refuse, or an unsupported level, is refused.
     """
-    level, verdict = m.support_level, m.verdict
+    if current is not None:
+        promoted = current.promoted
+    level, verdict = current.level if current is not None else m.support_level, m.verdict
     if m.problems:
         return Decision(Action.REFUSE.value, f"the manifest is damaged: {'; '.join(m.problems)}")
     if not m.passes:

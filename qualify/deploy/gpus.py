@@ -133,7 +133,7 @@ def check_free_memory(gpus: Sequence[Gpu], fit: memory.MemoryFit, s: Settings, u
         return  # the unified pool's free memory was judged from /proc/meminfo (memory.py)
     short = []
     for g in gpus:
-        total, free = memory.parse_nvml_mib(g.memory), memory.parse_nvml_mib(g.memory_free)
+        total, free = nvsmi.mib(g.memory), nvsmi.mib(g.memory_free)
         if total is None or free is None:
             ui.warn(f"GPU {g.index}: nvidia-smi reports no free memory ({g.memory_free or 'none'}); not checked")
             continue

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from qualify.core import topology
+from qualify.core import nvsmi, topology
 from qualify.deploy import hostfiles
 
 OFF, PASSTHROUGH, TRANSLATED, UNKNOWN = "off", "passthrough", "translated", "unknown"
@@ -53,16 +53,8 @@ class P2pHost:
     note: str = ""
 
 
-def pci_name(bus_id: str) -> str:
-    """nvidia-smi's `00000000:18:00.0` as sysfs names it, `0000:18:00.0`."""
-    parts = bus_id.strip().lower().split(":")
-    if len(parts) == 3 and all(parts):
-        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
-    return bus_id.strip().lower()
-
-
 def _device_dir(bus_id: str) -> Optional[Path]:
-    link = hostfiles.path("/sys/bus/pci/devices") / pci_name(bus_id)
+    link = hostfiles.path("/sys/bus/pci/devices") / nvsmi.pci_name(bus_id)
     try:
         return link.resolve(strict=True)
     except (OSError, RuntimeError):

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from qualify.core import nvsmi
 from qualify.deploy.errors import DeployError
 
 # Headroom left to the host when the unified pool has to be shared (GB10).
@@ -19,12 +20,6 @@ class MemoryFit:
     unified: bool
     source: str  # "nvml" or "/proc/meminfo"
     notes: Tuple[str, ...] = ()
-
-
-def parse_nvml_mib(text: str) -> Optional[float]:
-    """`32607 MiB` or `32607` -> 32607.0; `[N/A]`, `[Not Supported]` (GB10) -> None."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:MiB)?\s*", text or "")
-    return float(m.group(1)) if m else None
 
 
 def parse_meminfo(text: str) -> Dict[str, int]:
@@ -56,7 +51,7 @@ def memory_fit(runtime, nvml_memory: str, meminfo_text: Optional[str] = None,
     """
     explicit = fraction is not None
     want = _check_fraction(fraction if explicit else runtime.gpu_memory_utilization)
-    mib = parse_nvml_mib(nvml_memory)
+    mib = nvsmi.mib(nvml_memory)
     if mib is not None:
         total = mib / 1024
         if total < runtime.min_gpu_memory_gib:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from typing import Any, Dict, List
 
 from qualify.core import nvsmi
+from qualify.core.readlimit import read_json
 from qualify.core.report import emit
 from qualify.deploy import api, preflight, settings
+from qualify.deploy.errors import DeployError
 from qualify.deploy.servecheck import needs
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_CHECK, EX_DEPLOY, EX_INCOMPLETE, Stop, Ui
@@ -43,9 +44,8 @@ MAX_RECORD_BYTES = 1 << 16
 def deployment(s: Settings) -> Dict[str, Any]:
     """What start.sh recorded about this deployment ({} when nothing, or not a record)."""
     try:
-        with open(s.compose_file.with_name(DEPLOYMENT_FILE), "rb") as fh:
-            doc = json.loads(fh.read(MAX_RECORD_BYTES))
-    except (OSError, ValueError):
+        doc = read_json(s.compose_file.with_name(DEPLOYMENT_FILE), MAX_RECORD_BYTES, "deployment record", DeployError)
+    except DeployError:
         return {}
     return doc if isinstance(doc, dict) else {}
 

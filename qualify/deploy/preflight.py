@@ -2,6 +2,9 @@
 
 Nothing is pulled or started here; each problem stops the deploy with what
 to do about it (exit 3, or 2 for a setting that is not one of the choices).
+The host is found here (nvidia-smi, uname, /proc); what its target is and
+needs (the GPU's target, driver floor, memory, image user) comes only from the
+verified release's signed policy (signed.py), chosen before any of it is used.
 """
 
 from __future__ import annotations
@@ -12,15 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from qualify.config import targets
 from qualify.core import arch, driver, topology
 from qualify.core import manifest as mf
-from qualify.deploy import cpuhost, gpus, heads, hostfiles, iommu, memory, modelpath, netcheck
+from qualify.deploy import cpuhost, gpus, heads, hostfiles, iommu, memory, modelpath, netcheck, signed
 from qualify.deploy.errors import DeployError
 from qualify.deploy.gpus import DRIVER_FIX, Gpu
 from qualify.deploy.settings import Settings
 from qualify.deploy.ui import EX_PREFLIGHT, Stop, Ui
 from qualify.host import clients, cmd
+from qualify.trust.deployfacts import DeployTarget
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,11 @@ class GpuRuntime:
 @dataclass(frozen=True)
 class HostPlan:
     gpu: Gpu
-    target: targets.Target
+    target: DeployTarget  # from the chosen release's signed policy (signed.py)
     fit: memory.MemoryFit
     engine: EngineChoice
     runtime: GpuRuntime
-    drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # the targets file's [drivers]
+    drivers: Mapping[str, driver.DriverVersion] = field(default_factory=dict)  # the release's signed [drivers]
     model: Optional[modelpath.ModelFolder] = None  # MODEL_PATH, checked
     # Tensor parallelism (GPU_DEVICE naming several GPUs): every GPU chosen (`gpu` is the first), how they are
     # joined and the size. The all-reduce floor is not preflight's: it comes from the verified release's signed
@@ -65,6 +68,7 @@ class HostPlan:
     tensor_parallel_size: int = 1
     heads_note: str = ""  # what preflight said of the model's attention heads ("" for one GPU)
     p2p_host: Optional[iommu.P2pHost] = None  # several GPUs: what on this host can break P2P between them
+    chosen: Optional[signed.Chosen] = None  # the verified release the target facts came from (the trust gate's)
 
     @property
     def multi_gpu(self) -> bool:
@@ -93,21 +97,24 @@ def check_driver() -> None:
                    "load the driver (reboot after installing it, or: sudo modprobe nvidia), then check with nvidia-smi")
 
 
-def match_target(tf: targets.TargetsFile, gpu: Gpu, s: Settings, ui: Ui) -> targets.Target:
+def match_target(releases: signed.Releases, gpu: Gpu, s: Settings, ui: Ui) -> signed.Chosen:
+    """The GPU's target, from the newest verified release whose signed facts name one for it."""
     cap, machine = arch.Capability.parse(gpu.capability), platform.machine()
-    found = tf.for_capability(cap, machine)
-    if found:
-        ui.say(f"target: {found[0].name}")
-        return found[0]
+    chosen = releases.find(lambda f: next(iter(f.for_capability(cap, machine)), None))
+    if chosen:
+        ui.say(f"target: {chosen.target.name} (signed in release {chosen.release.tag}'s policy)")
+        return chosen
+    tf = releases.newest_facts()  # what a refusal names as supported
     same_cap = tf.for_capability(cap)
     if same_cap:
         plats = ", ".join(f"{t.name} ({t.platform})" for t in same_cap)
         raise Stop(EX_PREFLIGHT, f"platform mismatch: {gpu.name} (compute capability {gpu.capability}) on this {machine} "
                    f"host. capability {cap} is supported only on: {plats}; this host is {machine}",
                    "images are built per CPU platform: run on a host of the platform named above (DGX Spark / GB10 is arm64)")
-    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets.values() if not t.is_cpu)
+    supported = ", ".join(f"{t.name} ({t.capability}, {t.platform})" for t in tf.targets if not t.is_cpu)
     raise Stop(EX_PREFLIGHT, f"unsupported GPU: {gpu.name} (compute capability {gpu.capability}). capability {cap} "
-               f"({arch.describe(cap)}) is not one of our targets; supported: {supported}",
+               f"({arch.describe(cap)}) is not one of our targets; supported: {supported} (as release "
+               f"{releases.candidates()[0].tag} signs them)",
                f"deploy on one of the supported GPUs, or set GPU_DEVICE in {s.env_file} to one",
                *[f"or serve on the CPU: DEPLOY_TARGET={t.name} in {s.env_file} (vLLM's CPU build)"
                  for t in tf.cpu_targets(machine)])
@@ -122,7 +129,7 @@ def check_driver_version(found: str, cuda: str, floor: driver.DriverVersion, wha
     ui.say(f"driver: {found} runs CUDA {cuda} ({what}; needs {floor} or newer)")
 
 
-def check_memory(target: targets.Target, gpu: Gpu, s: Settings, ui: Ui) -> memory.MemoryFit:
+def check_memory(target: DeployTarget, gpu: Gpu, s: Settings, ui: Ui) -> memory.MemoryFit:
     fraction = s.gpu_memory_utilization
     try:
         fit = memory.memory_fit(target.runtime, gpu.memory, hostfiles.read_text("/proc/meminfo"), fraction)
@@ -302,15 +309,7 @@ def check_port(engine: EngineChoice, s: Settings, ui: Ui) -> None:
     ui.say(f"port: {address}:{port} is free")
 
 
-def _targets_file(what: str) -> targets.TargetsFile:
-    try:
-        return targets.load()
-    except Exception as exc:  # a broken targets file is a preflight problem with its own message
-        raise Stop(EX_PREFLIGHT, f"cannot tell the target for {what}: {exc}",
-                   "check images/targets.toml with: python3 -m qualify targets check") from None
-
-
-def _model(s: Settings, target: targets.Target, ui: Ui) -> Optional[modelpath.ModelFolder]:
+def _model(s: Settings, target: DeployTarget, ui: Ui) -> Optional[modelpath.ModelFolder]:
     return modelpath.check(s, target.user.uid, target.user.name, ui) if s.model_path else None
 
 
@@ -327,23 +326,24 @@ def check_p2p_host(chosen: Sequence[Gpu], joined: topology.Topology, ui: Ui) -> 
     return found
 
 
-def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
+def run(s: Settings, ui: Ui, allow_none: bool, releases: signed.Releases) -> HostPlan:
     ui.say(f"preflight (settings: {s.env_file})")
     hostfiles.announce(ui)
-    cpu_target = cpuhost.choose(_targets_file("this host"), s, ui)
-    if cpu_target is not None:
-        return run_cpu(s, ui, cpu_target)
+    cpu_release = cpuhost.choose(releases, s, ui)
+    if cpu_release is not None:
+        return run_cpu(s, ui, cpu_release)
     check_driver()
     chosen = gpus.choose(s, ui)
     gpu = chosen[0]  # the same model and capability as every other one chosen
-    tf = _targets_file(f"capability {gpu.capability}")
-    target = match_target(tf, gpu, s, ui)
+    release = match_target(releases, gpu, s, ui)
+    target = release.target
     if s.deploy_target and s.deploy_target != target.name:
         raise Stop(EX_PREFLIGHT, f"DEPLOY_TARGET={s.deploy_target} in {s.env_file}, but this host's GPU {gpu.name} is "
                    f"the {target.name} target", f"leave DEPLOY_TARGET empty, or set it to {target.name} (or to a cpu "
                    "target, to serve on the CPU)")
-    # Before the trust gate reads anything: the targets file says which CUDA this target's images carry.
-    check_driver_version(gpu.driver, target.cuda, target.driver_floor, f"{target.name} images, per the targets file", ui)
+    # Before the image's manifest is read: the release's signed facts say which CUDA this target's images carry.
+    check_driver_version(gpu.driver, target.cuda, target.driver_floor,
+                         f"{target.name} images, per release {release.release.tag}'s signed policy", ui)
     fit = check_memory(target, gpu, s, ui)
     gpus.check_free_memory(chosen, fit, s, ui)
     tp = gpus.tensor_parallel_size(chosen, s, target.runtime.unified_memory)
@@ -356,12 +356,13 @@ def run(s: Settings, ui: Ui, allow_none: bool) -> HostPlan:
     runtime = gpu_runtime(engine, chosen, s, ui, allow_none)
     check_disk(engine, s, ui)
     check_port(engine, s, ui)
-    return HostPlan(gpu, target, fit, engine, runtime, tf.drivers, model, tuple(chosen), joined, tp, heads_note,
-                    p2p_host)
+    return HostPlan(gpu, target, fit, engine, runtime, release.facts.driver_table, model, tuple(chosen), joined, tp,
+                    heads_note, p2p_host, release)
 
 
-def run_cpu(s: Settings, ui: Ui, target: targets.Target) -> HostPlan:
+def run_cpu(s: Settings, ui: Ui, release: signed.Chosen) -> HostPlan:
     """The cpu target: CPU flags, host memory for the KV cache, the model folder, engine, disk, port; no GPU."""
+    target = release.target
     if (s.tensor_parallel_size or 1) > 1:
         raise Stop(EX_PREFLIGHT, f"TENSOR_PARALLEL_SIZE={s.tensor_parallel_size}: the cpu target serves in one process "
                    "on this host's CPU", f"leave TENSOR_PARALLEL_SIZE empty (or 1) in {s.env_file}")
@@ -375,7 +376,7 @@ def run_cpu(s: Settings, ui: Ui, target: targets.Target) -> HostPlan:
     check_disk(engine, s, ui)
     check_port(engine, s, ui)
     gpu = Gpu("cpu", target.capability_text, f"CPU ({cpuhost.cpu_name(cpuinfo)})", "", "", "")
-    return HostPlan(gpu, target, fit, engine, GpuRuntime("cpu", "", (), False), {}, model)
+    return HostPlan(gpu, target, fit, engine, GpuRuntime("cpu", "", (), False), {}, model, chosen=release)
 
 
 def _read(path: str) -> str:
@@ -395,15 +396,15 @@ def check_verified_image(facts: mf.RuntimeFacts, plan: HostPlan, ui: Ui) -> None
         return
     if not facts.recorded or not facts.cuda:
         ui.say(f"driver: the manifest does not record the image's CUDA (qualified by an older toolkit); "
-               f"checked against the targets file's CUDA {target.cuda} only")
+               f"checked against the CUDA {target.cuda} the release's policy signs for {target.name} only")
     else:
         floor = plan.drivers.get(facts.cuda)
         if floor is None:
             known = ", ".join(sorted(plan.drivers)) or "none"
             raise Stop(EX_PREFLIGHT, f"driver: the image carries CUDA {facts.cuda} (its verified manifest says so), "
-                       f"and images/targets.toml [drivers] names no driver floor for it (known: {known})",
-                       f"add \"{facts.cuda}\" = \"<driver>\" to [drivers] from NVIDIA's CUDA {facts.cuda} release notes, "
-                       "or deploy an image of a CUDA the table knows")
+                       f"and the release's signed [drivers] table names no driver floor for it (known: {known})",
+                       f"re-release with \"{facts.cuda}\" = \"<driver>\" in images/targets.toml [drivers] (from "
+                       f"NVIDIA's CUDA {facts.cuda} release notes), or deploy an image of a CUDA the table knows")
         check_driver_version(gpu.driver, facts.cuda, floor, "the image, per its verified manifest", ui)
     if facts.compat_libcuda or facts.compat_unknown:
         host = driver.DriverVersion.maybe(gpu.driver)

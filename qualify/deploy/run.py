@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from qualify.config.imageref import ImageRef
 from qualify.core import manifest as mf
 from qualify.core import topology
-from qualify.core.errors import QualifyError, VerificationError
+from qualify.core.errors import QualifyError
 from qualify.deploy import (
     allreduce,
     api,
@@ -28,9 +28,10 @@ from qualify.deploy import (
     pathgate,
     preflight,
     ptxgate,
+    signed,
     state,
 )
-from qualify.deploy.errors import DeployError, NoReleaseError
+from qualify.deploy.errors import DeployError
 from qualify.deploy.servecheck import status as matrix_status
 from qualify.deploy.settings import Settings
 from qualify.deploy.startup import Startup
@@ -40,7 +41,6 @@ from qualify.release import evidence as ev
 from qualify.trust import gpuconfig
 from qualify.trust.policy import AllReduceFloor, PtxJitFloor
 from qualify.trust.records import PUBLICATION_FILE
-from qualify.trust.verify import KeyAnchor, TrustedKey
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class Trust:
     # before the signed policy, the registry-only path (a release statement carries no policy), no release.
     allreduce_floors: Optional[Tuple[AllReduceFloor, ...]] = None
     ptx_jit: Optional[Tuple[PtxJitFloor, ...]] = None  # the release's signed PTX JIT table (issue 51), as the floors
+    level: str = ""  # the target's current level (its promotion record's, else release.json's); '' without one
 
 
 class Deploy:
@@ -88,19 +89,6 @@ class Deploy:
     def refuse(self, what: str, exc: QualifyError) -> Stop:
         return Stop.because(EX_TRUST, f"trust gate: REFUSED: {what}", exc,
                             "this refusal cannot be overridden: nothing vouches for what the image is")
-
-    def no_release(self, exc: NoReleaseError) -> Trust:
-        image = self.s.image
-        if choice.pinned(image) and self.s.release_public_key:
-            return self.registry_trust(image)
-        self.ui.say(f"error: {exc}")
-        if self.opts.allow_unqualified and choice.pinned(image):
-            reason = self.override(f"no released manifest for {self.target}", image)
-            return Trust(image, None, None, "", reason, False)
-        raise Stop(EX_TRUST, f"trust gate: no released manifest for {self.target} (see above); nothing qualifies an image "
-                   "for this GPU",
-                   f"update this checkout to a release that has one (git pull --tags), or set RELEASE_TAG in {self.s.env_file}",
-                   f"or, at your own risk: set IMAGE=registry/name@sha256:... in {self.s.env_file} and pass --allow-unqualified")
 
     def fetch(self, tag: str) -> None:
         """RELEASE_TAG names a release this checkout lacks: its files from the GitHub release (verified as usual)."""
@@ -133,20 +121,11 @@ class Deploy:
             raise self.refuse(f"the manifest for {self.target}", exc) from None
 
     def trust_gate(self) -> Trust:
-        manifests = self.s.manifests_dir
-        tag, pin = self.s.release_tag, self.s.release_key_fingerprint
-        self.ui.say(f"trust gate: release {tag or '(newest)'} for {self.target} under {manifests}")
-        try:
-            release = choice.choose_release(manifests, self.target, tag, KeyAnchor(pinned=pin), fetch=self.fetch,
-                                            warn=self.ui.warn)
-        except NoReleaseError as exc:
-            return self.no_release(exc)
-        except QualifyError as exc:
-            raise Stop.because(EX_TRUST, f"trust gate: REFUSED: the release for {self.target} does not verify", exc,
-                               "do not deploy from it; restore the release folder (git checkout TAG -- manifests/) or "
-                               "fetch the release again; or correct RELEASE_TAG / RELEASE_KEY_FINGERPRINT in "
-                               f"{self.s.env_file}",
-                               "this refusal cannot be overridden: nothing vouches for what the image is") from None
+        """The release preflight chose and verified for this host's target (signed.py), before any target fact
+        was used: its manifest for the target, judged."""
+        pin = self.s.release_key_fingerprint
+        release = self.plan.chosen.release
+        self.ui.say(f"trust gate: release {release.tag} for {self.target} under {self.s.manifests_dir}")
         target = release.target(self.target)
         m = target.manifest
         published = None if self.s.image else release.published_reference(self.target)
@@ -166,9 +145,10 @@ class Deploy:
         self.ui.say(f"manifest: {release.path / target.entry.manifest_file}; image: {image}")
         for line in matrix_status.lines(target, release.path, release.rule(self.target)):
             self.ui.say(line)
-        decision = gate.gate_decision(m, promoted=target.promotion is not None)
+        decision = gate.gate_decision(m, current=target.current)
         floors = release.index.policy.allreduce_floors if release.index.policy else None
-        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted, floors, ptxgate.signed(release))
+        trust = Trust(image, m, release.path, release.tag, decision.reason, False, accepted, floors, ptxgate.signed(release),
+                      target.current.level)
         return self.decide(trust, decision)
 
     def decide(self, trust: Trust, decision: gate.Decision) -> Trust:
@@ -189,28 +169,6 @@ class Deploy:
         self.ui.say(f"error: verdict check failed: {decision.reason}")
         return replace(trust, reason=self.override(decision.reason, trust.image))
 
-    def registry_trust(self, image: str) -> Trust:
-        """No release folder here: the signed attestations `nox -s publish` put beside the image in its
-        registry stand in for it (`qualify verify --image`)."""
-        from qualify.publish import attestation_verify as av
-
-        self.ui.say(f"trust gate: no release folder for {self.target}; verifying {image}'s attestation in its registry")
-        try:
-            key = TrustedKey.read(self.s.release_public_key, VerificationError)
-            KeyAnchor(pinned=self.s.release_key_fingerprint).accept(key.pem, key.source)
-            result = av.verify_image(image, key)
-        except QualifyError as exc:
-            raise self.refuse(f"{image}: its attestation in the registry does not verify", exc) from None
-        m = result.manifest
-        self.checked(m, image, None)
-        self.ui.say(f"attestation: {result.attestation}: release {result.release.tag} (sequence "
-                    f"{result.release.sequence}, promotion {result.release.promotion}); release key {key.fingerprint}")
-        accepted = state.Accepted(self.target, result.release.tag, result.release.sequence, result.release.promotion,
-                                  result.release.release_sha256, result.release.manifest_sha256, key.fingerprint)
-        self.judge(accepted)
-        decision = gate.gate_decision(m, promoted=result.release.promotion > 0)
-        return self.decide(Trust(image, m, None, result.release.tag, decision.reason, False, accepted), decision)
-
     # --- GPU checks on this host ----------------------------------------------------
 
     def probe_here(self, trust: Trust, scope: str = "gpu") -> Tuple[Trust, Optional[Path]]:
@@ -228,10 +186,10 @@ class Deploy:
         self.ui.say(f"GPU checks: running the probe inside the image, {where}, before serving"
                     + (f" ({scope}: the NCCL collectives on {plan.tensor_parallel_size} GPUs)" if scope == "allreduce"
                        else ""))
-        target = container.probe_target(plan.target, trust.manifest.profile if trust.manifest else None,
-                                        tensor_parallel_size=plan.tensor_parallel_size if plan.multi_gpu else 0,
-                                        allreduce_floors=(self.floor,) if self.floor else (),
-                                        collective_env=self.collectives.env.as_dict())  # the server's, exactly
+        target = signed.probe_target(plan.chosen, trust.manifest.profile if trust.manifest else None,
+                                     tensor_parallel_size=plan.tensor_parallel_size if plan.multi_gpu else 0,
+                                     allreduce_floors=(self.floor,) if self.floor else (),
+                                     collective_env=self.collectives.env.as_dict())  # the server's, exactly
         engine = Engine(self.plan.engine.kind, binary=self.plan.engine.cli)  # the client preflight found answering
         try:
             run = container.run_probe(engine, trust.image, target, scope=scope, gpus=gpus, devices=devices,
@@ -257,7 +215,7 @@ class Deploy:
 
     def gpu_checks_refusal(self, trust: Trust, why: str) -> str:
         """The one wording of a refusal for want of GPU checks here, in a dry run and a real run alike."""
-        level = trust.manifest.support_level if trust.manifest else "unknown"
+        level = trust.level or "unknown"
         return (f"the GPU checks did not run on this host: the manifest passes, but its level is {level}, and only "
                 f"GPU checks passing on the target's own GPU can raise it; {why}")
 
@@ -538,7 +496,9 @@ class Deploy:
         self.evidence: Optional[Tuple[Path, ev.Evidence]] = None
         self.probed: Optional[Dict[str, Any]] = None  # the predicate of the probe run here, if one ran
         self.floor: Optional[AllReduceFloor] = None  # the signed all-reduce floor for these GPUs (signed_floor)
-        self.plan = preflight.run(self.s, self.ui, self.opts.allow_no_gpu_runtime or self.opts.allow_unqualified)
+        releases = signed.Releases(self.s, self.ui, self.fetch)  # the target's facts: only a verified release's
+        self.plan = preflight.run(self.s, self.ui, self.opts.allow_no_gpu_runtime or self.opts.allow_unqualified,
+                                  releases)
         self.target = self.plan.target.name
         self.collectives = self.server_collectives()
         trust = pathgate.check(self, ptxgate.check(self, self.signed_floor(self.trust_gate())))  # issues 51, 50

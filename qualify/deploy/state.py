@@ -31,8 +31,8 @@ from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, file_lock, write_atomic
 from qualify.core.readlimit import read_small, strict_json
 from qualify.trust import highwater
+from qualify.trust.fields import HEX, Fields, format_time
 from qualify.trust.order import ReleaseOrder
-from qualify.trust.records import HEX, Fields, format_time
 
 STATE_FILE = "accepted-releases.json"
 SCHEMA = "https://blackwell-qualify.dev/deploy-state/v2"

@@ -42,11 +42,14 @@ class Column:
 
     @classmethod
     def read(cls, path: Path) -> Column:
+        from qualify.release.standing import standing_of
+
         m = manifest.Manifest.load(path)
         return cls(
             path=str(path), target=m.target, capability=m.capability, platform=m.platform,
             subject=m.subject, origin=m.origin, profile=m.profile or ABSENT, verdict=m.verdict,
-            support_level=m.support_level, packages={k: m.packages[k] for k in KEY_PACKAGES if k in m.packages},
+            # in a release folder its verified current level (a promotion lives in the promotion record)
+            support_level=standing_of(path, m).level, packages={k: m.packages[k] for k in KEY_PACKAGES if k in m.packages},
             checks={c.id: c.status for c in m.checks},
             # Providers and the census are shown, never decided on: read as written.
             providers=_providers(m.predicate.get("providers")), libraries=_libraries(m.predicate.get("census")))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, Dict, Generic, Mapping, Optional, Protocol, Sequence, Tu
 
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import canonical_json, write_atomic
-from qualify.core.readlimit import BUNDLE_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
+from qualify.core.readlimit import BUNDLE_LIMIT, SCHEMA_LIMIT, SIGNATURE_LIMIT, read_json, read_small, strict_json
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.trust.gpuconfig import SINGLE_GPU, Configuration, required_checks
 
@@ -240,7 +239,7 @@ def _check_schema():
 
     from qualify.host import paths
 
-    schema = json.loads(paths.HERE.schema.read_text())
+    schema = read_json(paths.HERE.schema, SCHEMA_LIMIT, "the manifest schema", ConfigError)
     return jsonschema.Draft202012Validator({"$defs": schema["$defs"], "type": "array",
                                             "items": {"$ref": "#/$defs/check"}})
 

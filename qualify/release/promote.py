@@ -22,9 +22,11 @@ cleaned) or whose kept records do not chain (folder.read_release), and an enroll
 one this host, or the newest promotion record, saw. What counts is what an earlier promote accepted: the
 signed promotion record lists the sha256 of every accepted record kept under manifests/<tag>/evidence/
 <target>/; a file there that the record does not name never counts and is listed. A product failure always
-lowers the level. The rewritten manifest, the new promotion record (sequence one higher, naming the one it
-replaces) and the replaced record, kept as `<target>.promotion.<n>.json`, are written together
-(journal.write_signed_files: staged, signed, verified, re-checked, then renamed).
+lowers the level. The new promotion record (sequence one higher, naming the one it replaces) and the replaced
+record, kept as `<target>.promotion.<n>.json`, are written together (journal.write_signed_files: staged, signed,
+verified, re-checked, then renamed). The manifest is never rewritten (issue 52): the level lives in the signed
+promotion record only, and the manifest stays the bytes release.json names. A release/v2 folder (made before)
+is promoted as it was then, its manifest rewritten with the level, so verifiers of that time still read it.
 """
 
 from __future__ import annotations
@@ -208,6 +210,7 @@ class Promoted:
     configurations: Tuple[ConfigurationRow, ...] = ()  # the multi-GPU rows beside the 1-GPU row (`standing`)
     serving: Optional[servecount.ServingRule] = None
     new_serving: int = 0  # of `new`, serve-check records that completed a GPU run (never a run of their own)
+    manifest_rewritten: bool = False  # a release/v2 folder: the manifest was rewritten with the level too
 
 
 def _store(folder: Path, target: str, create: bool = False) -> Path:
@@ -489,7 +492,10 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         _keep(store, signed)
     killpoint.reached("promote:kept")  # a kill here leaves files the record does not name: listed, never counted
     ignored = tuple(n for n in ignored if n not in {f"{a.sha256}.json" for a in [*added, *matrices]})
-    manifest = _manifest_bytes(vt, s, previous + 1, released, everything, others)
+    # release/v3 (issue 52): the manifest stays the released bytes, the level lives in the promotion record
+    # only; a release/v2 folder is promoted as it always was (its manifest rewritten), so older verifiers still read it.
+    rewrite = release.index.manifest_rewritten_by_promote
+    manifest = _manifest_bytes(vt, s, previous + 1, released, everything, others) if rewrite else vt.manifest_bytes
     unsigned = (allow_unsigned and any(not c.host for c in [*added, *matrices])) or \
         bool(vt.promotion and vt.promotion.unsigned_evidence_allowed)
     record = rec.PromotionRecord(
@@ -499,8 +505,11 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
         manifest_sha256=sha256(manifest), evidence=tuple(c.summary() for c in everything),
         unsigned_evidence_allowed=unsigned, hosts_sha256=hosts.sha256 if hosts else None,
         hosts_sequence=hosts.hosts.sequence if hosts else 0, policy_version=rule.version, configurations=others)
-    files = [(vt.entry.manifest_file, manifest), (rec.promotion_file(target), record.to_bytes())]
-    replaces = {vt.entry.manifest_file: vt.manifest_sha256, rec.promotion_file(target): vt.promotion_sha256}
+    files = [(rec.promotion_file(target), record.to_bytes())]
+    replaces: Dict[str, Optional[str]] = {rec.promotion_file(target): vt.promotion_sha256}
+    if rewrite:
+        files.insert(0, (vt.entry.manifest_file, manifest))
+        replaces[vt.entry.manifest_file] = vt.manifest_sha256
     if vt.promotion:  # the record it replaces is kept: the ledger is never overwritten
         kept = rec.history_file(target, previous)
         files.append((kept, vt.promotion_bytes))
@@ -513,7 +522,7 @@ def _promote_target(release: VerifiedRelease, vt: VerifiedTarget, new: List[ev.S
     taken = tuple(c for c in counted if c.identity in fresh or c.serving_sha256 in {m.sha256 for m in matrices})
     return Promoted(target, s, manifest_path, record_path, len(added) + len(matrices), previous + 1, ignored,
                     added=taken, rule=rule, configurations=others, serving=serve_rule,
-                    new_serving=0 if serve_rule.alone else len(matrices))
+                    new_serving=0 if serve_rule.alone else len(matrices), manifest_rewritten=rewrite)
 
 
 def release_signer(key_file: Path) -> Tuple[Signer, TrustedKey]:
@@ -554,10 +563,13 @@ def summary_lines(p: Promoted, allow_unsigned: bool) -> List[str]:
                      + (f" ({why})" if why else ""))
     if len(p.added) > 10:
         lines.append(f"  new: {len(p.added) - 10} more")
-    if p.written:
-        lines.append(f"  wrote {p.manifest} and {p.record} (promotion {p.sequence}, signed)")
+    if p.written and p.manifest_rewritten:
+        lines.append(f"  wrote {p.manifest} and {p.record} (promotion {p.sequence}, signed; a release/v2 folder, "
+                     "whose manifest carries the level too)")
+    elif p.written:
+        lines.append(f"  wrote {p.record} (promotion {p.sequence}, signed); {p.manifest} unchanged, as released")
     else:
-        lines.append(f"  nothing new: {p.manifest} and {p.record} unchanged (promotion {p.sequence})")
+        lines.append(f"  nothing new: {p.record} unchanged (promotion {p.sequence})")
     if p.ignored:
         lines.append(f"  ignored {len(p.ignored)} file(s) in {EVIDENCE_DIR}/{p.target}/ that the signed promotion "
                      f"record does not name: {', '.join(p.ignored[:3])}")

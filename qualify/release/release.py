@@ -69,7 +69,7 @@ from qualify.release.verify import ImageResolver, registry_digest
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 from qualify.signing.signer import Signer
-from qualify.trust import policy
+from qualify.trust import deployfacts, policy
 from qualify.trust import records as rec
 from qualify.trust.journal import release_lock
 from qualify.trust.order import SEMVER, tag_problem
@@ -255,13 +255,21 @@ def release_policy(opts: ReleaseOptions, entries: Sequence[ReleasedTarget]) -> R
     """The promotion rule this release signs: the targets file's pass count, all-reduce floors ([allreduce],
     as policy.AllReduceFloor entries: promote and the deploy apply only these) and PTX JIT table ([ptx_jit],
     issue 51: the deploy's PTX gate reads only this copy), and per target the intended
-    level its manifest recorded (else the targets file's, else experimental)."""
+    level its manifest recorded (else the targets file's, else experimental). And the target facts the deploy
+    uses (issue 52, trust/deployfacts.py): each released target's and every cpu target's, with [drivers]; the
+    deploy reads them only from here, never a deploy host's targets file."""
     from qualify.config import targets
 
     tf = targets.load(opts.targets_file) if opts.targets_file else targets.load()
-    return policy.for_release({e.target: e.intended_level or (tf.get(e.target).support_level if e.target in tf.targets
-                                                              else "experimental") for e in entries},
-                              tf.promotion_passes, tf.allreduce_floors, tf.promotion_level_checks, tf.ptx_jit)
+    unknown = sorted(e.target for e in entries if e.target not in tf.targets)
+    if unknown:
+        raise ReleaseError(f"{tf.path} has no target {', '.join(unknown)}, so the release cannot sign what the "
+                           "deploy needs of it (its capability, driver floor, memory, user)",
+                           hint="release from the checkout whose targets file built these manifests")
+    chosen = [tf.get(e.target) for e in entries] + [t for t in tf.cpu_targets() if t.name not in {e.target for e in entries}]
+    return policy.for_release({e.target: e.intended_level or tf.get(e.target).support_level for e in entries},
+                              tf.promotion_passes, tf.allreduce_floors, tf.promotion_level_checks, tf.ptx_jit,
+                              deployfacts.of_targets(chosen, tf.drivers))
 
 
 def release_index(opts: ReleaseOptions, revision: str, entries: List[ReleasedTarget], withheld: List[Withheld],

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from qualify.core import manifest
 from qualify.core.servingpaths import ServingPaths
 from qualify.host.tables import ELLIPSIS, clip, table  # noqa: F401  (ELLIPSIS: what cut text ends in)
+
+if TYPE_CHECKING:
+    from qualify.release.standing import Standing
 
 _MARK = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "not-run": "----"}
 DEFAULT_WIDTH = 100
 _MIN_WIDTH = 40
 
 
-def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
-    """The manifest for people, every line at most `width` characters (cut text ends in an ellipsis)."""
+def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH, standing: Optional[Standing] = None) -> str:
+    """The manifest for people, every line at most `width` characters (cut text ends in an ellipsis). The level
+    is `standing`'s where given (a manifest in a release folder: the verified current level and the promotion
+    record behind it; from release/v3 the manifest itself keeps the released level)."""
     width = max(width, _MIN_WIDTH)
-    p = manifest.predicate(stmt)
+    p = manifest.predicate(as_current(stmt, standing))
+    level, promotion = p.get("support_level"), p.get("promotion")
     t = p.get("target") or {}
     toolkit = p.get("toolkit") or {}
     out = [
@@ -26,10 +32,12 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
         f"arch list {t.get('torch_cuda_arch_list')}",
         f"image      {(p.get('image') or {}).get('reference', manifest.subject_name(stmt))}",
         f"base       {(p.get('base') or {}).get('image', '-')}",
-        f"verdict    {p.get('verdict')}   support level {p.get('support_level')}   scope {p.get('scope')}",
+        f"verdict    {p.get('verdict')}   support level {level}   scope {p.get('scope')}",
         f"toolkit    {toolkit.get('version')}  revision {toolkit.get('source_revision', '-')}",
     ]
-    out += _promotion_lines(p.get("promotion"))
+    out += _promotion_lines(promotion)
+    if standing and standing.note:
+        out.append(f"note       {standing.note}")
     gpus = (p.get("gpu") or {}).get("devices") or []
     out.append("gpu        " + (", ".join(f"{g.get('name')} ({g.get('compute_cap')})" for g in gpus) or "none visible"))
     tp, joined = (p.get("gpu") or {}).get("tensor_parallel_size"), (p.get("gpu") or {}).get("topology") or {}
@@ -66,6 +74,18 @@ def show(stmt: Mapping[str, Any], width: int = DEFAULT_WIDTH) -> str:
     return "\n".join(out)
 
 
+def as_current(stmt: Mapping[str, Any], standing: Optional[Standing]) -> Mapping[str, Any]:
+    """The statement as `show` and `diff` read it: with the verified current level and, where one exists, the
+    signed promotion record (its level, passes and evidence) in place of what the manifest says itself (from
+    release/v3 the released level, no promotion section). A copy; the manifest is never changed."""
+    if standing is None:
+        return stmt
+    p = dict(manifest.predicate(stmt), support_level=standing.level)
+    if standing.promotion is not None:
+        p["promotion"] = standing.promotion
+    return {**stmt, "predicate": p}
+
+
 def _present(value: Optional[bool]) -> str:
     return {True: "present", False: "missing"}.get(value, "unknown")
 
@@ -80,7 +100,8 @@ def _class_cell(lib: dict, key: str) -> str:
 
 
 def _promotion_lines(promotion: Any) -> List[str]:
-    """The level with the evidence behind it (qualify promote's record in the manifest)."""
+    """The level with the evidence behind it (the signed promotion record's; in a release/v2 folder the copy
+    promote wrote into the manifest has the same keys)."""
     if not isinstance(promotion, dict):
         return []
     evidence = [e for e in promotion.get("evidence") or [] if isinstance(e, dict)]

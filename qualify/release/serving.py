@@ -12,14 +12,13 @@ the schema, its outcome is recomputed from its checks, its time is parsed, and i
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from qualify.core import manifest as mf
 from qualify.core.fsutil import canonical_json, write_atomic
-from qualify.core.readlimit import strict_json
+from qualify.core.readlimit import SCHEMA_LIMIT, read_json, strict_json
 from qualify.release import evidence as ev
 
 SERVE_TYPE = "https://blackwell-qualify.dev/serve-check/v1"
@@ -164,8 +163,8 @@ def _validator():
 
     from qualify.host import paths
 
-    schema = json.loads((paths.HERE.releases / SCHEMA_FILE).read_text())
-    check = json.loads(paths.HERE.schema.read_text())
+    schema = read_json(paths.HERE.releases / SCHEMA_FILE, SCHEMA_LIMIT, "the serve-check schema", ServeRecordError)
+    check = read_json(paths.HERE.schema, SCHEMA_LIMIT, "the manifest schema", ServeRecordError)
     registry = Registry().with_resources([(check["$id"], Resource.from_contents(check))])
     return jsonschema.Draft202012Validator(schema, registry=registry)
 

@@ -257,6 +257,8 @@ def verify(opts: VerifyOptions, resolve: ImageResolver = image_digest) -> Verify
     return VerifyResult(
         manifest=str(opts.manifest), target=manifest.target, subject_digest=manifest.digest, signature=how,
         image=opts.image, image_digest=actual, verdict=manifest.verdict or None,
-        support_level=manifest.support_level or None, failing_checks=failing,
+        # the verified target's current level (its promotion record's, else release.json's), never a release/v3
+        # manifest's own, which stays the released level
+        support_level=(target.current.level if target else manifest.support_level) or None, failing_checks=failing,
         release=release.tag if release else "", release_sequence=release.index.sequence if release else 0,
         promotion_sequence=target.promotion_sequence if target else 0)

@@ -24,7 +24,7 @@ from qualify.core.errors import VerificationError
 from qualify.core.fsutil import canonical_json, file_lock, write_atomic
 from qualify.core.readlimit import read_small, strict_json
 from qualify.host import paths
-from qualify.trust.records import HEX, Fields, format_time
+from qualify.trust.fields import HEX, Fields, format_time
 
 SCHEMA = "https://blackwell-qualify.dev/promoter-state/v1"
 STATE_FILE = "promoter-state.json"

@@ -5,7 +5,9 @@ platform), never a targets file handed to it: a copy of images/targets.toml that
 or "sm120 is capability 9.0" changes nothing. The section is written by `qualify release` from the
 releasing checkout's targets file (`[promotion] consecutive_passes`, `[allreduce] floors`) and the qualified
 manifests (`predicate.target.intended_support_level`). Promote judges a multi-GPU run's bus bandwidth, and the
-deploy's all-reduce gate the GPUs it is about to serve on, only by the signed `allreduce_floors`.
+deploy's all-reduce gate the GPUs it is about to serve on, only by the signed `allreduce_floors`. The deploy's
+target facts (which target a GPU is, its driver floor, memory and user: `deploy`, trust/deployfacts.py) are
+signed here too, so that a deploy host's targets file steers nothing (issue 52).
 
     "policy": {
       "version": 1,
@@ -13,7 +15,8 @@ deploy's all-reduce gate the GPUs it is about to serve on, only by the signed `a
       "targets": [{"target": "sm120", "intended_level": "baseline"}],
       "level_checks": [{"level": "baseline", "checks": ["serve.determinism", ...]}],   # issue 39
       "allreduce_floors": [{"topology": "nvlink", "gpus": 2, "min_bus_gbps": 150.0}, ...],  # issue 44
-      "ptx_jit": [{"isa": "9.0", "cuda": "13.0", "driver": "580.65.06"}, ...]   # issue 51 (trust/ptxfloors.py)
+      "ptx_jit": [{"isa": "9.0", "cuda": "13.0", "driver": "580.65.06"}, ...],  # issue 51 (trust/ptxfloors.py)
+      "deploy": {"targets": [{"target": "sm120", "capability": "12.0", ...}], "drivers": [...]}  # issue 52
     }
 
 Extension points are typed and parsed strictly now, so a later issue only has to apply them: a release
@@ -37,7 +40,8 @@ from qualify.core import ptxjit, topology
 from qualify.core.enums import SupportLevel
 from qualify.probe.gpu import REQUIRED_GPU_CHECKS
 from qualify.probe.servematrix import CHECK_IDS as SERVE_CHECKS
-from qualify.trust import ptxfloors
+from qualify.trust import deployfacts, ptxfloors
+from qualify.trust.deployfacts import DeployFacts
 
 Fields = Any  # records.Fields, passed in by records.py (which imports this module: no import back)
 VERSION = 1
@@ -48,8 +52,9 @@ CHECK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 TOPOLOGY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 # The extension points this toolkit applies: issue 39's "level_checks" (servecount.rule_for), issue 44's
 # "allreduce_floors" (promote's rows.by_floor and the deploy's all-reduce gate, deploy/run.py) and issue 51's
-# "ptx_jit" (the deploy's PTX JIT gate, deploy/ptxgate.py).
-ENFORCED: frozenset = frozenset({"level_checks", "allreduce_floors", "ptx_jit"})
+# "ptx_jit" (the deploy's PTX JIT gate, deploy/ptxgate.py) and issue 52's "deploy" (the target facts the deploy
+# uses: trust/deployfacts.py, deploy/signed.py).
+ENFORCED: frozenset = frozenset({"level_checks", "allreduce_floors", "ptx_jit", "deploy"})
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class ReleasePolicy:
     level_checks: Tuple[LevelChecks, ...] = ()
     allreduce_floors: Tuple[AllReduceFloor, ...] = ()
     ptx_jit: Tuple[PtxJitFloor, ...] = ()  # issue 51: the first driver that JITs each PTX ISA
+    deploy: Optional[DeployFacts] = None  # issue 52: the target facts the deploy uses (None: signed before them)
 
     def intended(self, target: str) -> Optional[str]:
         return next((t.intended_level for t in self.targets if t.target == target), None)
@@ -99,12 +105,13 @@ class ReleasePolicy:
                               "required_gpu_checks": list(self.required_gpu_checks)},
                 "targets": [{"target": t.target, "intended_level": t.intended_level} for t in self.targets],
                 "level_checks": [x.as_json() for x in self.level_checks],
-                "allreduce_floors": [x.as_json() for x in self.allreduce_floors], **ptxfloors.as_json(self.ptx_jit)}
+                "allreduce_floors": [x.as_json() for x in self.allreduce_floors], **ptxfloors.as_json(self.ptx_jit),
+                **deployfacts.as_json(self.deploy)}
 
     @classmethod
     def parse(cls, f: Fields, released: Sequence[str]) -> ReleasePolicy:
         """Strictly, with `released` the targets release.json lists: the policy names each exactly once."""
-        f.only("version", "promotion", "targets", "level_checks", "allreduce_floors", "ptx_jit")
+        f.only("version", "promotion", "targets", "level_checks", "allreduce_floors", "ptx_jit", "deploy")
         version = f.integer("version", 1)
         if version not in KNOWN_VERSIONS:
             raise f.error(f"{f.where}: policy version {version} is newer than this toolkit knows "
@@ -130,13 +137,15 @@ class ReleasePolicy:
         if len({(x.topology, x.gpus) for x in floors}) != len(floors):
             raise f.error(f"{f.where}: allreduce_floors names one topology and GPU count twice")
         ptx_jit = ptxfloors.parse(f)
-        for name, values in (("level_checks", level_checks), ("allreduce_floors", floors), ("ptx_jit", ptx_jit)):
+        deploy = deployfacts.parse(f, released)
+        for name, values in (("level_checks", level_checks), ("allreduce_floors", floors), ("ptx_jit", ptx_jit),
+                             ("deploy", deploy)):
             if values and name not in ENFORCED:
                 raise f.error(f"{f.where}: the release's policy sets {name}, which this toolkit does not apply; "
                               "refused rather than promoted or deployed without that rule",
                               hint="use the toolkit version that made the release (or a newer one)")
         return cls(version, promotion.integer("consecutive_passes", 1), tuple(checks), tuple(targets),
-                   level_checks, floors, ptx_jit)
+                   level_checks, floors, ptx_jit, deploy)
 
 
 def _level_checks(f: Fields) -> LevelChecks:
@@ -167,10 +176,10 @@ def _floor(f: Fields) -> AllReduceFloor:
 def for_release(intended: Mapping[str, str], consecutive_passes: int,
                 allreduce_floors: Sequence[AllReduceFloor] = (),
                 level_checks: Optional[Mapping[str, Sequence[str]]] = None,
-                ptx_jit: Sequence[PtxJitFloor] = ()) -> ReleasePolicy:
+                ptx_jit: Sequence[PtxJitFloor] = (), deploy: Optional[DeployFacts] = None) -> ReleasePolicy:
     """The policy `qualify release` signs: the targets' intended levels, the targets file's pass count, its
     all-reduce floors ([allreduce]) and its `[promotion] level_checks` (levels in INTENDED's order), in a fixed
-    order so a re-run signs the same bytes."""
+    order so a re-run signs the same bytes; and the target facts the deploy uses (`deploy`, issue 52)."""
     if consecutive_passes < 1:
         raise ValueError("consecutive_passes must be at least 1")
     floors = tuple(AllReduceFloor(f.topology, f.gpus, float(f.min_bus_gbps))
@@ -179,7 +188,7 @@ def for_release(intended: Mapping[str, str], consecutive_passes: int,
     checks = tuple(LevelChecks(level, tuple(given[level])) for level in INTENDED if given.get(level))
     return ReleasePolicy(VERSION, consecutive_passes, tuple(REQUIRED_GPU_CHECKS),
                          tuple(TargetPolicy(t, intended[t]) for t in sorted(intended)), checks, floors,
-                         ptxjit.ordered(ptx_jit))
+                         ptxjit.ordered(ptx_jit), deploy)
 
 
 def recorded_intended(predicate: Mapping[str, Any]) -> Optional[str]:

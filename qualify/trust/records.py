@@ -16,127 +16,36 @@ are not file or target names, times not RFC 3339 UTC are refused, naming the fil
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Type
 
 from qualify.core import manifest as mf
 from qualify.core.errors import QualifyError, VerificationError
-from qualify.core.fsutil import canonical_json, canonical_problem
-from qualify.core.readlimit import strict_json
-from qualify.trust.gpuconfig import SINGLE_GPU, ConfigurationRow, row_field, row_of, rows_field, rows_of
+from qualify.core.fsutil import canonical_json
+from qualify.trust.fields import FILE_NAME, HEX, TIME, Fields, format_time, load, parse_time  # noqa: F401 (callers' names)
 from qualify.trust.order import ReleaseOrder, Version, tag_problem
 from qualify.trust.policy import ReleasePolicy
+from qualify.trust.promotionrecord import (  # noqa: F401 (re-exported: callers name them rec.X)
+    HISTORY,
+    PROMOTION_SCHEMA,
+    PROMOTION_SCHEMA_V2,
+    PROMOTION_SUFFIX,
+    CountedEvidence,
+    PromotionRecord,
+    history_file,
+    promotion_file,
+)
 
-RELEASE_SCHEMA = "https://blackwell-qualify.dev/release/v2"
-PROMOTION_SCHEMA = "https://blackwell-qualify.dev/promotion/v3"
-PROMOTION_SCHEMA_V2 = "https://blackwell-qualify.dev/promotion/v2"  # before the ledger: read, never written
+# release/v3 (issue 52): promote never rewrites a manifest, the level lives in the promotion record only.
+# release/v2 folders (promote rewrote the manifest) are read and still promoted their own way, never written.
+RELEASE_SCHEMA = "https://blackwell-qualify.dev/release/v3"
+RELEASE_SCHEMA_V2 = "https://blackwell-qualify.dev/release/v2"
+RELEASE_FORMATS = {RELEASE_SCHEMA: 3, RELEASE_SCHEMA_V2: 2}
 PUBLICATION_SCHEMA = "https://blackwell-qualify.dev/publication/v2"
 INDEX_FILE = "release.json"
 PUBLIC_KEY_FILE = "cosign.pub"
 PUBLICATION_FILE = "published.json"
-PROMOTION_SUFFIX = ".promotion.json"
-HEX = re.compile(r"[0-9a-f]{64}")
-FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}")
-TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
-
-
-HISTORY = re.compile(r"([a-z0-9][a-z0-9-]{0,31})\.promotion\.([1-9][0-9]{0,8})\.json")
-
-
-def promotion_file(target: str) -> str:
-    return f"{target}{PROMOTION_SUFFIX}"
-
-
-def history_file(target: str, sequence: int) -> str:
-    """Where the promotion record of `sequence` is kept once a newer one replaces it (the ledger)."""
-    return f"{target}.promotion.{sequence}.json"
-
-
-def parse_time(text: Any, where: str, error: Type[QualifyError] = VerificationError) -> dt.datetime:
-    """An RFC 3339 UTC time as this toolkit writes it (`2026-12-01T09:15:00Z`), parsed (never compared as text)."""
-    if not isinstance(text, str) or not TIME.fullmatch(text):
-        raise error(f"{where}: {str(text)[:60]!r} is not a UTC time written as YYYY-MM-DDTHH:MM:SSZ")
-    try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-    except ValueError:
-        raise error(f"{where}: {text!r} is not a real date and time") from None
-
-
-def format_time(when: dt.datetime) -> str:
-    return when.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class Fields:
-    """One JSON object of a signed record, read key by key with its type checked; unknown keys refused."""
-
-    def __init__(self, doc: Any, where: str, error: Type[QualifyError] = VerificationError) -> None:
-        if not isinstance(doc, dict):
-            raise error(f"{where}: not a JSON object")
-        self.doc, self.where, self.error = doc, where, error
-
-    def _fail(self, key: str, wanted: str) -> QualifyError:
-        return self.error(f"{self.where}: {key!r} is missing or not {wanted} (found {str(self.doc.get(key))[:60]!r})",
-                          hint="a signed record is never edited by hand; restore it or re-make it")
-
-    def text(self, key: str, pattern: Optional[re.Pattern] = None, empty: bool = False) -> str:
-        value = self.doc.get(key)
-        if not isinstance(value, str) or (not empty and not value) or (pattern and value and not pattern.fullmatch(value)):
-            raise self._fail(key, "a string" if pattern is None else f"a string matching {pattern.pattern}")
-        return value
-
-    def optional_text(self, key: str) -> Optional[str]:
-        return None if self.doc.get(key) is None else self.text(key)
-
-    def integer(self, key: str, minimum: int = 0) -> int:
-        value = self.doc.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self._fail(key, f"a whole number >= {minimum}")
-        return value
-
-    def flag(self, key: str) -> bool:
-        value = self.doc.get(key)
-        if not isinstance(value, bool):
-            raise self._fail(key, "true or false")
-        return value
-
-    def obj(self, key: str) -> Fields:
-        return Fields(self.doc.get(key), f"{self.where}: {key}", self.error)
-
-    def optional_obj(self, key: str) -> Optional[Fields]:
-        return None if self.doc.get(key) is None else self.obj(key)
-
-    def items(self, key: str) -> List[Fields]:
-        value = self.doc.get(key)
-        if not isinstance(value, list):
-            raise self._fail(key, "a list")
-        return [Fields(v, f"{self.where}: {key}[{i}]", self.error) for i, v in enumerate(value)]
-
-    def texts(self, key: str) -> Tuple[str, ...]:
-        value = self.doc.get(key)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._fail(key, "a list of strings")
-        return tuple(value)
-
-    def only(self, *keys: str) -> Fields:
-        extra = sorted(set(self.doc) - set(keys))
-        if extra:
-            raise self.error(f"{self.where}: keys this toolkit does not write: {', '.join(map(repr, extra[:5]))}",
-                             hint="a signed record is never edited by hand; restore it or re-make it")
-        return self
-
-
-def _load(data: bytes, where: str, schema: str, error: Type[QualifyError], legacy: str = "") -> Fields:
-    doc = Fields(strict_json(data, where, error), where, error)
-    why = canonical_problem(data, doc.doc)
-    if why:
-        raise error(f"{where}: not in the canonical form signed records are written in (sorted keys, two-space "
-                    f"indent, one key a line, a newline at the end): {why}", hint="restore the file the toolkit wrote")
-    if doc.doc.get("schema") not in (schema, legacy or schema):
-        raise error(f"{where}: not a {schema} record (schema {str(doc.doc.get('schema'))[:80]!r})",
-                    hint="made by an older toolkit? re-make it with this one")
-    return doc
 
 
 # --- release.json ----------------------------------------------------------------------------
@@ -202,6 +111,13 @@ class ReleaseIndex:
     dirty_paths: Tuple[str, ...] = ()
     dirty_allowed: bool = False
     policy: Optional[ReleasePolicy] = None  # None: signed before releases held one (policy.rule: the implied rule)
+    format: int = 3  # release/v3; 2: a release/v2 folder, whose promotes rewrote the manifest (read, and promoted so)
+
+    @property
+    def manifest_rewritten_by_promote(self) -> bool:
+        """release/v2: promote rewrote and re-signed the manifest, so the current promotion record names its
+        sha256. From release/v3 the manifest is always the bytes release.json names (issue 52)."""
+        return self.format < 3
 
     @property
     def version(self) -> Optional[str]:
@@ -220,7 +136,8 @@ class ReleaseIndex:
 
     def as_json(self) -> Dict[str, Any]:
         return {
-            "schema": RELEASE_SCHEMA, "tag": self.tag, "version": self.version, "sequence": self.sequence,
+            "schema": RELEASE_SCHEMA if self.format >= 3 else RELEASE_SCHEMA_V2, "tag": self.tag,
+            "version": self.version, "sequence": self.sequence,
             "predecessor": self.predecessor.as_json() if self.predecessor else None, "time": self.time,
             "source_revision": self.source_revision, "min_level": self.min_level,
             "public_key": {"file": PUBLIC_KEY_FILE, "fingerprint": self.key_fingerprint, "hint": self.key_hint},
@@ -237,7 +154,7 @@ class ReleaseIndex:
 
     @classmethod
     def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> ReleaseIndex:
-        f = _load(data, where, RELEASE_SCHEMA, error).only(
+        f = load(data, where, RELEASE_SCHEMA, error, legacy=RELEASE_SCHEMA_V2).only(
             "schema", "tag", "version", "sequence", "predecessor", "time", "source_revision", "min_level",
             "public_key", "targets", "withheld", "allow_partial", "dirty", "files", "policy")
         tag = f.text("tag")
@@ -274,125 +191,9 @@ class ReleaseIndex:
             source_revision=f.text("source_revision"), min_level=f.text("min_level"),
             key_fingerprint=key.text("fingerprint"), key_hint=key.text("hint", empty=True), targets=targets,
             files=tuple(files), withheld=withheld, dirty_paths=dirty.texts("paths"),
-            dirty_allowed=dirty.flag("allowed"),
+            dirty_allowed=dirty.flag("allowed"), format=RELEASE_FORMATS[f.doc["schema"]],
             predecessor=Predecessor(pred.only("tag", "sequence", "release_sha256").text("tag"),
                                     pred.integer("sequence", 1), pred.text("release_sha256", HEX)) if pred else None)
-
-
-# --- <target>.promotion.json ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CountedEvidence:
-    """One evidence record a promotion accepted: its file (under evidence/<target>/) and sha256."""
-
-    sha256: str
-    identity: str
-    time: str
-    outcome: str
-    reason: str
-    gpu: str
-    driver: str
-    host: str  # the enrolled host's name, or "unsigned"
-    figures: Tuple[Tuple[str, float], ...] = ()
-    configuration: str = SINGLE_GPU.key  # its promotion row (gpuconfig.Configuration.key); written for N GPUs only
-    serving_sha256: Optional[str] = None  # the serve-check record the run counted with (issue 39), kept beside it
-
-    def file(self, target: str) -> str:
-        return f"evidence/{target}/{self.sha256}.json"
-
-    def as_json(self, target: str) -> Dict[str, Any]:
-        return {"sha256": self.sha256, "identity": self.identity, "file": self.file(target), "time": self.time,
-                "outcome": self.outcome, "reason": self.reason, "gpu": self.gpu, "driver": self.driver,
-                "host": self.host, "figures": dict(self.figures), **row_field(self.configuration),
-                **({"serving_sha256": self.serving_sha256} if self.serving_sha256 else {})}
-
-    @classmethod
-    def parse(cls, f: Fields, target: str) -> CountedEvidence:
-        f.only("sha256", "identity", "file", "time", "outcome", "reason", "gpu", "driver", "host", "figures",
-               "configuration", "serving_sha256")
-        sha = f.text("sha256", HEX)
-        if f.text("file") != f"evidence/{target}/{sha}.json":
-            raise f.error(f"{f.where}: 'file' is not evidence/{target}/{sha}.json")
-        parse_time(f.text("time"), f"{f.where}: time", f.error)
-        figures = f.obj("figures").doc
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in figures.values()):
-            raise f.error(f"{f.where}: figures must map names to numbers")
-        serving = f.optional_text("serving_sha256")
-        if serving is not None and not HEX.fullmatch(serving):
-            raise f.error(f"{f.where}: 'serving_sha256' is not a sha256")
-        return cls(sha, f.text("identity", HEX), f.text("time"), f.text("outcome"), f.text("reason", empty=True),
-                   f.text("gpu", empty=True), f.text("driver", empty=True), f.text("host"),
-                   tuple(sorted((str(k), float(v)) for k, v in figures.items())), row_of(f), serving)
-
-
-@dataclass(frozen=True)
-class PromotionRecord:
-    """A promotion or demotion of one target of one release: one link of the release's promotion ledger,
-    naming the record before it (`previous_sha256`) and numbered one above it (`sequence`)."""
-
-    release: str
-    release_sha256: str
-    target: str
-    sequence: int
-    previous_sha256: Optional[str]  # the promotion record it replaces (kept as history_file(target, sequence - 1))
-    released_level: str
-    level: str
-    consecutive_passes: int
-    required_consecutive_passes: int
-    note: str
-    manifest_sha256: str  # the manifest this promotion wrote
-    evidence: Tuple[CountedEvidence, ...] = ()
-    unsigned_evidence_allowed: bool = False
-    hosts_sha256: Optional[str] = None  # the enrolled-hosts file the evidence was checked against
-    hosts_sequence: int = 0  # and its sequence (0: no hosts file)
-    policy_version: int = 0  # the release.json policy applied (0: the implied rule of an older release)
-    legacy: bool = False  # read from a promotion/v2 record (before the ledger: its predecessors were overwritten)
-    configurations: Tuple[ConfigurationRow, ...] = ()  # multi-GPU rows; `level` is the 1-GPU row's (the Blackwell support RFC)
-
-    def as_json(self) -> Dict[str, Any]:
-        return {"schema": PROMOTION_SCHEMA, "release": self.release, "release_sha256": self.release_sha256,
-                "target": self.target, "sequence": self.sequence, "previous_sha256": self.previous_sha256,
-                "released_level": self.released_level, "level": self.level,
-                "consecutive_passes": self.consecutive_passes,
-                "required_consecutive_passes": self.required_consecutive_passes, "note": self.note,
-                "manifest_sha256": self.manifest_sha256,
-                "evidence": [e.as_json(self.target) for e in self.evidence],
-                "unsigned_evidence_allowed": self.unsigned_evidence_allowed, "hosts_sha256": self.hosts_sha256,
-                "hosts_sequence": self.hosts_sequence, "policy_version": self.policy_version,
-                **rows_field(self.configurations)}
-
-    def to_bytes(self) -> bytes:
-        return canonical_json(self.as_json())
-
-    @classmethod
-    def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> PromotionRecord:
-        f = _load(data, where, PROMOTION_SCHEMA, error, legacy=PROMOTION_SCHEMA_V2)
-        legacy = f.doc.get("schema") == PROMOTION_SCHEMA_V2
-        f.only("schema", "release", "release_sha256", "target", "sequence", "previous_sha256", "released_level",
-               "level", "consecutive_passes", "required_consecutive_passes", "note", "manifest_sha256", "evidence",
-               "unsigned_evidence_allowed", "hosts_sha256",
-               *(() if legacy else ("hosts_sequence", "policy_version", "configurations")))
-        target = f.text("target", mf.TARGET_NAME)
-        previous = f.optional_text("previous_sha256")
-        hosts = f.optional_text("hosts_sha256")
-        for name, value in (("previous_sha256", previous), ("hosts_sha256", hosts)):
-            if value is not None and not HEX.fullmatch(value):
-                raise error(f"{where}: {name!r} is not a sha256")
-        sequence = f.integer("sequence", 1)
-        if not legacy and (previous is None) != (sequence == 1):
-            raise error(f"{where}: promotion {sequence} " + ("names no predecessor" if previous is None else
-                                                             "is the first, yet names a predecessor"))
-        return cls(
-            release=f.text("release"), release_sha256=f.text("release_sha256", HEX), target=target,
-            sequence=sequence, previous_sha256=previous, released_level=f.text("released_level"),
-            level=f.text("level"), consecutive_passes=f.integer("consecutive_passes"),
-            required_consecutive_passes=f.integer("required_consecutive_passes", 1), note=f.text("note", empty=True),
-            manifest_sha256=f.text("manifest_sha256", HEX),
-            evidence=tuple(CountedEvidence.parse(e, target) for e in f.items("evidence")),
-            unsigned_evidence_allowed=f.flag("unsigned_evidence_allowed"), hosts_sha256=hosts,
-            hosts_sequence=0 if legacy else f.integer("hosts_sequence"),
-            policy_version=0 if legacy else f.integer("policy_version"), legacy=legacy, configurations=rows_of(f))
 
 
 # --- published.json ---------------------------------------------------------------------------
@@ -452,7 +253,7 @@ class Publication:
 
     @classmethod
     def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> Publication:
-        f = _load(data, where, PUBLICATION_SCHEMA, error).only(
+        f = load(data, where, PUBLICATION_SCHEMA, error).only(
             "schema", "tag", "release_sha256", "destination", "key_fingerprint", "images", "indexes")
         images = []
         for i in f.items("images"):
@@ -580,7 +381,7 @@ class EnrolledHosts:
 
     @classmethod
     def parse(cls, data: bytes, where: str, error: Type[QualifyError] = VerificationError) -> EnrolledHosts:
-        f = _load(data, where, HOSTS_SCHEMA, error, legacy=HOSTS_SCHEMA_V1)
+        f = load(data, where, HOSTS_SCHEMA, error, legacy=HOSTS_SCHEMA_V1)
         legacy = f.doc.get("schema") == HOSTS_SCHEMA_V1
         f.only("schema", "sequence", "hosts", *(() if legacy else ("previous_sha256",)))
         previous = None if legacy else f.optional_text("previous_sha256")

@@ -15,8 +15,9 @@ The order (python-tuf's `TrustedMetadataSet`: each step trusts only what the one
 3. per target it lists: `<target>.promotion.json` when present (its release sha256 and target must be this
    one's) and the ledger behind it: every record it replaced, kept as `<target>.promotion.<sequence>.json`,
    each signed, each the one its successor names by sha256, exactly sequences 1 to n-1; then `<target>.json`,
-   whose sha256 must be the one the promotion record (else release.json) names, whose signature must
-   verify, and whose target, digest, capability and platform must be what release.json says.
+   whose sha256 must be the one release.json names (release/v3: promote never rewrites it; in a release/v2
+   folder a promote did, and the current promotion record names it), whose signature must verify, and whose
+   target, digest, capability and platform must be what release.json says.
 4. `published.json` when present: signed, bound to this release.json by its sha256, naming the released
    digests only.
 5. with `through=EVIDENCE` (promote): the accepted evidence each promotion record lists, read from
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
@@ -35,7 +35,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, QualifyError, VerificationError
 from qualify.core.fsutil import canonical_problem
-from qualify.core.readlimit import BUNDLE_LIMIT, KEY_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small
+from qualify.core.readlimit import BUNDLE_LIMIT, KEY_LIMIT, MANIFEST_LIMIT, SIGNATURE_LIMIT, read_small, strict_json
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 from qualify.trust import policy as pol
@@ -203,6 +203,20 @@ class AcceptedFile:
 
 
 @dataclass(frozen=True)
+class CurrentLevel:
+    """A target's level now, from signed data only: the current promotion record's where one exists (from
+    release/v3 the only place a promoted level is written), else release.json's, the level it was released at."""
+
+    level: str
+    promotion: int = 0  # the current promotion record's sequence; 0: never promoted
+
+    @property
+    def promoted(self) -> bool:
+        """Reached by the promotion rule (a signed promotion record), not signed at release time."""
+        return self.promotion > 0
+
+
+@dataclass(frozen=True)
 class VerifiedTarget:
     entry: rec.ReleasedEntry
     manifest: mf.Manifest
@@ -234,6 +248,14 @@ class VerifiedTarget:
     @property
     def promotion_sequence(self) -> int:
         return self.promotion.sequence if self.promotion else 0
+
+    @property
+    def current(self) -> CurrentLevel:
+        """The level every reader shows and the deploy gates on (never the manifest's own `support_level`,
+        which from release/v3 stays the released level)."""
+        if self.promotion is not None:
+            return CurrentLevel(self.promotion.level, self.promotion.sequence)
+        return CurrentLevel(self.entry.support_level)
 
 
 @dataclass(frozen=True)
@@ -357,12 +379,21 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
                     f"{entry.target} are kept ({kept[max(kept)]}...): the current record was removed",
                     hint="restore the release folder from where it was promoted")
     data = source.read(entry.manifest_file, MANIFEST_LIMIT, "manifest")
-    expected = promotion.manifest_sha256 if promotion else entry.manifest_sha256
+    # One hash rule per format: from release/v3 the manifest is always the bytes release.json names (promote
+    # never rewrites it); in a release/v2 folder a promote rewrote it, and the current promotion record names it.
+    rewritten = promotion is not None and index.manifest_rewritten_by_promote
+    expected = promotion.manifest_sha256 if rewritten else entry.manifest_sha256
     if sha256(data) != expected:
-        named = f"its promotion record (sequence {promotion.sequence})" if promotion else "release.json"
+        named = f"its promotion record (sequence {promotion.sequence})" if rewritten else "release.json"
         raise _fail(where, f"not the manifest {named} names (sha256 {sha256(data)[:12]}..., expected {expected[:12]}...):"
-                    " a manifest from another release or an older promotion, or an interrupted promote",
+                    " a manifest from another release or an older promotion, " + (
+                        "or an interrupted promote" if rewritten else "or one rewritten after release (from release/v3 "
+                        "promote never rewrites it: the level is the promotion record's)"),
                     hint="restore the release folder from the release tag, or re-run the promote that was interrupted")
+    if promotion is not None and not rewritten and promotion.manifest_sha256 != expected:
+        raise _fail(join(source, promotion_name), f"names manifest sha256 {promotion.manifest_sha256[:12]}..., not the "
+                    f"released manifest release.json names ({expected[:12]}...): from release/v3 a promotion never "
+                    "rewrites the manifest")
     sig = source.read(entry.manifest_file + formats.SIGNATURE_SUFFIX, SIGNATURE_LIMIT, "signature",
                       missing_hint="restore the release folder from the release tag")
     bundle_name = entry.manifest_file + formats.BUNDLE_SUFFIX
@@ -370,7 +401,7 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
     verify_blob(r.key, data, sig, bundle, where)
     r.signed[entry.manifest_file] = Signed(data, sig, bundle)
     manifest = mf.Manifest.parse(data, where)
-    why = canonical_problem(data, json.loads(data))
+    why = canonical_problem(data, strict_json(data, where, VerificationError))
     if why:
         raise _fail(where, f"not in the canonical form signed records are written in: {why}")
     said = (manifest.target, manifest.digest, manifest.capability, manifest.platform)
@@ -378,8 +409,11 @@ def _target(r: _Reader, names: Sequence[str], entry: rec.ReleasedEntry, index: r
         raise _fail(where, f"describes target {manifest.target} {manifest.digest} ({manifest.capability}, "
                     f"{manifest.platform}), but release.json names {entry.target} {entry.digest} ({entry.capability}, "
                     f"{entry.platform})")
-    if promotion and manifest.support_level != promotion.level:
+    if rewritten and manifest.support_level != promotion.level:
         raise _fail(where, f"says level {manifest.support_level}, its promotion record {promotion.level}")
+    if not rewritten and manifest.support_level != entry.support_level:
+        raise _fail(where, f"says level {manifest.support_level}, release.json {entry.support_level} (the level it "
+                    "was released at)")
     return VerifiedTarget(entry, manifest, data, promotion, promotion_sha, promotion_bytes, chain,
                           ledger=tuple(reversed(ledger)))
 

@@ -101,7 +101,7 @@ def from_transformers(model_dir: Path, prompts: Sequence[str], prompt_ids: Seque
         raise ConfigError(f"the BF16 reference could not be computed from {model_dir} with transformers: {last[:300]}",
                           hint="a Python with torch and transformers (pip install -e '.[test]'; --reference-python), "
                           "or --reference FILE")
-    answer = json.loads(done.stdout)
+    answer = strict_json(done.stdout, "the BF16 reference's answer (qualify.deploy.servecheck.reference)", ConfigError)
     entries = tuple({"prompt": p, "prompt_tokens": list(ids), "tokens": r["tokens"], "top": r["top"]}
                     for p, ids, r in zip(prompts, prompt_ids, answer["prompts"]))
     ref = Reference("transformers", str(model_dir), answer["dtype"], created, matrix_sha256, entries)

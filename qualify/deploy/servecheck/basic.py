@@ -6,6 +6,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
 from qualify.deploy.servecheck.client import Client, ServerError, chosen
 from qualify.deploy.servecheck.result import CheckResult, failed, not_run, passed, significant
 from qualify.probe import servematrix as sm
@@ -136,7 +138,7 @@ def tools(client: Client, t: sm.Tools, parser: str) -> CheckResult:
     problem = _call_problem(t, fn, choice.get("finish_reason"), message.get("content"))
     if problem:
         return failed(TOOLS, problem, evidence)
-    arguments = json.loads(fn["arguments"])
+    arguments = strict_json(fn["arguments"], "the tool call's arguments", ConfigError)  # _call_problem read it
     evidence["as_expected"] = arguments == dict(t.expect)
     return passed(TOOLS, f"{t.name}({fn['arguments']}) parsed by the {parser} parser; its arguments validate "
                   "against the tool's schema" + ("" if evidence["as_expected"] else
@@ -153,9 +155,10 @@ def _call_problem(t: sm.Tools, fn: Dict[str, Any], finish: Optional[str], conten
         return f"finish_reason is {finish!r}, not 'tool_calls'"
     if isinstance(content, str) and "<tool_call>" in content:
         return "the tool-call markup is left in the answer's text: the parser did not take it"
+    raw = fn.get("arguments")
     try:
-        arguments = json.loads(fn.get("arguments") or "")
-    except (TypeError, json.JSONDecodeError):
+        arguments = strict_json(raw if isinstance(raw, str) else "", "the tool call's arguments", ConfigError)
+    except ConfigError:
         return f"the arguments are not JSON: {str(fn.get('arguments'))[:200]!r}"
     errors = sorted(jsonschema.Draft202012Validator(t.schema).iter_errors(arguments), key=lambda e: list(e.path))
     if errors:

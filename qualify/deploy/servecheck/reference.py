@@ -13,12 +13,20 @@ from __future__ import annotations
 import json
 import sys
 
+from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
+
+MAX_REQUEST_BYTES = 64 << 20  # prompts as token ids: a few kB
+
 
 def main() -> int:
     import torch
     import transformers
 
-    request = json.load(sys.stdin)
+    data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+    if len(data) > MAX_REQUEST_BYTES:
+        raise ConfigError(f"the reference request on stdin is more than {MAX_REQUEST_BYTES} bytes; refused")
+    request = strict_json(data, "the reference request on stdin", ConfigError)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(request["model"], dtype=torch.bfloat16)
     model.eval()

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from qualify.config import targets
 from qualify.config.imageref import ImageRef, try_parse
 from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.manifest import Manifest
@@ -53,9 +52,13 @@ class Server:
 
     @property
     def capability(self) -> str:
+        """As the verified release signs it for the target (release.json's entry), never a targets file."""
+        if self.release_dir is None:
+            return UNKNOWN
         try:
-            return targets.load().get(self.target).capability_text
-        except QualifyError:
+            release = read_release(self.release_dir, KeyAnchor(pinned=self.key_pin))
+            return release.target(self.target).entry.capability or UNKNOWN
+        except (QualifyError, KeyError, StopIteration):
             return UNKNOWN
 
 
