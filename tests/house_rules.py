@@ -331,17 +331,28 @@ def names_taken_second_hand(root: Path) -> List[str]:
 NVSMI = "core/nvsmi.py"
 
 
+_NVSMI_ARGS = ("--query-gpu", "--format=csv")
+_NVSMI_MARKS = ("[N/A]", "[Not Supported]")
+
+
 def nvidia_smi_queries_by_hand(root: Path) -> List[str]:
-    """An `nvidia-smi --query-gpu=...` argument written outside core/nvsmi.py: a second list of fields, and so
-    a second parser of its CSV (there were two, reading different fields)."""
+    """nvidia-smi's query output read outside core/nvsmi.py: a `--query-gpu=...` or `--format=csv...` argument
+    (a second list of fields, and so a second parser of its CSV: there were two, reading different fields), or
+    its "[N/A]" / "[Not Supported]" marks tested in code (a second reader of its values: the memory field was
+    parsed twice). Docstrings may name them."""
     out = []
     for rel, _, tree in modules(root):
         if rel == NVSMI:
             continue
+        docs = _docstrings(tree)
         for node in ast.walk(tree):
             # An f-string's literal head is a Constant too, so this one test sees both spellings.
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("--query-gpu"):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docs:
+                continue
+            if node.value.startswith(_NVSMI_ARGS):
                 out.append(f"{rel}:{node.lineno}: nvidia-smi queried by hand: use {NVSMI} (query_args, parse)")
+            elif any(mark in node.value for mark in _NVSMI_MARKS):
+                out.append(f"{rel}:{node.lineno}: nvidia-smi's values read by hand: use {NVSMI} (not_available, mib)")
     return out
 
 
@@ -366,9 +377,71 @@ def engine_clients_found_by_hand(root: Path) -> List[str]:
     return out
 
 
+# --- one JSON reader (issue 52) ---------------------------------------------------------------------------
+
+JSON_READER = "core/readlimit.py"
+# Who may decode JSON without core/readlimit.py's strict_json (duplicate keys refused, nesting and numbers
+# bounded, an error naming the document), and why.
+JSON_ALLOWED: Dict[str, str] = {
+    JSON_READER: "strict_json and read_json themselves: the one reader",
+    "probe/snippets/": "scripts the probe runs by path in a child interpreter (torch, vLLM): they import nothing "
+                       "of the toolkit, and read only the JSON argument the probe wrote for them",
+    "devtools/": "developers' benchmarks and interop checks; nothing imports them",
+}
+_JSON_DECODERS = {"load", "loads", "JSONDecoder", "raw_decode", "decoder"}
+
+
+def json_outside_reader(root: Path) -> List[str]:
+    """JSON decoded outside core/readlimit.py: `json.load(s)`, `json.JSONDecoder`, `from json import loads`. Such
+    a read keeps the last of two equal keys without a word (the serve matrix was read so), and its error names
+    no file; decode through strict_json (bytes or text) or read_json (a file)."""
+    out = []
+    for rel, _, tree in modules(root):
+        if _allowed(rel, JSON_ALLOWED):
+            continue
+        # `import json as j` binds the module under another name: j.loads is json.loads
+        names = {"json"} | {a.asname for n in ast.walk(tree) if isinstance(n, ast.Import)
+                            for a in n.names if a.name == "json" and a.asname}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "json":
+                for a in node.names:
+                    if a.name in _JSON_DECODERS or node.module != "json":
+                        out.append(f"{rel}:{node.lineno}: imports {a.name} from {node.module}: decode JSON with "
+                                   f"{JSON_READER} (strict_json, read_json)")
+            elif isinstance(node, ast.Attribute) and node.attr in _JSON_DECODERS and _dotted(node.value) in names:
+                out.append(f"{rel}:{node.lineno}: json.{node.attr} outside the one reader: use {JSON_READER} "
+                           "(strict_json, read_json)")
+    return out
+
+
+# --- the deploy reads no targets file (issue 52) --------------------------------------------------------
+
+
+def deploy_reads_targets_file(root: Path) -> List[str]:
+    """A module under deploy/ importing qualify.config.targets: the deploy's target facts (the GPU's target,
+    driver floor, memory, user) come from the verified release's signed policy (deploy/signed.py), so that a
+    deploy host's checkout cannot steer preflight."""
+    out = []
+    for rel, _, tree in modules(root):
+        if not rel.startswith("deploy/"):
+            continue
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(n == "qualify.config.targets" or n.startswith("qualify.config.targets.") for n in names):
+                out.append(f"{rel}:{node.lineno}: imports qualify.config.targets: take the target's facts from the "
+                           "verified release's signed policy (deploy/signed.py)")
+    return out
+
+
 RULES = {
+    "deploy_targets": deploy_reads_targets_file,
     "clients": engine_clients_found_by_hand,
     "nvsmi": nvidia_smi_queries_by_hand,
+    "json": json_outside_reader,
     "reexport": names_taken_second_hand,
     "subprocess": subprocess_outside_runner,
     "stderr": stderr_outside_reporter,

@@ -32,7 +32,14 @@ PLANTED = {
     "clients": ("deploy/planted.py", "import shutil\n\nfrom qualify.host import cmd\n\n\ndef engine():\n"
                 "    return shutil.which('docker') or cmd.which('podman') or '/usr/bin/docker'\n", 3),
     "nvsmi": ("deploy/planted.py", "FIELDS = 'index,name'\n\n\ndef q(smi):\n    return smi(['--query-gpu=index,name', "
-              "f'--query-gpu={FIELDS}', '--format=csv'])\n", 2),
+              "f'--query-gpu={FIELDS}', '--format=csv,noheader'])\n\n\ndef mib(v):\n"
+              '    """[N/A] in a docstring is fine."""\n    return None if v in ("[N/A]", "[Not Supported]") '
+              "else float(v.split()[0])\n", 5),
+    # the serve matrix as it was read before issue 52 (the last of two equal keys kept), and two other spellings
+    "json": ("probe/planted.py", "import json\nimport json as js\nfrom json import loads\n\n\ndef parse(data, fh):\n"
+             "    return json.loads(data.decode()), json.load(fh), loads(data), json.JSONDecoder().decode(data)\n"
+             "\n\ndef write(doc):\n    return json.dumps(doc)  # writing JSON is anyone's\n\n\ndef aliased(text):\n"
+             "    return js.loads(text)\n", 5),
     "reexport": ("deploy/planted.py", "from qualify.trust.folder import KeyAnchor, read_release\n", 1),
     "subprocess": ("release/planted.py", "import subprocess\n\n\ndef tag():\n    subprocess.run(['git', 'tag'])\n", 1),
     "stderr": ("publish/planted.py", "import sys\n\n\ndef say(m):\n    print(m, file=sys.stderr, flush=True)\n"
@@ -42,6 +49,9 @@ PLANTED = {
     "length": ("deploy/planted.py", "x = 1\n" * (rules.MAX_MODULE_LINES + 1), 1),
     "imageref": ("release/planted.py", "def digest(ref):\n    if '@' in ref:\n        return ref.split('@', 1)[1]\n", 2),
     "python": ("scaleout/planted.py", '"""Docstrings may say 3.11."""\n\nPYTHON = "3.11"\nLOCK = f"py{\'3.12\'}"\n', 2),
+    "deploy_targets": ("deploy/planted.py", "from qualify.config import targets\nimport qualify.config.targets\n"
+                       "from qualify.config.targets import load\nfrom qualify.config import model\n\n\n"
+                       "def target(name):\n    return targets.load().get(name)\n", 3),
     "verifier": ("deploy/planted.py", "from qualify.trust import records as rec\n\n\n"
                  "def index(data):\n    return rec.ReleaseIndex.parse(data, 'release.json')\n", 1),
     # publish as it was before issue 40: the key loaded by hand and DSSE signed with it
@@ -85,6 +95,7 @@ CALL_SITES = {
     "release/verify.py": {"read_release", "verify_blob", "check_bundle"},  # a manifest outside a release: --key
     "publish/publish.py": {"read_release"},
     "deploy/choice.py": {"read_release", "list_releases"},
+    "deploy/signed.py": {"read_release", "list_releases"},  # the release chosen before preflight uses a target fact
     "cli/deploy_cmd.py": {"read_release"},  # deploy seed
     "deploy/servecheck/server.py": {"read_release"},  # the served image against the release's manifest (issue 39)
     "deploy/servecheck/needs.py": {"read_release"},  # the serving checks the release's level requires (issue 48)
@@ -128,3 +139,9 @@ def test_tests_that_need_the_engine_are_marked_engine():
     assert not [k for k in kept if k.startswith("tests/test_publish.py")], kept  # all of it needs an engine
     engine_free = {"tests/test_start_sh.py", "tests/test_trust_chain.py"}
     assert {k.split("::")[0] for k in kept} <= engine_free
+
+
+def test_every_place_the_json_rule_allows_exists():
+    """A stale entry (a module renamed, or a pending one merged) would let a new plain json.loads in unseen."""
+    for where in rules.JSON_ALLOWED:
+        assert (PACKAGE / where).exists(), where

@@ -443,7 +443,7 @@ def test_rule_data_errors_say_where(edit, message):
 def test_rule_data_file_errors(tmp_path):
     bad = tmp_path / "r.json"
     bad.write_text('{"vllm": "1", "vllm": "2"}')
-    with pytest.raises(P.RulesError, match="appears twice"):
+    with pytest.raises(P.RulesError, match="duplicate JSON key 'vllm'"):
         P.rules.load(str(bad))
     bad.write_text("{")
     with pytest.raises(P.RulesError, match="not JSON"):

@@ -74,12 +74,14 @@ def test_the_schema_refuses_a_key_we_do_not_write_in_our_own_objects(qualified, 
 
 
 def test_a_promoted_manifest_still_validates(engine, tmp_path):
-    """What `qualify promote` writes (the predicate's promotion object, the new level) over a real manifest."""
+    """What `qualify promote` writes into the manifest of a release/v2 folder (the predicate's promotion object, the
+    new level) over a real manifest; from release/v3 it never rewrites one (issue 52)."""
     from evidence_helpers import Lab
 
     record = images.smoke("sm120")
     doc = manifest.load(qualification.qualify(targets.load(), record, engine).path)
     lab = Lab(tmp_path, stmt=doc)
+    lab.as_release_v2()
     lab.run([lab.record(i, digest=record.digest, image_reference=record.image_reference) for i in range(1, 7)])
     promoted = lab.manifest().statement
     assert promoted["predicate"]["promotion"]["level"] == "experimental"

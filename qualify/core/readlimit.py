@@ -1,8 +1,11 @@
 """Bounded reads of small input files, and strict JSON. Standard library only (image side).
 
-Every key, signature, bundle, manifest, release index and targets file is read
-through `read_small`: only a regular file (not a directory, FIFO, socket or
-device such as /dev/zero), up to a size limit, so hostile input can neither
+This is the toolkit's one JSON reader (a house rule, issue 52): every JSON
+document, from a file, a child process, a registry or a server, is decoded by
+`strict_json` (`read_json` for a file). Every key, signature, bundle,
+manifest, release index and targets file is read through `read_small`: only
+a regular file (not a directory, FIFO, socket or device such as /dev/zero),
+up to a size limit, so hostile input can neither
 hang a read nor grow memory without bound. `read_in` does the same for a
 name inside a folder opened once (`open_folder`), never following a symlink,
 so a folder that is swapped or relinked while it is read cannot hand over a
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, Type, Union
@@ -29,6 +33,7 @@ SIGNATURE_LIMIT = 64 * 1024
 BUNDLE_LIMIT = 1024 * 1024
 MANIFEST_LIMIT = 64 * 1024 * 1024  # a vLLM manifest with every library is a few MB
 TARGETS_LIMIT = 1024 * 1024
+SCHEMA_LIMIT = 1024 * 1024  # the toolkit's own JSON Schemas (manifests/*.schema.json): tens of kB
 MAX_JSON_DEPTH = 200
 MAX_INT_DIGITS = 40  # a byte count or a time in nanoseconds has at most 20
 MAX_FOLDER_ENTRIES = 10000
@@ -169,24 +174,23 @@ def _no_duplicates(pairs):
     return seen
 
 
+# A JSON string (escapes skipped; an unterminated one runs to the end) or one bracket: the scan below steps
+# over strings in C, so a large document (an SBOM, an index page) costs a fraction of the decode itself.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+
+
 def _depth_exceeds(text: str, limit: int) -> bool:
     """Whether brackets nest deeper than `limit` (strings skipped), in one pass."""
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _STRING_OR_BRACKET.finditer(text):
+        ch = m.group()
+        if ch == "[" or ch == "{":
             depth += 1
             if depth > limit:
                 return True
-        elif ch in "]}":
+        elif ch == "]" or ch == "}":
             depth -= 1
     return False
 
@@ -212,20 +216,31 @@ def _constant(name: str) -> Any:
     raise _BadNumber(f"{name} is not JSON")
 
 
-def strict_json(data: Union[bytes, str], what: str, error: Type[QualifyError]) -> Any:
-    """JSON with no duplicate keys, bounded nesting and ordinary numbers; `error` naming `what` otherwise."""
+def read_json(path: Union[str, os.PathLike[str]], limit: int, what: str, error: Type[QualifyError],
+              missing_hint: str = "") -> Any:
+    """The strict JSON of the file at `path` (`read_small`, then `strict_json`); `error` names the file."""
+    return strict_json(read_small(path, limit, what, error, missing_hint), f"{what} {path}", error)
+
+
+def strict_json(data: Union[bytes, str], what: str, error: Type[QualifyError], nonfinite: bool = False) -> Any:
+    """JSON with no duplicate keys, bounded nesting and ordinary numbers; `error` naming `what` otherwise.
+    `nonfinite` lets NaN and infinities through, for a child process's report of a measurement that was not
+    finite (Python's json writes them), where refusing the report would hide the very result."""
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
-        raise error(f"{what}: not UTF-8 JSON: {exc}") from None
+        raise error(f"{what}: not JSON (not UTF-8: {exc})") from None
     if _depth_exceeds(text, MAX_JSON_DEPTH):
         raise error(f"{what}: JSON nested deeper than {MAX_JSON_DEPTH} levels; refused")
     try:
+        if nonfinite:
+            return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_int)
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_int, parse_float=_float,
                           parse_constant=_constant)
     except _DuplicateKey as exc:
         raise error(f"{what}: duplicate JSON key {exc.args[0]!r}; refused (which value counts would be ambiguous)",
-                    hint="a signed file is never edited by hand; re-make it") from None
+                    hint="a file this toolkit writes never has one: re-make it (or, in a file "
+                    "written by hand, keep one of the two)") from None
     except _BadNumber as exc:
         raise error(f"{what}: {exc}; refused", hint="a file this toolkit wrote never holds one: re-make it") from None
     except json.JSONDecodeError as exc:

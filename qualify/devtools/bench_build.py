@@ -185,6 +185,9 @@ def drop_images_and_cache(engine: Engine, records: List[image.BuildRecord]) -> N
         book = cacheledger.load()
         mine = {i for k, v in book.latest.items() if k.endswith(f"-{SUFFIX}") for i in v}
         book.latest = {k: v for k, v in book.latest.items() if not k.endswith(f"-{SUFFIX}")}
+        steps = {i for k, v in book.images.items() if k.endswith(f"-{SUFFIX}") for i in v}
+        book.images = {k: v for k, v in book.images.items() if not k.endswith(f"-{SUFFIX}")}
+        engine.remove_created(sorted(steps - book.kept_images() - cacheledger.images_kept_by_others()))
         cache = engine.build_cache()
         keep = buildcache.with_ancestors(book.kept() | cacheledger.kept_by_others(), cache)
         engine.remove_build_cache(sorted((mine & set(book.owned)) - keep))

@@ -3,9 +3,11 @@ parsing half of Engine.build_cache (host/engine.py), which asks the engine; noth
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Dict
+
+from qualify.core.errors import EngineError
+from qualify.core.readlimit import strict_json
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class CacheEntry:
 
 def parse_listing(text: str) -> Dict[str, CacheEntry]:
     """Records by id from `system df -v --format '{{json .BuildCache}}'` ('' or 'null' when there are none)."""
-    raw = json.loads(text or "[]") or []
+    raw = strict_json(text or "[]", "the engine's build-cache listing (system df -v)", EngineError) or []
     entries = [CacheEntry(id=e["ID"].rstrip("*"), size=parse_size(e.get("Size", "0B")),
                           in_use=str(e.get("InUse")).lower() == "true", description=e.get("Description", ""),
                           last_used=str(e.get("LastUsedAt") or e.get("CreatedAt") or ""),

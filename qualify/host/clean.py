@@ -61,6 +61,7 @@ class CleanReport:
     registry_manifests: List[str] = field(default_factory=list)
     cache_records: List[str] = field(default_factory=list)  # BuildKit cache record ids
     cache_bytes: int = 0  # their size as the builder lists it
+    cache_images: List[str] = field(default_factory=list)  # podman's layer cache: the intermediate images kept
     directories: List[str] = field(default_factory=list)
     kept_state: List[str] = field(default_factory=list)  # state-folder entries kept, and why
     notes: List[str] = field(default_factory=list)  # what clean found and recovered, or left for later
@@ -77,7 +78,8 @@ class CleanReport:
         gb = 1e9
         out = [f"clean: {verb} {len(self.images)} image(s), {len(self.registry_manifests)} registry manifest(s), "
                f"{len(self.cache_records)} build-cache record(s) ({self.cache_bytes / gb:.2f} GB), "
-               f"{len(self.directories)} state folder(s)"]
+               + (f"{len(self.cache_images)} cached build step image(s), " if self.cache_images else "")
+               + f"{len(self.directories)} state folder(s)"]
         out += [f"  container {c}" for c in self.containers]
         out += [f"  image {i}" for i in self.images]
         out += [f"  registry {m}" for m in self.registry_manifests]
@@ -194,8 +196,12 @@ def _clean_build_cache(engine: Engine, everything: bool, report: CleanReport, st
         if everything:
             books = [cacheledger.read(p) for p in cacheledger.ledgers(Path(state_dir))]
             owned, spared = {i for b in books for i in b.owned}, frozenset()
+            steps, spared_steps = {i for b in books for i in b.kept_images()}, frozenset()
         else:
             owned, spared = set(cacheledger.load(state_dir).owned), cacheledger.kept_by_others(state_dir)
+            steps = set(cacheledger.load(state_dir).kept_images())
+            spared_steps = cacheledger.images_kept_by_others(state_dir)
+        _clean_cache_images(engine, steps - spared_steps, report, state_dir)
         if not owned:
             return
         cache = engine.build_cache()
@@ -210,6 +216,23 @@ def _clean_build_cache(engine: Engine, everything: bool, report: CleanReport, st
         book.owned = [i for i in book.owned if i in left]
         book.latest = {k: [i for i in v if i in left] for k, v in book.latest.items()}
         cacheledger.save(book, state_dir)
+
+
+def _clean_cache_images(engine: Engine, doomed: Set[str], report: CleanReport, state_dir: Path) -> None:
+    """Podman's layer cache: the intermediate images the newest builds kept (imagebuild/buildcache.py)."""
+    from qualify.host import cacheledger
+
+    present = sorted(doomed & engine.image_ids())
+    report.cache_images = present
+    if report.dry_run or not present:
+        return
+    error = engine.remove_created(present)
+    left = engine.image_ids()
+    book = cacheledger.load(state_dir)
+    book.images = {k: [i for i in v if i in left] for k, v in book.images.items()}
+    cacheledger.save(book, state_dir)
+    if error:
+        report.notes.append(f"some cached build steps stay: {error}")
 
 
 # --- registry -------------------------------------------------------------------------

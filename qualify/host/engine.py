@@ -29,14 +29,13 @@ it cannot:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set
+from typing import IO, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Set
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException, NoSuchImage
@@ -44,6 +43,7 @@ from python_on_whales.exceptions import DockerException, NoSuchImage
 from qualify.config.imageref import ImageRef, digests_for
 from qualify.core import killpoint
 from qualify.core.errors import BaseImageError, BuildError, EngineError
+from qualify.core.readlimit import strict_json
 from qualify.core.report import Reporter, emit
 from qualify.host import buildkit, clients, cmd, workcontainers
 from qualify.host.progress import BuildSteps, PushProgress
@@ -92,6 +92,7 @@ class Engine:
         # An explicit builder (e.g. classic, to show what does not reproduce) skips detection.
         self._builder: Optional[str] = builder
         self.last_build_steps: Dict[str, float] = {}  # BuildKit step name -> seconds, of the last build
+        self.last_cache_hits: FrozenSet[str] = frozenset()  # image ids podman served the last build's steps from
 
     # --- abilities -------------------------------------------------------------
 
@@ -204,6 +205,7 @@ class Engine:
             emit(log_prefix + line.rstrip())
         code = proc.wait()
         self.last_build_steps = dict(steps.seconds)
+        self.last_cache_hits = frozenset(steps.cache_hits)
         if code != 0:
             raise BuildError(
                 f"{self.name} build failed (exit {code}); last lines:\n" + "\n".join(recent),
@@ -315,7 +317,10 @@ class Engine:
 
     def inspect_raw(self, refs: Sequence[str]) -> List[dict]:
         """Inspect JSON of several images in one call (ids, parents, tags)."""
-        return json.loads(self._stdout([self.binary, "image", "inspect", *refs])) if refs else []
+        if not refs:
+            return []
+        return strict_json(self._stdout([self.binary, "image", "inspect", *refs]), f"{self.name} image inspect",
+                           EngineError)
 
     def remove_images(self, ids: Sequence[str]) -> str:
         """Remove exactly these images; '' or the error. No -f: an image someone else tagged or uses stays.

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from qualify.config.targets import REPO_ROOT
+from qualify.core.errors import HostError
 from qualify.core.fsutil import file_lock
+from qualify.core.readlimit import strict_json
 from qualify.host import paths
 
 MAX_BYTES = 16 << 20
@@ -77,8 +79,8 @@ def _lines(state_dir: Optional[Path], checkout: Path) -> List[dict]:
     out = []
     for line in ledger.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            doc = json.loads(line)
-        except ValueError:
+            doc = strict_json(line, f"{ledger}: a line", HostError)
+        except HostError:
             continue  # a line a killed write cut short
         if isinstance(doc, dict):
             out.append(doc)

@@ -8,10 +8,11 @@ the heartbeat alone says the push goes on.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 from qualify.core.report import Reporter
 
@@ -146,15 +147,24 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
+_CACHE_HIT = re.compile(r"--> Using cache ([0-9a-f]{64})")
+
+
 class BuildSteps:
     """Seconds of BuildKit's named steps from its plain progress ('#12 exporting to image' ... '#12 DONE 4.1s'),
-    so a build can say how long its export took apart from its RUN steps."""
+    so a build can say how long its export took apart from its RUN steps; and the images podman/buildah served
+    steps from ('--> Using cache <id>'), so the build keeps them as its cache (imagebuild/buildcache.py)."""
 
     def __init__(self) -> None:
         self.names: Dict[str, str] = {}
         self.seconds: Dict[str, float] = {}
+        self.cache_hits: Set[str] = set()
 
     def feed(self, line: str) -> None:
+        hit = _CACHE_HIT.search(line)
+        if hit:
+            self.cache_hits.add(f"sha256:{hit.group(1)}")
+            return
         number, _, rest = line.partition(" ")
         if not number.startswith("#") or not number[1:].isdigit():
             return

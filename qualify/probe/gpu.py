@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence
 
-from qualify.core import arch, ncclenv, topology
+from qualify.core import arch, ncclenv, nvsmi, topology
 from qualify.probe.model import FAIL, PASS, WARN, CheckResult, not_run
 from qualify.probe.subproc import run_snippet
 
@@ -87,10 +87,11 @@ def memory_check(gpus: Optional[List[Dict[str, str]]], unified: bool, fraction: 
         return not_run(cid, title, "no GPU visible", required=False)
     raw = gpus[0].get("memory.total", "")
     evidence: Dict[str, Any] = {"nvml_memory_total": raw, "target_unified_memory": unified}
-    try:
-        total_gib = float(raw) / 1024
+    mib = nvsmi.mib(raw)
+    if mib is not None:
+        total_gib = mib / 1024
         source = "NVML"
-    except ValueError:
+    else:
         total_gib = _meminfo_gib()
         source = "/proc/meminfo (NVML reports memory as not supported: unified memory)"
         evidence["meminfo_total_gib"] = total_gib

@@ -20,6 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from qualify import __version__
 from qualify.core import arch, kernelnames, manifest, ncclenv, topology
 from qualify.core.enums import CPU_CAPABILITY, Accelerator, CheckStatus, Profile, SupportLevel
+from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
 from qualify.core.report import Reporter
 from qualify.probe import (
     census_check,
@@ -104,7 +106,7 @@ class ProbeTarget:
 
     @classmethod
     def from_json(cls, text: str) -> ProbeTarget:
-        return cls(**json.loads(text))
+        return cls(**strict_json(text, "the probe's target (--target-json)", ConfigError))
 
     def to_json(self) -> str:
         """The wire form from_json reads: capabilities as text, enums as their values."""

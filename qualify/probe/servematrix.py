@@ -28,7 +28,6 @@ Standard library only, Python 3.9 compatible (it sits on the image side).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import re
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from qualify.core.errors import ConfigError
+from qualify.core.readlimit import read_small, strict_json
 
 SCHEMA_VERSION = 1
 RULES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules")
@@ -306,10 +306,7 @@ def _accuracy(doc: Any, at: _At) -> Accuracy:
 
 
 def parse(data: bytes, where: str) -> Matrix:
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise MatrixError(f"{where}: not JSON: {exc}") from None
+    doc = strict_json(data, where, MatrixError)  # a key written twice is refused, not the last one kept
     at = _At(where)
     top = _obj(doc, at, ("schema_version", "matrix_version", "about", "checks"))
     if top["schema_version"] != SCHEMA_VERSION:
@@ -326,14 +323,7 @@ def parse(data: bytes, where: str) -> Matrix:
 
 def load(path: Optional[str] = None) -> Matrix:
     path = path or DEFAULT_FILE
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise MatrixError(f"{path}: cannot read the matrix: {exc.strerror or exc}") from None
-    if len(data) > MAX_BYTES:
-        raise MatrixError(f"{path}: larger than {MAX_BYTES} bytes: not a matrix file")
-    return parse(data, path)
+    return parse(read_small(path, MAX_BYTES, "serve matrix", MatrixError), path)
 
 
 # --- the needle-in-a-haystack prompts --------------------------------------------------------

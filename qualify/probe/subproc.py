@@ -8,7 +8,6 @@ line of its stdout.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
 
 SNIPPETS = Path(__file__).resolve().parent / "snippets"
 
@@ -91,8 +93,9 @@ def run_command(argv: List[str], *, timeout: float, env: Optional[Mapping[str, s
     data: Dict[str, Any] = {}
     for line in reversed(stdout.strip().splitlines()):
         try:
-            parsed = json.loads(line)
-        except ValueError:
+            # nonfinite: a measurement that came out NaN is the child's result, not a broken report
+            parsed = strict_json(line, "the child's report", ConfigError, nonfinite=True)
+        except ConfigError:
             continue
         if isinstance(parsed, dict):
             data = parsed

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from qualify.core.errors import VerificationError
+from qualify.core.readlimit import strict_json
 from qualify.signing import formats
 from qualify.signing import keys as cosign_keys
 
@@ -81,10 +82,7 @@ def _b64(value: object, what: str) -> bytes:
 def parse(raw: bytes, what: str = "DSSE envelope") -> Envelope:
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise VerificationError(f"{what}: {len(raw)} bytes, more than the {MAX_ENVELOPE_BYTES} allowed")
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError(f"{what}: not JSON") from None
+    doc = strict_json(raw, what, VerificationError)
     if not isinstance(doc, dict) or not isinstance(doc.get("payloadType"), str):
         raise VerificationError(f"{what}: no payloadType (not a DSSE envelope)")
     sigs = doc.get("signatures")

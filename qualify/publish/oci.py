@@ -20,6 +20,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from qualify.core.errors import VerificationError
 from qualify.core.fsutil import write_atomic
+from qualify.core.readlimit import strict_json
 from qualify.host import paths
 from qualify.publish.dsse import ENVELOPE_MEDIA_TYPE
 
@@ -140,10 +141,7 @@ class AttLayer:
 
 
 def parse_attestation_image(raw: bytes, what: str) -> List[AttLayer]:
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise VerificationError(f"{what}: the manifest is not JSON") from None
+    doc = strict_json(raw, f"{what}: the manifest", VerificationError)
     layers = doc.get("layers") if isinstance(doc, dict) else None
     if not isinstance(layers, list) or not layers or len(layers) > MAX_LAYERS:
         raise VerificationError(f"{what}: not an attestation image (layers: {type(layers).__name__})")

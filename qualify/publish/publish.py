@@ -20,7 +20,6 @@ record holds no per-run facts, so a re-run writes the same bytes.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import tempfile
 import uuid
@@ -35,6 +34,7 @@ from qualify.core import manifest as mf
 from qualify.core.errors import ConfigError, RegistryError
 from qualify.core.fsutil import canonical_json
 from qualify.core.manifest import PREDICATE_TYPE as QUALIFICATION_TYPE
+from qualify.core.readlimit import strict_json
 from qualify.core.report import Progress, Reporter
 from qualify.host import clients, paths, skopeo, workcontainers
 from qualify.host.engine import Engine
@@ -258,7 +258,8 @@ def attach(opts: PublishOptions, release: VerifiedRelease, img: VerifiedTarget, 
 def _push_referrers(img, repo_ref, signer: Signer, statements, progress) -> str:
     # Not exercised here: Debian's distribution 2.8 has no referrers API.
     manifest = skopeo.inspect_raw(f"docker://{repo_ref}@{img.manifest.digest}", _insecure())
-    media = json.loads(manifest).get("mediaType", oci.OCI_MANIFEST)
+    media = strict_json(manifest, f"{repo_ref}@{img.manifest.digest}: its manifest", RegistryError).get(
+        "mediaType", oci.OCI_MANIFEST)
     subject = oci.Descriptor(media, img.manifest.digest, len(manifest))
     for body, ptype in statements:
         envelope = dsse.sign(signer, body)
@@ -285,7 +286,8 @@ def publish_index(opts: PublishOptions, cap: str, imgs: List[VerifiedTarget], pr
         skopeo.copy(f"docker://{m.subject}", f"docker://{repo_ref}@{m.digest}", label=f"{m.target} into {name}",
                     progress=progress, insecure_hosts=_insecure())
         raw = skopeo.inspect_raw(f"docker://{repo_ref}@{m.digest}", _insecure())
-        media = json.loads(raw).get("mediaType") or oci.OCI_MANIFEST
+        media = strict_json(raw, f"{repo_ref}@{m.digest}: its manifest", RegistryError).get("mediaType") \
+            or oci.OCI_MANIFEST
         os_, arch = m.platform.split("/", 1)
         children.append(oci.Descriptor(media, m.digest, len(raw), platform=(os_, arch)))
     doc = oci.index(children, {paths.OCI_REF_NAME: opts.tag, paths.LABEL_CAPABILITY: cap})

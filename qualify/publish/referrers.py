@@ -8,7 +8,6 @@ registry asks for one). Credentials go only into the Authorization header.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import ssl
@@ -17,6 +16,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Dict, Optional
+
+from qualify.core.errors import RegistryError
+from qualify.core.readlimit import read_json, strict_json
 
 MAX_BYTES = 1024 * 1024
 
@@ -32,11 +34,11 @@ def auth_file() -> Optional[Path]:
 
 def _basic(host: str) -> Optional[str]:
     path = auth_file()
-    if path is None or path.stat().st_size > MAX_BYTES:
+    if path is None:
         return None
     try:
-        entry = (json.loads(path.read_text()).get("auths") or {}).get(host) or {}
-    except (OSError, ValueError, AttributeError):
+        entry = (read_json(path, MAX_BYTES, "registry auth file", RegistryError).get("auths") or {}).get(host) or {}
+    except (RegistryError, AttributeError):  # no credentials from it: the registry says what it needs
         return None
     return entry.get("auth") if isinstance(entry.get("auth"), str) else None
 
@@ -90,8 +92,8 @@ def _token(challenge: str, basic: str, host: str) -> Optional[str]:
     query = urllib.parse.urlencode({k: v for k, v in params.items() if k in ("service", "scope")})
     try:
         with _get(f"{params['realm']}?{query}", host, {"Authorization": f"Basic {basic}"}) as resp:
-            body = json.loads(resp.read(MAX_BYTES))
-    except (urllib.error.URLError, OSError, ValueError):
+            body = strict_json(resp.read(MAX_BYTES), f"{host}'s token answer", RegistryError)
+    except (urllib.error.URLError, OSError, ValueError, RegistryError):
         return None
     return body.get("token") or body.get("access_token")
 

@@ -7,7 +7,6 @@ a venv was made from, or the CUDA wheel the base unpacked."""
 
 from __future__ import annotations
 
-import json
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from cyclonedx.model import HashAlgorithm, HashType, Property
@@ -17,6 +16,8 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
 from qualify.core import manifest as mf
+from qualify.core.errors import ConfigError
+from qualify.core.readlimit import strict_json
 from qualify.imagebuild import wheelhouse
 from qualify.publish.imagefs import CudaWheel, ImageContents, PythonDist, cuda_wheel_for
 
@@ -106,7 +107,7 @@ def bom(contents: ImageContents, image_name: str, image_digest: str, built_wheel
 
 
 def to_json(document: Bom) -> Dict:
-    return json.loads(JsonV1Dot6(document).output_as_string())
+    return strict_json(JsonV1Dot6(document).output_as_string(), "the SBOM cyclonedx-python-lib wrote", ConfigError)
 
 
 def statement(subject_name: str, subject_digest: str, document: Bom) -> Dict:

@@ -5,7 +5,6 @@ once, atomically. Building is not this stage's business: the CLI composes.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +14,9 @@ from qualify.config.imageref import ImageRef
 from qualify.config.targets import REPO_ROOT, TargetsFile
 from qualify.core import killpoint, manifest
 from qualify.core.enums import Origin, Verdict
-from qualify.core.errors import QualifyError
+from qualify.core.errors import ConfigError, QualifyError
 from qualify.core.fsutil import write_atomic
+from qualify.core.readlimit import SCHEMA_LIMIT, read_json
 from qualify.core.report import Reporter
 from qualify.host import paths, provenance
 from qualify.host.engine import Engine
@@ -29,7 +29,7 @@ REPORT = Reporter("qualify")
 def validate(doc: Dict[str, Any]) -> None:
     import jsonschema
 
-    schema = json.loads(paths.HERE.schema.read_text())
+    schema = read_json(paths.HERE.schema, SCHEMA_LIMIT, "the manifest schema", ConfigError)
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
     if errors:
         first = errors[0]

@@ -6,7 +6,6 @@ contents are hashed only where a comparison needs them.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import tarfile
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Set, Tuple
 
 from qualify.core.errors import ParseError
+from qualify.core.readlimit import strict_json
 
 # Tar header fields that are compared through TarInfo attributes, not as raw PAX records.
 _PAX_MODELLED = {"path", "linkpath", "size", "uid", "gid", "uname", "gname", "mtime"}
@@ -81,20 +81,21 @@ def open_archive(path: Path) -> ImageArchive:
     with tarfile.open(path) as outer:
         names = set(outer.getnames())
         if "manifest.json" in names:
-            manifest = json.loads(_read(outer, "manifest.json"))
+            manifest = strict_json(_read(outer, "manifest.json"), f"{path}: manifest.json", ParseError)
             if not isinstance(manifest, list) or not manifest:
                 raise ParseError(f"{path}: manifest.json lists no image")
             entry = manifest[0]
             config_name, layers, layout = entry["Config"], tuple(entry["Layers"]), "docker-archive"
         elif "index.json" in names:
-            config_name, layers = _oci_image(outer, json.loads(_read(outer, "index.json")), path)
+            index = strict_json(_read(outer, "index.json"), f"{path}: index.json", ParseError)
+            config_name, layers = _oci_image(outer, index, path)
             layout = "oci"
         else:
             raise ParseError(f"{path}: neither manifest.json (docker-archive) nor index.json (OCI layout)",
                              hint="save with `docker save` or `podman save --format docker-archive`")
         raw = _read(outer, config_name)
     return ImageArchive(path=path, layout=layout, config_digest="sha256:" + hashlib.sha256(raw).hexdigest(),
-                        config=json.loads(raw), layer_members=layers)
+                        config=strict_json(raw, f"{path}: {config_name}", ParseError), layer_members=layers)
 
 
 
@@ -103,7 +104,8 @@ def _oci_image(outer: tarfile.TarFile, index: dict, path: Path) -> Tuple[str, Tu
         manifests = index.get("manifests") or []
         if not manifests:
             raise ParseError(f"{path}: OCI index lists no manifest")
-        doc = json.loads(_read(outer, _blob(manifests[0]["digest"])))
+        name = _blob(manifests[0]["digest"])
+        doc = strict_json(_read(outer, name), f"{path}: {name}", ParseError)
         if "layers" in doc:
             return _blob(doc["config"]["digest"]), tuple(_blob(layer["digest"]) for layer in doc["layers"])
         index = doc

@@ -10,7 +10,6 @@ same stage as after a build.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Mapping
@@ -18,6 +17,7 @@ from typing import Mapping
 from qualify.config.targets import REPO_ROOT, TargetsFile, load
 from qualify.core.errors import ConfigError
 from qualify.core.fsutil import write_json
+from qualify.core.readlimit import read_json
 from qualify.imagebuild import image, wheelhouse
 from qualify.scaleout.bake import BASE_KIND, CONTEXT_DIR, BakeTarget
 
@@ -41,6 +41,7 @@ def stage(tf: TargetsFile, bt: BakeTarget) -> Path:
     return _link(ctx, bt.name)
 
 
+METADATA_LIMIT = 4 << 20  # `bake --metadata-file`: a few kB per target
 STAGED_DIR = "staged"  # inside the bundle: QUALIFY_STAGED of the Job (probe/staged.py)
 
 
@@ -77,11 +78,9 @@ def record(tf: TargetsFile, bt: BakeTarget, metadata_file: Path, values: Mapping
     from qualify.scaleout.bake import generate, resolve
 
     try:
-        meta = json.loads(Path(metadata_file).read_text(encoding="utf-8"))[bt.name]
+        meta = read_json(metadata_file, METADATA_LIMIT, "bake metadata file", ConfigError)[bt.name]
         digest, config = meta["containerimage.digest"], meta.get("containerimage.config.digest", "")
-    except FileNotFoundError:
-        raise ConfigError(f"{metadata_file}: bake metadata file not found") from None
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise ConfigError(f"{metadata_file}: no containerimage.digest for bake target {bt.name!r} ({exc})",
                           hint="run `docker buildx bake --push --metadata-file FILE TARGET`") from None
     resolved = resolve(generate(tf), bt.name, values)

@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar,
 from qualify.core.arch import Capability
 from qualify.core.enums import ValueEnum
 from qualify.core.errors import ConfigError
+from qualify.core.readlimit import read_small, strict_json
 
 SCHEMA_VERSION = 1
 RULES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules")
@@ -60,6 +61,7 @@ ENGINES: Dict[str, Tuple[str, str, str]] = {
 }
 PROVIDER_KINDS = ("attention", "moe", "linear")  # one check per kind
 
+MAX_RULES_BYTES = 4 << 20  # a rule file is tens of kB
 T = TypeVar("T")
 Pair = Tuple[int, int]
 PriorityKey = Union[Pair, int, None]  # exact capability, major, or any other
@@ -458,26 +460,8 @@ def parse(data: Any, file: str = "<rules>") -> Rules:
                  families=tuple(families.values()), engine=engine, serving=serving, coverage=coverage)
 
 
-def _unique_keys(path: str) -> Callable[[List[Tuple[str, Any]]], Dict[str, Any]]:
-    def build(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-        seen: Dict[str, Any] = {}
-        for key, value in pairs:
-            if key in seen:  # json.load would silently keep the last one
-                raise RulesError(f"{path}: key {json.dumps(key)} appears twice in one object")
-            seen[key] = value
-        return seen
-    return build
-
-
 def load(path: str) -> Rules:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh, object_pairs_hook=_unique_keys(path))
-    except OSError as exc:
-        raise RulesError(f"{path}: cannot read the rule data: {exc.strerror or exc}") from None
-    except ValueError as exc:  # JSONDecodeError and bad UTF-8
-        raise RulesError(f"{path}: not JSON: {exc}") from None
-    return parse(data, path)
+    return parse(strict_json(read_small(path, MAX_RULES_BYTES, "rule data", RulesError), path, RulesError), path)
 
 
 @functools.cache
