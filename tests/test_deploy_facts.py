@@ -141,9 +141,9 @@ def test_a_deploy_hosts_edited_targets_file_changes_nothing(host, docker_engine,
 
 
 def test_a_release_signed_before_the_deploy_facts_is_refused(host, docker_engine, monkeypatch):
-    from qualify.release import release
+    from qualify.trust import deployfacts
 
-    monkeypatch.setattr(release.deployfacts, "of_targets", lambda *a: None)  # as a toolkit before issue 52 signed
+    monkeypatch.setattr(deployfacts, "of_targets", lambda *a: None)  # as a toolkit before issue 52 signed
     released(host)
     done = host.run("start.sh", "--dry-run", "--allow-no-gpu-runtime", "--allow-unqualified")
     assert done.returncode == 4, done.stderr[-3000:]

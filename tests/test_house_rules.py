@@ -94,6 +94,7 @@ CALL_SITES = {
     "release/promote.py": {"read_release", "read_hosts_file"},  # with the accepted evidence (through=evidence)
     "release/verify.py": {"read_release", "verify_blob", "check_bundle"},  # a manifest outside a release: --key
     "publish/publish.py": {"read_release"},
+    "release/standing.py": {"read_release"},  # a manifest's current level, for show, diff and report (issue 52)
     "deploy/choice.py": {"read_release", "list_releases"},
     "deploy/signed.py": {"read_release", "list_releases"},  # the release chosen before preflight uses a target fact
     "cli/deploy_cmd.py": {"read_release"},  # deploy seed

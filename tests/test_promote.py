@@ -759,7 +759,7 @@ def test_a_release_cannot_ship_at_baseline_and_one_run_claims_at_most_experiment
     from signing_helpers import statement
 
     from qualify.core.errors import ReleaseError
-    from qualify.release import assess, model, release
+    from qualify.release import assess, checks, model
 
     assert mf.support_level("pass", "baseline", True).value == "experimental"
     data = mf.dumps(statement("sm120", DIGEST_A, level="baseline"))
@@ -767,7 +767,7 @@ def test_a_release_cannot_ship_at_baseline_and_one_run_claims_at_most_experiment
     assert isinstance(withheld, model.Withheld) and "without the promotion rule" in withheld.reason
     opts = model.ReleaseOptions("v1.0.0", tmp_path, tmp_path, tmp_path / "manifests", min_level="baseline")
     with pytest.raises(ReleaseError, match="a release ships targets at experimental at most"):
-        release.check_tag(opts)
+        checks.check_tag(opts)
 
 
 def test_a_promote_killed_after_keeping_evidence_never_blocks_the_next(lab):

@@ -28,7 +28,7 @@ from signing_helpers import (
 )
 
 from qualify.core.errors import ConfigError, ReleaseError
-from qualify.release import release, verify
+from qualify.release import checks, release, verify
 from qualify.signing import formats, signer
 
 TAG = "v1.0.0"
@@ -276,12 +276,12 @@ def test_a_dirty_tree_is_refused_unless_allowed_and_then_recorded(repo, keys):
                                     ("v1.2.3+build.5", False)])
 def test_the_tag_must_be_a_version_unless_any_tag(tag, ok):
     if ok:
-        release.check_tag_name(tag, any_tag=False)
+        checks.check_tag_name(tag, any_tag=False)
     else:
         with pytest.raises(ReleaseError, match="not a version tag"):
-            release.check_tag_name(tag, any_tag=False)
+            checks.check_tag_name(tag, any_tag=False)
         if "+" not in tag:
-            release.check_tag_name(tag, any_tag=True)
+            checks.check_tag_name(tag, any_tag=True)
 
 
 def test_the_key_and_its_password_are_checked_before_any_image_work(repo, keys):

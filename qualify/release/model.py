@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 
 from qualify.core import manifest as mf
 from qualify.core.errors import VerificationError
+from qualify.core.steps import Step
 from qualify.signing import formats
 from qualify.trust import records as rec
 
@@ -97,13 +98,6 @@ class ReleasedTarget:
                 self.manifest_file + formats.BUNDLE_SUFFIX]
 
 
-@dataclass(frozen=True)
-class StepResult:
-    name: str
-    status: str  # done | skipped
-    detail: str
-
-
 @dataclass
 class ReleaseResult:
     tag: str
@@ -128,7 +122,7 @@ class ReleaseResult:
     create_command: List[str] = field(default_factory=list)
     dry_run: bool = False
     files: List[str] = field(default_factory=list)
-    steps: List[StepResult] = field(default_factory=list)
+    steps: List[Step] = field(default_factory=list)  # core/steps.py: done, skipped or would run, in order
     recovered: List[str] = field(default_factory=list)  # what an earlier, interrupted run had already done
 
     def as_dict(self) -> Dict[str, Any]:
