@@ -1,7 +1,7 @@
 """Named steps: what release, promote and deploy do, in order (issue 52).
 
-Each step ends done, skipped (with the reason) or, in a dry run, as what it would do; it keeps what it
-recovered of an earlier, interrupted run. The progress lines and a dry run's listing come from here, so
+Each step ends done or skipped (with the reason); it keeps what it recovered of an earlier, interrupted
+run. The progress lines and a dry run's listing come from here, so
 the three commands report alike (as goreleaser's pipes and cibuildwheel's logger do):
 
     - tag: check the tag name v1.2.0 ...
@@ -22,20 +22,15 @@ from typing import Any, Callable, List, Optional, Tuple
 class Status(str, Enum):
     DONE = "done"
     SKIPPED = "skipped"
-    WOULD_RUN = "would run"  # a dry run: what the step would do, nothing done
 
 
 @dataclass(frozen=True)
 class Step:
     name: str
     status: Status
-    detail: str = ""  # what it did, why it was skipped, or what it would do
+    detail: str = ""  # what it did, or why it was skipped
     seconds: float = 0.0
     recovered: Tuple[str, ...] = ()  # what an earlier, interrupted run had done that this step took over
-
-    def as_json(self) -> dict:
-        return {"name": self.name, "status": self.status.value, "detail": self.detail,
-                "seconds": round(self.seconds, 3), "recovered": list(self.recovered)}
 
 
 def _silent(_line: str) -> None:
@@ -73,11 +68,6 @@ class Steps:
         self.done.append(Step(name, Status.SKIPPED, reason))
         self._say(f"- {name}: skipped ({reason})")
 
-    def would(self, name: str, what: str) -> None:
-        """A dry run's step: recorded and said, not run."""
-        self.done.append(Step(name, Status.WOULD_RUN, what))
-        self._say(f"- {name}: would {what}")
-
     def recover(self, note: str) -> None:
         """What an earlier run left that this one takes over: kept by the running step (else the last one)."""
         if self._recovered is not None:
@@ -85,10 +75,3 @@ class Steps:
         elif self.done:
             last = self.done[-1]
             self.done[-1] = Step(last.name, last.status, last.detail, last.seconds, (*last.recovered, note))
-
-    @property
-    def recovered(self) -> List[str]:
-        return [note for s in self.done for note in s.recovered]
-
-    def names(self, status: Optional[Status] = None) -> List[str]:
-        return [s.name for s in self.done if status is None or s.status == status]

@@ -122,7 +122,7 @@ class ReleaseResult:
     create_command: List[str] = field(default_factory=list)
     dry_run: bool = False
     files: List[str] = field(default_factory=list)
-    steps: List[Step] = field(default_factory=list)  # core/steps.py: done, skipped or would run, in order
+    steps: List[Step] = field(default_factory=list)  # core/steps.py: done or skipped, in order
     recovered: List[str] = field(default_factory=list)  # what an earlier, interrupted run had already done
 
     def as_dict(self) -> Dict[str, Any]:
